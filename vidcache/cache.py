@@ -1,0 +1,207 @@
+"""``VideoCache``: resolve (source, options) to cached canonical frames, building on a miss."""
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import xxhash
+
+from . import manifest as mf
+from .digest import Digest
+from .errors import NotCachedError, StoreError
+from .loader.build import DEFAULT_MAX_DECODED_BYTES, decode_sample_resize
+from .loader.fetch import FetchLimits, fetch, fingerprint
+from .loader.frozen import SUFFIX, verify_frozen, write_frozen
+from .options import VideoOptions
+from .store.base import Store
+from .store.lmdb import LMDBStore
+
+ENCODINGS = ("raw", "zlib")
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("VIDCACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "vidcache")
+
+
+def cache_key(source_digest: Digest, options: VideoOptions) -> str:
+    """The action key: content digest plus options digest.  Workers, paths and URLs never enter it."""
+    return f"{source_digest.hash}.{source_digest.size_bytes}.{options.digest}"
+
+
+def _source_record_key(source: str) -> str:
+    return "src/" + xxhash.xxh3_128_hexdigest(source.encode())
+
+
+@dataclass(frozen=True)
+class EnsureResult:
+    key: str
+    status: str          # "hit" or "new"
+    frame_bytes: int
+
+
+class VideoCache:
+    """A cache directory: an LMDB store of frames and manifests, plus frozen files."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, store: Store | None = None,
+                 decoder: str = "decord", limits: FetchLimits | None = None, encoding: str = "raw",
+                 max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES, read_only: bool = False) -> None:
+        if encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}")
+        self.path = str(Path(path if path is not None else default_cache_dir()).expanduser().absolute())
+        self.store = store if store is not None else LMDBStore(os.path.join(self.path, "lmdb"), read_only=read_only)
+        self.decoder = decoder
+        self.limits = limits or FetchLimits()
+        self.encoding = encoding
+        self.max_decoded_bytes = max_decoded_bytes
+        self.frozen_dir = os.path.join(self.path, "frozen")
+        self.tmp_dir = os.path.join(self.path, "tmp")
+
+    def __repr__(self) -> str:
+        return f"VideoCache({self.path!r})"
+
+    def close(self) -> None:
+        self.store.close()
+
+    # --- identity -----------------------------------------------------------
+    def known_digest(self, source: str) -> Digest | None:
+        """The digest recorded for ``source`` if its validators still match; never downloads."""
+        fp = fingerprint(source, self.limits)
+        if fp is None:
+            return None
+        raw = self.store.get(_source_record_key(source))
+        if raw is None:
+            return None
+        rec = json.loads(raw)
+        if rec.get("source") != source or rec.get("fingerprint") != fp:
+            return None
+        return Digest.parse(rec["digest"])
+
+    def lookup(self, source: str, options: VideoOptions) -> str | None:
+        """The key of a present entry for (source, options), without fetching; None when unknown."""
+        d = self.known_digest(source)
+        if d is None:
+            return None
+        key = cache_key(d, options)
+        return key if self.contains([key])[0] else None
+
+    def contains(self, keys: list[str]) -> list[bool]:
+        return self.store.exists_many(["ac/" + k for k in keys])
+
+    # --- build --------------------------------------------------------------
+    def ensure(self, source: str, options: VideoOptions) -> EnsureResult:
+        """Make sure (source, options) is cached; fetch, decode and write it on a miss."""
+        d = self.known_digest(source)
+        if d is not None:
+            key = cache_key(d, options)
+            m = self.manifest(key)
+            if m is not None:
+                return EnsureResult(key, "hit", int(np.prod(m["frames"]["shape"])))
+        fp = fingerprint(source, self.limits)
+        os.makedirs(self.tmp_dir, exist_ok=True)
+        fetched = fetch(source, self.limits, tmp_dir=self.tmp_dir)
+        try:
+            key = cache_key(fetched.digest, options)
+            record = {}
+            if fp is not None:
+                record[_source_record_key(source)] = json.dumps(
+                    {"source": source, "fingerprint": fp, "digest": str(fetched.digest)}).encode()
+            m = self.manifest(key)
+            if m is not None:
+                if record:
+                    self.store.set_many(record)
+                return EnsureResult(key, "hit", int(np.prod(m["frames"]["shape"])))
+            frames, built = decode_sample_resize(fetched.path, options, self.decoder, self.max_decoded_bytes)
+        finally:
+            fetched.cleanup()
+        raw = frames.numpy().tobytes()
+        blob = Digest.of(raw)
+        payload = raw if self.encoding == "raw" else zlib.compress(raw, 1)
+        man = mf.build_manifest(key, str(fetched.digest), options, str(blob), list(frames.shape),
+                                self.encoding, built)
+        man["provenance"]["created_unix"] = round(time.time(), 3)
+        # Blob first, manifest last, in one transaction where the store allows.
+        self.store.set_many({"cas/" + str(blob): payload, "ac/" + key: mf.dumps(man), **record})
+        return EnsureResult(key, "new", len(raw))
+
+    def get(self, source: str, options: VideoOptions):
+        """A handle to (source, options), processing the video first on a miss."""
+        from .loader.handle import VideoHandle
+        res = self.ensure(source, options)
+        return VideoHandle(source, options, self.path, key=res.key)
+
+    def handle(self, source: str, options: VideoOptions):
+        """A lazy handle: nothing is fetched or decoded until it is used."""
+        from .loader.handle import VideoHandle
+        return VideoHandle(source, options, self.path)
+
+    # --- read ---------------------------------------------------------------
+    def manifest(self, key: str) -> dict | None:
+        raw = self.store.get("ac/" + key)
+        return None if raw is None else mf.loads(raw)
+
+    def require_manifest(self, key: str) -> dict:
+        m = self.manifest(key)
+        if m is None:
+            raise NotCachedError(f"no entry {key} in {self.path}")
+        return m
+
+    def frames(self, key: str, manifest: dict | None = None) -> torch.Tensor:
+        """The cached uint8 TCHW frames: one copy out of the memory map, checked against the blob digest."""
+        m = manifest or self.require_manifest(key)
+        fr = m["frames"]
+        blob = Digest.parse(fr["blob"])
+        with self.store.read("cas/" + fr["blob"]) as view:
+            if view is None:
+                raise StoreError(f"manifest {key} names blob {fr['blob']} that is missing")
+            if fr["encoding"] == "zlib":
+                data = np.frombuffer(zlib.decompress(view), dtype=np.uint8)
+            else:
+                data = np.empty(blob.size_bytes, dtype=np.uint8)
+                if len(view) != blob.size_bytes:
+                    raise StoreError(f"blob {fr['blob']} has {len(view)} bytes, expected {blob.size_bytes}")
+                data[:] = np.frombuffer(view, dtype=np.uint8)
+        return torch.from_numpy(data).view(*fr["shape"])
+
+    def verify(self, key: str) -> None:
+        """Re-hash a blob against its digest (corruption check)."""
+        from .errors import DigestMismatchError
+        m = self.require_manifest(key)
+        got = Digest.of(self.frames(key, m).numpy())
+        if str(got) != m["frames"]["blob"]:
+            raise DigestMismatchError(f"blob for {key} hashes to {got}, manifest says {m['frames']['blob']}")
+
+    def frozen_path(self, key: str) -> str:
+        """Path of the frozen file for ``key``; written and verified once, on first use."""
+        path = os.path.join(self.frozen_dir, key + SUFFIX)
+        if not os.path.exists(path):
+            frames = self.frames(key)
+            write_frozen(frames, path, verify=lambda p: verify_frozen(p, frames))
+        return path
+
+    def stats(self) -> dict:
+        n_entries = sum(1 for _ in self.store.keys("ac/"))
+        n_blobs = sum(1 for _ in self.store.keys("cas/"))
+        n_sources = sum(1 for _ in self.store.keys("src/"))
+        frozen = [f for f in os.listdir(self.frozen_dir)] if os.path.isdir(self.frozen_dir) else []
+        return {"path": self.path, "entries": n_entries, "blobs": n_blobs, "sources": n_sources,
+                "frozen_files": len(frozen),
+                "frozen_bytes": sum(os.path.getsize(os.path.join(self.frozen_dir, f)) for f in frozen),
+                "store": self.store.stats()}
+
+
+_OPEN: dict[tuple[str, int], VideoCache] = {}
+
+
+def open_cache(path: str | os.PathLike | None = None) -> VideoCache:
+    """A per-process shared ``VideoCache`` for ``path`` (reopened after fork)."""
+    p = str(Path(path if path is not None else default_cache_dir()).expanduser().absolute())
+    k = (p, os.getpid())
+    if k not in _OPEN:
+        _OPEN[k] = VideoCache(p)
+    return _OPEN[k]

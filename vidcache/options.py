@@ -1,0 +1,160 @@
+"""``VideoOptions``: every option that changes the cached bytes, resolved explicitly.
+
+Semantics are those of qwen-vl-utils 0.0.14 ``fetch_video``; the defaults it
+reads from module constants and environment variables (``MODEL_SEQ_LEN``,
+``FORCE_QWENVL_VIDEO_READER``) are written out here so that a key never
+depends on the environment or on which decoders happen to be installed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import xxhash
+
+from .errors import OptionsError
+
+# Bump when vidcache's own sampling/resizing/storage code changes the bytes:
+# it disowns every earlier entry (Bazel's "salt").
+PIPELINE_SALT = "vidcache-pipeline-1"
+
+# qwen-vl-utils 0.0.14 constants (vision_process.py), with MODEL_SEQ_LEN fixed
+# at its default instead of read from the environment.
+QVU_VERSION = "0.0.14"
+MODEL_SEQ_LEN = 128000
+VIDEO_MIN_TOKEN_NUM = 128
+VIDEO_MAX_TOKEN_NUM = 768
+FPS = 2.0
+FPS_MIN_FRAMES = 4
+FPS_MAX_FRAMES = 768
+FRAME_FACTOR = 2
+MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+
+PATCH_SIZE = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
+# Qwen3-VL frames sit on a 224 grid by default (lcm of SGLang's factor-28 pass
+# and the model's factor 32) so stock SGLang resizes nothing; see README.
+DEFAULT_SIZE_FACTOR = {"qwen2_vl": 28, "qwen2_5_vl": 28, "qwen3_vl": 224}
+
+# Keys of a Miles / qwen-vl-utils message content item that change the bytes.
+CONTENT_ITEM_KEYS = (
+    "fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
+    "resized_height", "resized_width", "video_start", "video_end",
+)
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    """How a video is sampled and resized.  ``resolved()`` fills every default."""
+
+    family: str = "qwen2_5_vl"
+    fps: float | None = None
+    nframes: int | None = None
+    min_frames: int | None = None
+    max_frames: int | None = None      # None: qwen-vl-utils' min(768, total_frames)
+    min_pixels: int | None = None
+    max_pixels: int | None = None      # None: derived per video from total_pixels / nframes
+    total_pixels: float | None = None
+    resized_height: int | None = None
+    resized_width: int | None = None
+    video_start: float | None = None
+    video_end: float | None = None
+    size_factor: int | None = None     # None: the family default (28, or 224 for qwen3_vl)
+
+    def __post_init__(self) -> None:
+        if self.family not in PATCH_SIZE:
+            raise OptionsError(f"unknown family {self.family!r}; expected one of {sorted(PATCH_SIZE)}")
+        if self.fps is not None and self.nframes is not None:
+            raise OptionsError("give either fps or nframes, not both (qwen-vl-utils semantics)")
+        if (self.resized_height is None) != (self.resized_width is None):
+            raise OptionsError("resized_height and resized_width only count together; give both or neither")
+        for name in ("fps", "total_pixels", "video_start", "video_end"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+                raise OptionsError(f"{name} must be a non-negative number, got {v!r}")
+        for name in ("nframes", "min_frames", "max_frames", "min_pixels", "max_pixels",
+                     "resized_height", "resized_width", "size_factor"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise OptionsError(f"{name} must be a positive integer, got {v!r}")
+        if self.fps == 0:
+            raise OptionsError("fps must be > 0")
+        if self.size_factor is not None and self.size_factor % self.factor:
+            raise OptionsError(f"size_factor {self.size_factor} must be a multiple of {self.factor} for {self.family}")
+
+    # --- family constants -------------------------------------------------
+    @property
+    def patch_size(self) -> int:
+        return PATCH_SIZE[self.family]
+
+    @property
+    def factor(self) -> int:
+        """The model's spatial factor: patch size x merge size (28 or 32)."""
+        return self.patch_size * MERGE_SIZE
+
+    # --- resolution -------------------------------------------------------
+    def resolved(self) -> "VideoOptions":
+        f = self.factor
+        return dataclasses.replace(
+            self,
+            fps=(FPS if self.fps is None else float(self.fps)) if self.nframes is None else None,
+            min_frames=FPS_MIN_FRAMES if self.min_frames is None else self.min_frames,
+            min_pixels=VIDEO_MIN_TOKEN_NUM * f * f if self.min_pixels is None else self.min_pixels,
+            # Same expression and order as qwen-vl-utils, so the float is identical.
+            total_pixels=MODEL_SEQ_LEN * f * f * 0.9 if self.total_pixels is None else self.total_pixels,
+            size_factor=DEFAULT_SIZE_FACTOR[self.family] if self.size_factor is None else self.size_factor,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "VideoOptions":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise OptionsError(f"unknown option(s) {sorted(unknown)}; known: {sorted(names)}")
+        return cls(**dict(d))
+
+    def with_content_item(self, item: Mapping[str, Any]) -> "VideoOptions":
+        """Apply per-video options from a message item ``{"type": "video", "video": ..., "fps": ...}``."""
+        over = {k: item[k] for k in CONTENT_ITEM_KEYS if k in item}
+        if not over:
+            return self
+        base = self.to_dict()
+        if "fps" in over:
+            base.pop("nframes", None)
+        if "nframes" in over:
+            base.pop("fps", None)
+        return VideoOptions.from_dict({**base, **over})
+
+    # --- identity ---------------------------------------------------------
+    def canonical_json(self) -> str:
+        """Canonical JSON of the resolved options plus the pipeline constants and salt."""
+        r = self.resolved()
+        record = {
+            "options": r.to_dict(),
+            "pipeline": {
+                "salt": PIPELINE_SALT,
+                "semantics": f"qwen-vl-utils=={QVU_VERSION}",
+                "model_seq_len": MODEL_SEQ_LEN,
+                "video_tokens": [VIDEO_MIN_TOKEN_NUM, VIDEO_MAX_TOKEN_NUM],
+                "fps_frames": [FPS_MIN_FRAMES, FPS_MAX_FRAMES, FRAME_FACTOR],
+                "index_rounding": "torch.linspace(float32).round()",
+                "resize": "torchvision.resize(bicubic, antialias=True) on uint8",
+                "frames": "uint8 TCHW RGB",
+            },
+        }
+        return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @property
+    def digest(self) -> str:
+        return xxhash.xxh3_128_hexdigest(self.canonical_json().encode())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VideoOptions) and self.canonical_json() == other.canonical_json()
+
+    def __hash__(self) -> int:
+        return hash(self.canonical_json())

@@ -1,0 +1,65 @@
+"""Synthetic test videos written with PyAV: deterministic content, any codec/size/rate/length."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+# codec -> (container suffix, pix_fmt)
+CODECS = {
+    "h264": (".mp4", "yuv420p"),
+    "mpeg4": (".mp4", "yuv420p"),
+    "mjpeg": (".avi", "yuvj420p"),
+    "hevc": (".mkv", "yuv420p"),
+    "av1": (".mkv", "yuv420p"),      # libsvtav1: decord's FFmpeg 4.1 cannot decode it
+    "ffv1": (".mkv", "bgr0"),
+}
+_ENCODER = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
+
+
+def frames(n: int, width: int, height: int, seed: int = 0) -> np.ndarray:
+    """n x H x W x 3 uint8: a moving gradient, a moving square and mild noise (not too compressible)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    out = np.empty((n, height, width, 3), np.uint8)
+    for t in range(n):
+        r = (x / max(width, 1) * 255 + 3 * t) % 256
+        g = (y / max(height, 1) * 255 + 5 * t) % 256
+        b = (np.sin((x + y + 4 * t) / 9.0) * 100 + 128)
+        img = np.stack([r, g, b], -1)
+        s = max(4, min(width, height) // 5)
+        cx, cy = (7 * t) % max(width - s, 1), (3 * t) % max(height - s, 1)
+        img[cy:cy + s, cx:cx + s] = (250, 30, 30)
+        img += rng.normal(0, 6, img.shape)
+        out[t] = np.clip(img, 0, 255).astype(np.uint8)
+    return out
+
+
+def make_video(path: str, *, codec: str = "h264", width: int = 320, height: int = 240,
+               fps: Fraction | float = 30, n_frames: int = 60, seed: int = 0) -> str:
+    import os
+
+    import av
+
+    os.environ.setdefault("SVT_LOG", "1")   # SVT-AV1 prints its banner to stdout otherwise
+    suffix, pix_fmt = CODECS[codec]
+    rate = Fraction(fps).limit_denominator(1001) if not isinstance(fps, Fraction) else fps
+    with av.open(path, "w") as c:
+        s = c.add_stream(_ENCODER.get(codec, codec), rate=rate)
+        s.width, s.height, s.pix_fmt = width, height, pix_fmt
+        if codec == "h264":
+            s.options = {"preset": "veryfast", "crf": "23"}
+        if codec == "hevc":
+            s.options = {"preset": "ultrafast", "x265-params": "log-level=error"}
+        if codec == "av1":
+            s.options = {"preset": "12"}
+        for fr in frames(n_frames, width, height, seed):
+            for p in s.encode(av.VideoFrame.from_ndarray(fr, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return path
+
+
+def suffix_for(codec: str) -> str:
+    return CODECS[codec][0]
