@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import weakref
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
@@ -18,6 +20,19 @@ from ..errors import StoreError
 from .base import Store
 
 _ORPHANED_ENVS: list = []  # environments inherited through fork: never closed in the child
+_LIVE: "weakref.WeakSet[LMDBStore]" = weakref.WeakSet()
+
+
+def _close_before_fork() -> None:
+    # py-lmdb refuses to open an environment that is "already open in this process",
+    # and a forked child inherits that registry.  Idle environments are therefore
+    # closed before fork (DataLoader workers, prewarm pools) and reopen lazily.
+    for store in list(_LIVE):
+        store._close_if_idle()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_close_before_fork)
 
 
 class LMDBStore(Store):
@@ -31,6 +46,9 @@ class LMDBStore(Store):
         self.max_readers = max_readers
         self._env: lmdb.Environment | None = None
         self._pid: int | None = None
+        self._active = 0
+        self._lock = threading.Lock()
+        _LIVE.add(self)
 
     # --- lifecycle --------------------------------------------------------
     @property
@@ -54,6 +72,11 @@ class LMDBStore(Store):
             self._env.close()
         self._env = None
 
+    def _close_if_idle(self) -> None:
+        with self._lock:
+            if self._active == 0:
+                self.close()
+
     def __getstate__(self):
         return {"path": self.path, "read_only": self.read_only, "map_size": self.initial_map_size,
                 "max_readers": self.max_readers}
@@ -72,12 +95,21 @@ class LMDBStore(Store):
         return f"LMDBStore({self.path!r}{', read_only=True' if self.read_only else ''})"
 
     # --- transactions -----------------------------------------------------
-    def _begin(self, write: bool = False, buffers: bool = False) -> lmdb.Transaction:
+    @contextlib.contextmanager
+    def _begin(self, write: bool = False, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        with self._lock:
+            self._active += 1
         try:
-            return self.env.begin(write=write, buffers=buffers)
-        except lmdb.MapResizedError:
-            self.env.set_mapsize(0)  # another process grew the map: adopt its size
-            return self.env.begin(write=write, buffers=buffers)
+            try:
+                txn = self.env.begin(write=write, buffers=buffers)
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)  # another process grew the map: adopt its size
+                txn = self.env.begin(write=write, buffers=buffers)
+            with txn:
+                yield txn
+        finally:
+            with self._lock:
+                self._active -= 1
 
     def get(self, key: str) -> bytes | None:
         with self._begin() as txn:

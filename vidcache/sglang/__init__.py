@@ -1,0 +1,1 @@
+"""SGLang side: server configuration and the external multimodal processor plugin."""
