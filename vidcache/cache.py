@@ -159,13 +159,11 @@ class VideoCache:
         with self.store.read("cas/" + fr["blob"]) as view:
             if view is None:
                 raise StoreError(f"manifest {key} names blob {fr['blob']} that is missing")
-            if fr["encoding"] == "zlib":
-                data = np.frombuffer(zlib.decompress(view), dtype=np.uint8)
-            else:
-                data = np.empty(blob.size_bytes, dtype=np.uint8)
-                if len(view) != blob.size_bytes:
-                    raise StoreError(f"blob {fr['blob']} has {len(view)} bytes, expected {blob.size_bytes}")
-                data[:] = np.frombuffer(view, dtype=np.uint8)
+            src = zlib.decompress(view) if fr["encoding"] == "zlib" else view
+            if len(src) != blob.size_bytes:
+                raise StoreError(f"blob {fr['blob']} has {len(src)} bytes, expected {blob.size_bytes}")
+            data = np.empty(blob.size_bytes, dtype=np.uint8)
+            data[:] = np.frombuffer(src, dtype=np.uint8)   # the one copy out of the memory map
         return torch.from_numpy(data).view(*fr["shape"])
 
     def verify(self, key: str) -> None:

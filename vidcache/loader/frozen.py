@@ -40,7 +40,8 @@ def write_frozen(frames: torch.Tensor, path: str, rate: Fraction = FROZEN_FPS,
             s = c.add_stream(CODEC, rate=rate)
             s.height, s.width = thwc.shape[1:3]
             s.pix_fmt = PIX_FMT
-            s.time_base = 1 / rate if container == "nut" else s.time_base
+            if container == "nut":
+                s.time_base = 1 / rate
             for fr in thwc:
                 for p in s.encode(av.VideoFrame.from_ndarray(fr, format="rgb24")):
                     c.mux(p)

@@ -1,16 +1,15 @@
 """The per-node LMDB tier.
 
 LMDB's rules (see notes/prior-art.md): one writer at a time (LMDB's own lock
-serialises writers across processes), never use an environment across fork
-(we reopen lazily in the current pid), never on a network filesystem.  A
-write is one transaction, so a killed writer leaves nothing visible.
+serialises writers across processes), one environment per file per process,
+never use an environment across fork, never on a network filesystem.  A write
+is one transaction, so a killed writer leaves nothing visible.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import threading
-import weakref
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
@@ -19,20 +18,55 @@ import lmdb
 from ..errors import StoreError
 from .base import Store
 
-_ORPHANED_ENVS: list = []  # environments inherited through fork: never closed in the child
-_LIVE: "weakref.WeakSet[LMDBStore]" = weakref.WeakSet()
+
+class _SharedEnv:
+    """One open environment per (file, process), shared by every store on that path."""
+
+    def __init__(self, path: str, readonly: bool, map_size: int, max_readers: int) -> None:
+        self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True,
+                             readahead=False, meminit=False, max_readers=max_readers, max_dbs=0)
+        self.env.reader_check()        # clear reader slots left by killed processes
+        self.readonly = readonly
+        self.pid = os.getpid()
+        self.active = 0                # open transactions
+        self.lock = threading.Lock()
+
+
+_ENVS: dict[str, _SharedEnv] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _acquire(path: str, readonly: bool, map_size: int, max_readers: int) -> _SharedEnv:
+    with _ENVS_LOCK:
+        e = _ENVS.get(path)
+        if e is not None and e.pid != os.getpid():
+            e = None                   # inherited through fork: never touch the parent's handle
+        if e is None or (e.readonly and not readonly):
+            if e is not None:
+                e.env.close()
+            e = _SharedEnv(path, readonly, map_size, max_readers)
+            _ENVS[path] = e
+        return e
 
 
 def _close_before_fork() -> None:
-    # py-lmdb refuses to open an environment that is "already open in this process",
-    # and a forked child inherits that registry.  Idle environments are therefore
-    # closed before fork (DataLoader workers, prewarm pools) and reopen lazily.
-    for store in list(_LIVE):
-        store._close_if_idle()
+    # A forked child inherits py-lmdb's "already open in this process" registry and
+    # must not use the parent's environment, so idle environments are closed before
+    # fork (DataLoader workers, prewarm pools); both sides reopen lazily.
+    with _ENVS_LOCK:
+        for path, e in list(_ENVS.items()):
+            with e.lock:
+                if e.active == 0 and e.pid == os.getpid():
+                    e.env.close()
+                    del _ENVS[path]
+
+
+def _drop_inherited() -> None:
+    _ENVS.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_close_before_fork)
+    os.register_at_fork(before=_close_before_fork, after_in_child=_drop_inherited)
 
 
 class LMDBStore(Store):
@@ -41,41 +75,32 @@ class LMDBStore(Store):
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False,
                  map_size: int = 1 << 30, max_readers: int = 1024) -> None:
         super().__init__(read_only=read_only)
-        self.path = str(Path(path))
+        self.path = str(Path(path).absolute())
         self.initial_map_size = map_size
         self.max_readers = max_readers
-        self._env: lmdb.Environment | None = None
-        self._pid: int | None = None
-        self._active = 0
-        self._lock = threading.Lock()
-        _LIVE.add(self)
 
     # --- lifecycle --------------------------------------------------------
+    def _shared(self) -> _SharedEnv:
+        if not self.read_only:
+            Path(self.path).mkdir(parents=True, exist_ok=True)
+        elif not Path(self.path, "data.mdb").exists():
+            raise StoreError(f"no LMDB cache at {self.path!r}")
+        try:
+            return _acquire(self.path, self.read_only, self.initial_map_size, self.max_readers)
+        except lmdb.Error as e:
+            raise StoreError(f"cannot open LMDB at {self.path!r}: {e}") from e
+
     @property
     def env(self) -> lmdb.Environment:
-        if self._env is not None and self._pid != os.getpid():
-            _ORPHANED_ENVS.append(self._env)  # the parent's handle; closing it here is unsafe
-            self._env = None
-        if self._env is None:
-            if not self.read_only:
-                Path(self.path).mkdir(parents=True, exist_ok=True)
-            elif not Path(self.path, "data.mdb").exists():
-                raise StoreError(f"no LMDB cache at {self.path!r}")
-            env = lmdb.open(self.path, map_size=self.initial_map_size, subdir=True, readonly=self.read_only,
-                            lock=True, readahead=False, meminit=False, max_readers=self.max_readers, max_dbs=0)
-            env.reader_check()  # clear reader slots left by killed processes
-            self._env, self._pid = env, os.getpid()
-        return self._env
+        return self._shared().env
 
     def close(self) -> None:
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env = None
-
-    def _close_if_idle(self) -> None:
-        with self._lock:
-            if self._active == 0:
-                self.close()
+        """Close this process's environment for the path if no transaction is open."""
+        with _ENVS_LOCK:
+            e = _ENVS.get(self.path)
+            if e is not None and e.pid == os.getpid() and e.active == 0:
+                e.env.close()
+                del _ENVS[self.path]
 
     def __getstate__(self):
         return {"path": self.path, "read_only": self.read_only, "map_size": self.initial_map_size,
@@ -97,19 +122,20 @@ class LMDBStore(Store):
     # --- transactions -----------------------------------------------------
     @contextlib.contextmanager
     def _begin(self, write: bool = False, buffers: bool = False) -> Iterator[lmdb.Transaction]:
-        with self._lock:
-            self._active += 1
+        e = self._shared()
+        with e.lock:
+            e.active += 1
         try:
             try:
-                txn = self.env.begin(write=write, buffers=buffers)
+                txn = e.env.begin(write=write, buffers=buffers)
             except lmdb.MapResizedError:
-                self.env.set_mapsize(0)  # another process grew the map: adopt its size
-                txn = self.env.begin(write=write, buffers=buffers)
+                e.env.set_mapsize(0)   # another process grew the map: adopt its size
+                txn = e.env.begin(write=write, buffers=buffers)
             with txn:
                 yield txn
         finally:
-            with self._lock:
-                self._active -= 1
+            with e.lock:
+                e.active -= 1
 
     def get(self, key: str) -> bytes | None:
         with self._begin() as txn:
@@ -135,22 +161,25 @@ class LMDBStore(Store):
                         txn.put(k.encode(), v)
                 return
             except lmdb.MapFullError:
-                # Grow on demand.  set_mapsize needs no open txn in this process: the
-                # aborted txn above is closed by the context manager.
-                info = self.env.info()
-                self.env.set_mapsize(max(2 * info["map_size"], info["map_size"] + 2 * needed))
+                # Grow on demand; the failed txn is already aborted, so no txn of ours is open.
+                env = self.env
+                size = env.info()["map_size"]
+                env.set_mapsize(max(2 * size, size + 2 * needed))
         raise StoreError(f"could not grow the LMDB map at {self.path!r} to fit {needed} bytes")
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         p = prefix.encode()
         with self._begin() as txn:
             cur = txn.cursor()
-            if not cur.set_range(p):
-                return
-            for k in cur.iternext(keys=True, values=False):
+            found = cur.set_range(p)
+            out = []
+            while found:
+                k = cur.key()
                 if not k.startswith(p):
                     break
-                yield k.decode()
+                out.append(k.decode())
+                found = cur.next()
+        return iter(out)
 
     def delete(self, key: str) -> None:
         self._check_writable()
@@ -158,7 +187,7 @@ class LMDBStore(Store):
             txn.delete(key.encode())
 
     def stats(self) -> dict:
-        info, stat = self.env.info(), self.env.stat()
+        env = self.env
+        info, stat = env.info(), env.stat()
         return {"path": self.path, "map_size": info["map_size"], "entries": stat["entries"],
-                "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")),
-                "page_size": stat["psize"]}
+                "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")), "page_size": stat["psize"]}

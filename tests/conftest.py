@@ -1,0 +1,43 @@
+import os
+import sys
+from fractions import Fraction
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))   # shared helpers: toy_processors, sglang_peer
+
+from vidcache.testing.videos import make_video, suffix_for  # noqa: E402
+
+# name -> (codec, width, height, fps, n_frames)
+VIDEOS = {
+    "h264_30": ("h264", 320, 240, 30, 120),
+    "h264_ntsc": ("h264", 320, 240, Fraction(30000, 1001), 150),
+    "mpeg4_25_odd": ("mpeg4", 426, 238, 25, 75),
+    "mjpeg_24": ("mjpeg", 250, 170, 24, 48),
+    "hevc_25": ("hevc", 352, 288, 25, 50),
+    "ffv1_10_small": ("ffv1", 96, 64, 10, 30),
+    "h264_long": ("h264", 64, 48, 10, 1600),     # 160 s: hits the 768... cap only with fps; see tests
+}
+
+
+@pytest.fixture(scope="session")
+def video_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("videos")
+
+
+@pytest.fixture(scope="session")
+def videos(video_dir):
+    """name -> path of generated videos (made once per session)."""
+    out = {}
+    for name, (codec, w, h, fps, n) in VIDEOS.items():
+        out[name] = make_video(str(video_dir / (name + suffix_for(codec))), codec=codec, width=w, height=h,
+                               fps=fps, n_frames=n, seed=len(out))
+    return out
+
+
+@pytest.fixture
+def cache(tmp_path):
+    from vidcache import VideoCache
+    c = VideoCache(tmp_path / "cache")
+    yield c
+    c.close()

@@ -1,0 +1,64 @@
+"""Canonical frames equal qwen-vl-utils 0.0.14 ``fetch_video(...).to(uint8)`` bit for bit."""
+import pytest
+import torch
+
+from vidcache import VideoOptions
+from vidcache.loader.build import decode_sample_resize
+
+qvu = pytest.importorskip("qwen_vl_utils.vision_process")
+
+CASES = [
+    ("h264_30", {}),
+    ("h264_ntsc", {}),
+    ("mpeg4_25_odd", {}),
+    ("mjpeg_24", {"fps": 4.0}),
+    ("hevc_25", {"nframes": 6}),
+    ("ffv1_10_small", {"min_pixels": 3136, "max_pixels": 12544}),
+    ("h264_30", {"total_pixels": 200704}),
+    ("h264_30", {"resized_height": 200, "resized_width": 300}),
+    ("h264_ntsc", {"video_start": 0.5, "video_end": 3.7}),
+    ("h264_long", {"fps": 6.0, "min_pixels": 3136}),          # 960 frames at 6 fps -> capped at 768
+    ("h264_long", {"max_frames": 40, "min_frames": 8}),
+]
+
+
+def reference(path, patch, **kw):
+    """qwen-vl-utils itself, with the decord backend forced (its backend choice is otherwise environmental)."""
+    saved = qvu.get_video_reader_backend
+    qvu.get_video_reader_backend = lambda: "decord"
+    try:
+        (video, meta), sample_fps = qvu.fetch_video({"type": "video", "video": path, **kw}, image_patch_size=patch,
+                                                   return_video_sample_fps=True, return_video_metadata=True)
+    finally:
+        qvu.get_video_reader_backend = saved
+    u8 = video.to(torch.uint8)
+    assert torch.equal(u8.float(), video), "qwen-vl-utils output is not integer-valued"
+    return u8, meta, sample_fps
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+@pytest.mark.parametrize("name,kw", CASES, ids=[f"{n}-{'-'.join(k) or 'default'}" for n, k in CASES])
+def test_frames_equal_qwen_vl_utils(videos, name, kw, family):
+    patch = 16 if family == "qwen3_vl" else 14
+    # size_factor = the model factor reproduces qwen-vl-utils' own grid (qwen3_vl defaults to 224, see README).
+    opts = VideoOptions(family=family, size_factor=2 * patch, **kw)
+    frames, built = decode_sample_resize(videos[name], opts)
+    ref, meta, sample_fps = reference(videos[name], patch, **kw)
+    assert frames.dtype == torch.uint8 and frames.shape == ref.shape
+    assert torch.equal(frames, ref)
+    v = built["video"]
+    assert v["frame_indices"] == meta["frames_indices"]
+    assert v["total_num_frames"] == meta["total_num_frames"]
+    assert v["fps"] == meta["fps"]
+    assert v["sample_fps"] == sample_fps
+    assert (v["num_frames"], v["height"], v["width"]) == tuple(ref.shape[i] for i in (0, 2, 3))
+
+
+def test_long_clip_hits_the_frame_cap(videos):
+    frames, built = decode_sample_resize(videos["h264_long"], VideoOptions(fps=6.0, min_pixels=3136))
+    assert frames.shape[0] == 768
+
+
+def test_qwen3_default_grid_is_224(videos):
+    frames, _ = decode_sample_resize(videos["h264_30"], VideoOptions(family="qwen3_vl"))
+    assert frames.shape[2] % 224 == 0 and frames.shape[3] % 224 == 0
