@@ -83,13 +83,16 @@ trap 'rm -f "$CONSTRAINTS"' EXIT
 printf '%s\n' "$BEFORE" > "$CONSTRAINTS"
 log "pinned for this install: $(echo $BEFORE)"
 
+CHANGED=0
 # 1 + 2: sglang and the import chain.
 if [[ "$(probe_import || true)" == "$SGLANG_VERSION" ]]; then
   log "sglang $SGLANG_VERSION qwen_vl already importable; skipping package install"
 else
+  CHANGED=1
   log "installing sglang==$SGLANG_VERSION --no-deps"
   "${PIP[@]}" install -q --no-deps "sglang==$SGLANG_VERSION"
   log "installing import-chain packages under constraints: ${EXTRA_PKGS[*]}"
+  log "(pip will list sglang requirements that are deliberately not installed; that is expected)"
   "${PIP[@]}" install -q -c "$CONSTRAINTS" "${EXTRA_PKGS[@]}"
   got="$(probe_import || true)"
   if [[ "$got" != "$SGLANG_VERSION" ]]; then
@@ -105,6 +108,7 @@ if [[ "$TORCHCODEC_CANDIDATES" == "none" ]]; then
 elif probe_torchcodec; then
   log "torchcodec already works: $("$PY" -c 'import importlib.metadata as m; print(m.version("torchcodec"))')"
 else
+  CHANGED=1
   ok=""
   for v in $TORCHCODEC_CANDIDATES; do
     log "trying torchcodec==$v --no-deps"
@@ -127,14 +131,18 @@ if [[ "$BEFORE" != "$AFTER" ]]; then
   diff <(echo "$BEFORE") <(echo "$AFTER") >&2 || true
   exit 1
 fi
-"$PY" - <<'EOF'
-import importlib.metadata as md
-import sglang.srt.utils.video_decoder as vd
+CHECK_IMPORT="$CHANGED" "$PY" -W ignore - <<'EOF'
+import importlib.metadata as md, os
 vers = {p: md.version(p) for p in ("sglang", "torch", "torchvision", "transformers")}
 try:
     vers["torchcodec"] = md.version("torchcodec")
 except md.PackageNotFoundError:
     vers["torchcodec"] = None
-print("[setup_peer_env] OK", vers, "video backend:", vd._BACKEND)
+if os.environ["CHECK_IMPORT"] == "1":  # something was installed: re-check the whole chain
+    import sglang.srt.multimodal.processors.qwen_vl  # noqa: F401
+    from sglang.srt.utils.video_decoder import _BACKEND as backend
+else:
+    backend = "torchcodec" if vers["torchcodec"] else "decord"
+print("[setup_peer_env] OK", vers, "SGLang video backend:", backend)
 EOF
 log "done in $(( $(date +%s) - T0 )) s"

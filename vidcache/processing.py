@@ -92,7 +92,8 @@ class PreparedRequest:
             raise ParityError("meta_info has neither prompt_token_ids nor prompt_tokens; cannot check divergence")
 
 
-def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str = "file") -> PreparedRequest:
+def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str = "file",
+            base_url: str | None = None) -> PreparedRequest:
     """Build compact ids, expanded ids, frozen URIs and train tensors for ``prompt``.
 
     ``prompt`` is the chat-templated text with one ``<|vision_start|><|video_pad|><|vision_end|>``
@@ -112,4 +113,5 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")
         tensors = {}
     expanded = out["input_ids"][0].tolist()
-    return PreparedRequest(list(compact), expanded, [video_uri(h, mode, transport) for h in handles], tensors, mode)
+    return PreparedRequest(list(compact), expanded, [video_uri(h, mode, transport, base_url) for h in handles],
+                           tensors, mode)

@@ -55,7 +55,18 @@ def _filesystem(source: str, limits: FetchLimits):
     return fs, path
 
 
+def _root_cause(e: BaseException) -> BaseException:
+    while e.__cause__ is not None or e.__context__ is not None:
+        e = e.__cause__ or e.__context__
+    return e
+
+
 def _translate(source: str, e: BaseException) -> Exception:
+    cause = _root_cause(e)
+    # fsspec's HTTP filesystem reports a refused connection as FileNotFoundError; look underneath.
+    if isinstance(cause, (ConnectionError, OSError)) and not isinstance(cause, FileNotFoundError) \
+            or type(cause).__module__.startswith("aiohttp") and "Connect" in type(cause).__name__:
+        return SourceUnavailableError(f"cannot read {source[:200]}: connection failed: {cause}")
     if isinstance(e, FileNotFoundError):
         return SourceNotFoundError(f"source not found: {source[:200]}")
     if isinstance(e, (TimeoutError,)) or type(e).__name__ in ("ServerTimeoutError", "ReadTimeoutError", "ConnectTimeoutError"):
