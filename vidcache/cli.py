@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_option_flags(p)
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per video before its worker is killed")
-    p.add_argument("--max-worker-memory-mb", type=float, default=16384)
+    p.add_argument("--max-worker-memory-mb", type=float, default=16384,
+                   help="RSS a worker may add while decoding one video before it is killed")
     p.add_argument("--max-source-mb", type=float, default=4096)
     p.add_argument("--fetch-timeout", type=float, default=300.0)
     p.add_argument("--decoder", default="decord", choices=["decord", "torchcodec"])

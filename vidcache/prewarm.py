@@ -48,8 +48,10 @@ def _rss_bytes() -> int:
 
 
 def _watchdog(limit: int) -> None:
+    # The limit is on growth: a forked worker starts out sharing the parent's pages.
+    base = _rss_bytes()
     while True:
-        if _rss_bytes() > limit:
+        if _rss_bytes() - base > limit:
             os._exit(MEMORY_EXIT_CODE)   # the parent reports it as a memory failure for this row
         time.sleep(0.05)
 

@@ -53,6 +53,8 @@ def video_uri(handle, mode: str = "stock", transport: str = "file", base_url: st
         if transport == "http":
             return _http(base_url, f"refs/{handle.resolve()}{REF_SUFFIX}")
         return file_uri(ref_path(handle))
+    from .sglang.config import check_stock_parity
+    check_stock_parity(handle.manifest)     # refuse, before SGLang silently re-samples or resizes
     path = handle.frozen_path()
     if transport == "file":
         return file_uri(path)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from ..errors import OptionsError
 from ..loader.frozen import FROZEN_FPS
 from ..options import FPS_MAX_FRAMES, PATCH_SIZE
 
@@ -27,6 +28,45 @@ def mm_process_config() -> dict:
         "total_pixels": FPS_MAX_FRAMES * 16384 * 28 * 28,
         "do_resize": False,                       # forwarded to the HF video processor
     }}
+
+
+SGLANG_RESIZE_FACTOR = 28      # stock preprocess_video's smart_resize factor, for every family
+
+
+def stock_parity_problems(manifest: dict) -> list[str]:
+    """Why stock SGLang with :func:`mm_process_config` would NOT reproduce this entry (empty: it will).
+
+    Stock SGLang re-samples and re-sizes whatever it decodes; both are identities only
+    when the frozen file has at most ``max_frames`` frames and every frame is on its
+    28-pixel grid (and, for Qwen3-VL, also on the model's 32 grid: ``do_resize: false``
+    then finds nothing to do) within its pixel bounds.
+    """
+    v, family = manifest["video"], manifest["options"]["family"]
+    n, h, w = v["num_frames"], v["height"], v["width"]
+    cfg = mm_process_config()["video"]
+    out = []
+    if n > cfg["max_frames"] or n % 2:
+        out.append(f"{n} frames: stock SGLang keeps an even count of at most {cfg['max_frames']} and would "
+                   f"re-sample them. Fix: max_frames/nframes <= {cfg['max_frames']}, or mode='plugin'.")
+    need = SGLANG_RESIZE_FACTOR if family != "qwen3_vl" else 224     # lcm(28, 32)
+    if h % need or w % need:
+        out.append(f"{w}x{h} frames are not on a {need}-pixel grid: stock SGLang resizes every video to "
+                   f"multiples of {SGLANG_RESIZE_FACTOR}" + (" before Qwen3-VL's 32" if family == "qwen3_vl" else "")
+                   + f". Fix: size_factor={need}" + (" (the qwen3_vl default)" if family == "qwen3_vl" else "")
+                   + ", or mode='plugin'.")
+    if not cfg["min_pixels"] <= h * w <= cfg["max_pixels"]:
+        out.append(f"{w}x{h} frames are outside stock SGLang's pixel bounds [{cfg['min_pixels']}, "
+                   f"{cfg['max_pixels']}]. Fix: smaller resized_height/resized_width or max_pixels, "
+                   "or mode='plugin'.")
+    return out
+
+
+def check_stock_parity(manifest: dict) -> None:
+    """Refuse (``OptionsError``) an entry that stock SGLang cannot reproduce bit-exactly."""
+    problems = stock_parity_problems(manifest)
+    if problems:
+        raise OptionsError(f"cache entry {manifest['key']} ({manifest['options']['family']}) cannot be served "
+                           "in stock mode: " + " ".join(problems))
 
 
 def sglang_config(family: str, mode: str = "stock", cache: str | None = None) -> dict:

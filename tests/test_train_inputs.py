@@ -1,0 +1,63 @@
+"""train_inputs() equals the HF processor bitwise, for all three families (offline toy processors)."""
+import pytest
+import torch
+
+from toy_processors import build_processor
+from vidcache import VideoOptions
+from vidcache.processing import VIDEO_PLACEHOLDER, video_metadata
+
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+
+
+@pytest.fixture(scope="module")
+def processors():
+    return {f: build_processor(f) for f in FAMILIES}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("name,kw", [("h264_30", {}), ("h264_ntsc", {"fps": 1.0}), ("mpeg4_25_odd", {"nframes": 6})])
+def test_train_inputs_equal_the_hf_processor(cache, videos, processors, family, name, kw):
+    proc = processors[family]
+    h = cache.get(videos[name], VideoOptions(family=family, **kw))
+    m = h.manifest
+    meta = {"fps": m["video"]["fps"], "frames_indices": m["video"]["frame_indices"],
+            "total_num_frames": m["video"]["total_num_frames"]}
+    ref = proc(text=[VIDEO_PLACEHOLDER], videos=[h.frames()], video_metadata=[meta], do_sample_frames=False,
+               do_resize=False, return_tensors="pt")
+    got = h.train_inputs(proc)
+    assert all(isinstance(v, torch.Tensor) for v in got.values())      # Miles moves every value with .to()
+    assert got["pixel_values_videos"].dtype == torch.float32
+    assert torch.equal(got["pixel_values_videos"], ref["pixel_values_videos"])
+    assert got["video_grid_thw"].dtype == torch.int64
+    assert torch.equal(got["video_grid_thw"], ref["video_grid_thw"])
+    assert got["video_grid_thw"].tolist() == [m["tokens"]["video_grid_thw"]]
+    if family == "qwen2_5_vl":
+        sfps = m["video"]["sample_fps"]
+        assert torch.equal(got["second_per_grid_ts"], torch.as_tensor(ref["second_per_grid_ts"], dtype=torch.float32))
+        assert got["second_per_grid_ts"].item() == torch.tensor(2 / sfps, dtype=torch.float32).item()
+    else:
+        assert "second_per_grid_ts" not in got
+    # The manifest's token count is what the processor expands to.
+    n_pad = (ref["input_ids"][0] == proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum().item()
+    assert n_pad == h.num_video_tokens
+
+
+def test_stock_mode_reproduces_sglang_metadata(cache, videos, processors):
+    h = cache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl"))
+    assert video_metadata(h.manifest, "qwen2_5_vl", "stock") is None
+    stock = h.train_inputs(processors["qwen2_5_vl"], mode="stock")
+    assert stock["second_per_grid_ts"].item() == torch.tensor(2 / 24, dtype=torch.float32).item()
+    q3 = cache.get(videos["h264_30"], VideoOptions(family="qwen3_vl"))
+    meta = video_metadata(q3.manifest, "qwen3_vl", "stock")
+    assert meta["fps"] == 2.0 and meta["frames_indices"] == list(range(q3.frames().shape[0]))
+
+
+def test_prepare_counts_placeholders(cache, videos, processors):
+    from vidcache import prepare
+    h = cache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl"))
+    with pytest.raises(ValueError, match="placeholder"):
+        prepare(processors["qwen2_5_vl"], "no video here", [h])
+    r = prepare(processors["qwen2_5_vl"], f"a {VIDEO_PLACEHOLDER} b", [h], mode="stock")
+    pad = processors["qwen2_5_vl"].tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    assert r.compact_ids.count(pad) == 1 and r.expanded_ids.count(pad) == h.num_video_tokens
+    assert r.video_data[0].startswith("file:///") and r.video_data[0].endswith(".mkv")
