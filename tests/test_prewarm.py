@@ -96,6 +96,11 @@ def test_resume_skips_present_entries_and_cli_exit_codes(tmp_path, videos, capsy
     assert "3 new, 0 hit, 0 failed" in out
     assert cli(["prewarm", ds, "--cache", c, "--no-progress"]) == 0
     assert "0 new, 3 hit, 0 failed" in capsys.readouterr().out
+    # Frames built in worker processes (one intra-op thread) equal an in-process build.
+    from vidcache.loader.build import decode_sample_resize
+    import torch
+    h = VideoCache(c).handle(videos["h264_30"], VideoOptions())
+    assert torch.equal(h.frames(), decode_sample_resize(videos["h264_30"], VideoOptions())[0])
     bad = _write(tmp_path / "bad.jsonl", [{"prompt": "<video>", "videos": [str(tmp_path / "nope.mp4")]},
                                           {"prompt": "<video>", "videos": [videos["h264_30"]]}])
     assert cli(["prewarm", bad, "--cache", c, "--no-progress"]) == 1

@@ -58,6 +58,10 @@ def _watchdog(limit: int) -> None:
 
 def _init_worker(cache_kwargs: dict, memory_limit: int | None) -> None:
     global _WORKER_CACHE
+    import torch
+    # One intra-op thread: workers are the parallelism, and a forked child must not enter
+    # the parent's OpenMP thread pool (GNU libgomp is not fork-safe; it deadlocks).
+    torch.set_num_threads(1)
     _WORKER_CACHE = VideoCache(**cache_kwargs)
     if memory_limit:
         threading.Thread(target=_watchdog, args=(memory_limit,), daemon=True).start()

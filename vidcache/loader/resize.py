@@ -6,7 +6,7 @@ from qwen_vl_utils import vision_process as qvu
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
-from ..errors import AspectRatioError
+from ..errors import AspectRatioError, OptionsError
 from ..options import FRAME_FACTOR, VIDEO_MAX_TOKEN_NUM, VideoOptions
 
 
@@ -28,8 +28,9 @@ def target_size(opts: VideoOptions, nframes: int, height: int, width: int) -> tu
             h, w = qvu.smart_resize(height, width, factor=f, min_pixels=r.min_pixels, max_pixels=max_pixels)
     except ValueError as e:
         raise AspectRatioError(str(e)) from None
-    except AssertionError as e:
-        raise AspectRatioError(f"pixel bounds are inconsistent: {e}") from None
+    except AssertionError:
+        raise OptionsError(f"max_pixels {max_pixels} is below min_pixels {r.min_pixels}; "
+                           "lower min_pixels as well") from None
     if h <= 0 or w <= 0:
         raise AspectRatioError(f"{width}x{height} is too thin for a {f}-pixel grid within the pixel budget")
     return h, w
