@@ -68,12 +68,16 @@ class PreparedRequest:
     mode: str
     extra: dict = field(default_factory=dict)
 
-    def check(self, meta_info: dict) -> None:
+    def check(self, response: dict) -> None:
         """Divergence guard: SGLang's view of the prompt must equal ``expanded_ids``.
 
-        Pass SGLang's ``meta_info``; request ``return_prompt_token_ids: true`` for the
-        strict id comparison, otherwise only the prompt length is compared.
+        Pass SGLang's ``/generate`` response (or its ``meta_info``).  Send the request with
+        ``return_prompt_token_ids: true`` for the strict id comparison (SGLang 0.5.23 returns
+        ``prompt_token_ids`` at the top level); otherwise only ``meta_info.prompt_tokens`` is compared.
         """
+        meta_info = dict(response.get("meta_info") or {}) if "meta_info" in response else dict(response)
+        if "prompt_token_ids" in response and "prompt_token_ids" not in meta_info:
+            meta_info["prompt_token_ids"] = response["prompt_token_ids"]
         ids = meta_info.get("prompt_token_ids")
         if ids is not None:
             ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)

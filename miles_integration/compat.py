@@ -1,0 +1,53 @@
+"""Finding Miles, and the TEST-ONLY import shim for running it next to PyPI sglang 0.5.23.
+
+Production Miles runs against its ``sglang-miles`` fork, which has every module Miles imports; nothing in
+``miles_integration`` calls ``install_test_shims``.  Tests (and CPU-only dev boxes with the 0.5.23 peer) do.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+ENV = "MILES_SRC"
+SKIP_REASON = "MILES_SRC not set; run scripts/setup_miles.sh"
+
+
+def miles_src(repo_root: str | os.PathLike | None = None) -> Path | None:
+    """The Miles checkout named by ``$MILES_SRC`` (relative paths are taken from ``repo_root``), or None."""
+    raw = os.environ.get(ENV)
+    if not raw:
+        return None
+    src = Path(raw)
+    if not src.is_absolute():
+        src = Path(repo_root or os.getcwd()) / src
+    return src if (src / "miles" / "__init__.py").is_file() else None
+
+
+def add_miles_to_path(src: Path) -> None:
+    if str(src) not in sys.path:
+        sys.path.insert(0, str(src))
+
+
+def _spec_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ModuleNotFoundError, ValueError):
+        return False
+
+
+def install_test_shims() -> list[str]:
+    """TEST-ONLY: an empty ``sglang.srt.entrypoints.openai.encoding_dsv4`` when the installed sglang lacks it.
+
+    Miles imports it at module level (``chat_template_utils.deepseek``) and only uses it for DeepSeek-V4
+    checkpoints; it exists in the ``sglang-miles`` fork, not in PyPI sglang 0.5.23.  Never shadows a real module.
+    """
+    name = "sglang.srt.entrypoints.openai.encoding_dsv4"
+    if name in sys.modules or _spec_exists(name):
+        return []
+    stub = types.ModuleType(name)
+    stub.__doc__ = "STUB (vidcache tests): DeepSeek-V4 encoder of the sglang-miles fork, unused here"
+    sys.modules[name] = stub
+    return [name]

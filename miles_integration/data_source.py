@@ -1,0 +1,248 @@
+"""``VidcacheDataSource``: a lazy ``--data-source-path`` for video prompts.
+
+Drop-in for Miles' ``RolloutDataSourceWithBuffer``: it inherits ``get_samples`` / ``add_samples`` / ``save`` /
+``load`` / ``get_buffer_length`` unchanged (same offsets, epoch wrap, reshuffle, buffer filter, checkpoint file)
+and only replaces the eager ``miles.utils.data.Dataset`` with ``VidcacheDataset``:
+
+* init reads line offsets of the JSONL (vidcache's ``LazyVideoDataset``); nothing is fetched or decoded;
+* a ``Sample`` is built when Miles slices ``dataset.samples``: the chat-templated prompt (each video item renders
+  as ``<|vision_start|><|video_pad|><|vision_end|>``), ``metadata["vidcache"]`` = handle dicts, and
+  ``multimodal_inputs=None`` so Miles' default code never calls the processor on it;
+* ``--rollout-max-prompt-len`` filters on the expanded length computed from cached manifests (token counts),
+  never by decoding; a video that is not cached yet cannot be measured and is kept (it is built on first use),
+  or rejected at init with ``--vidcache-require-cached``.
+
+``VidcacheDataset`` has ``miles.utils.data.Dataset``'s constructor signature (plus ``config=``), so the rollout
+function also uses it for eval datasets.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import random
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from miles.rollout.data_source import RolloutDataSourceWithBuffer, pop_first
+from miles.utils import chat_template_utils
+from miles.utils.data import _build_messages
+from miles.utils.misc import load_function
+from miles.utils.processing_utils import load_tokenizer
+from miles.utils.types import Sample
+
+from vidcache import NotCachedError
+from vidcache.loader.dataset import VIDEO_TOKEN, LazyVideoDataset
+from vidcache.processing import VIDEO_PLACEHOLDER
+
+from .args import VidcacheConfig
+from .meta import KEY, metadata_entry
+
+logger = logging.getLogger(__name__)
+
+_SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
+
+
+def _parse_path(path: str) -> tuple[str, slice | None]:
+    """Miles' ``path@[start:end]`` row-slice syntax."""
+    if m := _SLICE.match(path):
+        s, e = m.group("start"), m.group("end")
+        return m.group("path"), slice(int(s) if s else None, int(e) if e else None)
+    return path, None
+
+
+def expanded_length(num_compact_tokens: int, handles, family: str) -> int | None:
+    """Prompt length after the processor's expansion, from cached manifests only; None if a video is not cached.
+
+    Exact for qwen2_vl / qwen2_5_vl (each compact ``<|video_pad|>`` becomes ``video_pad_tokens`` pads).  For
+    qwen3_vl it is a lower bound: the per-frame ``<t seconds>`` text is not counted.
+    """
+    n = num_compact_tokens
+    for h in handles:
+        try:
+            h.resolve(build=False)
+        except NotCachedError:
+            return None
+        n += h.num_video_tokens - 1
+        if family == "qwen3_vl":                   # one vision_start/vision_end pair per temporal group
+            n += 2 * (h.metadata["video_grid_thw"][0] - 1)
+    return n
+
+
+class _SampleView(Sequence):
+    """A lazy ``list[Sample]``: indexing or slicing builds fresh Samples from the rows."""
+
+    def __init__(self, dataset: "VidcacheDataset", order: np.ndarray):
+        self._ds, self._order = dataset, order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._ds.build_sample(int(r)) for r in self._order[i]]
+        return self._ds.build_sample(int(self._order[i]))
+
+
+class VidcacheDataset:
+    """Lazy stand-in for ``miles.utils.data.Dataset`` over a video JSONL (same constructor, same ``shuffle``)."""
+
+    def __init__(self, path, tokenizer, processor=None, max_length=None, *, prompt_key="text", multimodal_keys=None,
+                 label_key=None, tool_key=None, metadata_key="metadata", seed=42, apply_chat_template=False,
+                 apply_chat_template_kwargs=None, config: VidcacheConfig | None = None):
+        if config is None:
+            raise ValueError("VidcacheDataset needs config= (a VidcacheConfig)")
+        path, row_slice = _parse_path(str(path))
+        if not path.endswith(".jsonl"):
+            raise ValueError(f"vidcache's lazy dataset reads JSONL only, got {path!r}")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.prompt_key, self.label_key, self.tool_key, self.metadata_key = prompt_key, label_key, tool_key, metadata_key
+        self.multimodal_keys = dict(multimodal_keys or {})
+        if set(self.multimodal_keys) - {"video"}:
+            raise NotImplementedError(f"vidcache's data source carries videos only; got multimodal keys "
+                                      f"{sorted(self.multimodal_keys)}")
+        self.video_key = self.multimodal_keys.get("video", config.video_key)
+        self.apply_chat_template = apply_chat_template
+        self.apply_chat_template_kwargs = apply_chat_template_kwargs or {}
+        self.rows = LazyVideoDataset(path, config.cache, config.options, input_key=prompt_key, video_key=self.video_key)
+        rows = np.arange(len(self.rows), dtype=np.int64)
+        if row_slice is not None:
+            rows = rows[row_slice]
+        if config.require_cached:
+            self._check_cached(rows)
+        if max_length is not None:
+            rows = self._filter_long(rows, max_length)
+        self.origin_rows = rows
+        self.epoch_id = -1
+        self.seed = seed
+        self.samples: Sequence = _SampleView(self, rows)
+        self.origin_samples = self.samples
+
+    # --- Miles Dataset interface -------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, idx):
+        return self.samples[idx]
+
+    def shuffle(self, new_epoch_id: int) -> None:
+        """Exactly ``miles.utils.data.Dataset.shuffle``: same seed, same permutation."""
+        if self.epoch_id == new_epoch_id:
+            return
+        random.seed(self.seed + new_epoch_id)
+        permutation = list(range(len(self.origin_rows)))
+        random.shuffle(permutation)
+        self.samples = _SampleView(self, self.origin_rows[permutation])
+        self.epoch_id = new_epoch_id
+
+    # --- rows -> prompts ------------------------------------------------------------------------
+    def render(self, row) -> str | list:
+        """The prompt Miles would build for ``row`` (``Dataset.__init__``), with video items as placeholders."""
+        data = copy.deepcopy(row.data)
+        mm = {"video": self.video_key} if isinstance(data.get(self.prompt_key), str) and data.get(self.video_key) else None
+        if mm is not None and isinstance(data[self.video_key], str):
+            data[self.video_key] = [data[self.video_key]]
+        as_conversation = self.apply_chat_template or mm is not None or isinstance(data.get(self.prompt_key), list)
+        if not self.apply_chat_template:
+            prompt = data.get(self.prompt_key)
+            if isinstance(prompt, str):
+                return prompt.replace(VIDEO_TOKEN, VIDEO_PLACEHOLDER)
+            if row.handles:
+                raise ValueError("video rows with a message-list prompt need --apply-chat-template")
+            return prompt
+        messages = _build_messages(data, self.prompt_key, as_conversation, mm)
+        text = chat_template_utils.apply_chat_template(
+            messages, tokenizer=self.tokenizer, tools=self._tools(row.data), tokenize=False,
+            add_generation_prompt=True, **self.apply_chat_template_kwargs)
+        if row.handles and text.count(VIDEO_PLACEHOLDER) != len(row.handles):
+            raise ValueError(f"row {row.index}: the chat template rendered {text.count(VIDEO_PLACEHOLDER)} "
+                             f"{VIDEO_PLACEHOLDER!r} for {len(row.handles)} video(s); vidcache needs one per video "
+                             "(use the model's Qwen-VL chat template)")
+        return text
+
+    def _tools(self, data: dict):
+        if self.tool_key is None or self.tool_key not in data:
+            return None
+        import json
+        tools = data[self.tool_key]
+        return json.loads(tools) if isinstance(tools, str) else list(tools)
+
+    def build_sample(self, i: int) -> Sample:
+        row = self.rows[i]
+        metadata = dict(row.data.get(self.metadata_key) or {})
+        if (tools := self._tools(row.data)) is not None:
+            metadata["tools"] = tools
+        if row.handles:
+            metadata[KEY] = metadata_entry(row.handles)
+        return Sample(prompt=self.render(row), label=row.data[self.label_key] if self.label_key is not None else None,
+                      metadata=metadata, multimodal_inputs=None)
+
+    # --- init-time checks (no decoding) -------------------------------------------------------------
+    def _check_cached(self, rows) -> None:
+        missing = []
+        for i in rows:
+            for h in self.rows[int(i)].handles:
+                try:
+                    h.resolve(build=False)
+                except NotCachedError:
+                    missing.append(h.source)
+        if missing:
+            raise NotCachedError(f"{len(missing)} video(s) are not in cache {self.config.cache} "
+                                 f"(--vidcache-require-cached), e.g. {missing[:3]}; run `vidcache prewarm`")
+
+    def _filter_long(self, rows, max_length: int):
+        keep, dropped, unknown = [], 0, 0
+        for i in rows:
+            row = self.rows[int(i)]
+            prompt = self.render(row)
+            if not isinstance(prompt, str):
+                keep.append(i)
+                continue
+            n_compact = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            n = expanded_length(n_compact, row.handles, self.config.options.family)
+            if n is None:
+                unknown += 1
+                keep.append(i)
+            elif n <= max_length:
+                keep.append(i)
+            else:
+                dropped += 1
+        logger.info("vidcache: filtered %d prompts longer than max_length=%d (cached token counts); %d rows with "
+                    "uncached videos kept unmeasured", dropped, max_length, unknown)
+        self.num_filtered, self.num_unmeasured = dropped, unknown
+        return np.asarray(keep, dtype=np.int64)
+
+
+class VidcacheDataSource(RolloutDataSourceWithBuffer):
+    """``--data-source-path miles_integration.data_source.VidcacheDataSource``."""
+
+    def __init__(self, args):
+        # RolloutDataSource.__init__ would build the eager Dataset; set the same state by hand instead.
+        self.args = args
+        self.epoch_id = 0
+        self.sample_group_index = 0
+        self.sample_index = 0
+        self.sample_offset = 0
+        self.metadata = {}
+        self.config = VidcacheConfig.from_args(args)
+        if args.rollout_global_dataset:
+            tokenizer = load_tokenizer(args.hf_checkpoint, chat_template_path=args.chat_template_path,
+                                       trust_remote_code=True)
+            self.dataset = VidcacheDataset(
+                args.prompt_data, tokenizer=tokenizer, processor=None, max_length=args.rollout_max_prompt_len,
+                prompt_key=args.input_key, multimodal_keys=args.multimodal_keys, label_key=args.label_key,
+                metadata_key=args.metadata_key, tool_key=args.tool_key, apply_chat_template=args.apply_chat_template,
+                apply_chat_template_kwargs=args.apply_chat_template_kwargs, seed=args.rollout_seed,
+                config=self.config)
+            if args.rollout_shuffle:
+                self.dataset.shuffle(self.epoch_id)
+        else:
+            self.dataset = None
+        self.buffer = []
+        self.buffer_filter = pop_first if args.buffer_filter_path is None else load_function(args.buffer_filter_path)
+
+    def close(self) -> None:
+        """Called by ``RolloutManager.dispose``.  The cache is vidcache's per-process shared handle
+        (``open_cache``), also used by the generate function in this process, so it is left open."""

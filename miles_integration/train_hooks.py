@@ -1,0 +1,147 @@
+"""``--vidcache-train-inputs handles``: handles travel to the trainer, tensors are rebuilt there.
+
+Rollout side (generate.py): ``sample.multimodal_train_inputs = {HANDLE_KEY: encode_handles(...)}``, a small
+uint8 tensor holding the handles' JSON.  It is a tensor, so Miles' conversion, object-store codec and
+``get_rollout_data``'s ``.to(cuda)`` carry it untouched, and the ``n_samples_per_prompt`` copies of a group cost a
+few hundred bytes each instead of the clip's pixels.
+
+Train side: ``install_train_hooks(args)`` (``--custom-megatron-init-path
+miles_integration.train_hooks.install_train_hooks``) wraps ``get_batch`` so that each micro-batch's
+``multimodal_train_inputs`` entries are rebuilt from the cache (``vidcache.train_inputs``, the same call the
+rollout side would have made) just before ``get_batch`` concatenates them.  ``get_batch`` is imported *by name* by
+``miles.backends.megatron_utils.model`` (and ``fsdp_utils.actor``), so the hook replaces the name in each importing
+module, not only in ``training_utils.data``.  Everything above ``install_train_hooks`` is pure (no Miles import).
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import logging
+import sys
+
+import torch
+
+import vidcache
+from vidcache import VideoHandle
+
+logger = logging.getLogger(__name__)
+
+HANDLE_KEY = "vidcache_handles"
+# Modules that hold ``get_batch`` as a global; the defining module first.
+GET_BATCH_MODULES = (
+    "miles.backends.training_utils.data",
+    "miles.backends.megatron_utils.model",
+    "miles.backends.fsdp_utils.actor",
+)
+
+
+# --- encoding (rollout side) --------------------------------------------------------------------
+def encode_handles(handles, mode: str) -> torch.Tensor:
+    """Handles (objects or ``to_dict()`` dicts) and the processing mode as a 1-D uint8 tensor of JSON."""
+    videos = [h.to_dict() if isinstance(h, VideoHandle) else dict(h) for h in handles]
+    raw = json.dumps({"v": 1, "mode": mode, "videos": videos}, sort_keys=True, separators=(",", ":")).encode()
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).clone()
+
+
+def decode_handles(t: torch.Tensor) -> tuple[str, list[VideoHandle]]:
+    rec = json.loads(bytes(t.detach().to("cpu", torch.uint8).numpy().tobytes()).decode())
+    if rec.get("v") != 1:
+        raise ValueError(f"unknown vidcache handle encoding {rec.get('v')!r}")
+    return rec["mode"], [VideoHandle.from_dict(d) for d in rec["videos"]]
+
+
+def handle_train_inputs(handles, mode: str) -> dict[str, torch.Tensor]:
+    return {HANDLE_KEY: encode_handles(handles, mode)}
+
+
+# --- rebuilding (train side) ----------------------------------------------------------------------
+def hydrate(mm: dict | None, processor) -> dict | None:
+    """Replace a handle entry by the model tensors it names (on the handle tensor's device); others pass through."""
+    if not mm or HANDLE_KEY not in mm:
+        return mm
+    enc = mm[HANDLE_KEY]
+    mode, handles = decode_handles(enc)
+    out = {k: v for k, v in mm.items() if k != HANDLE_KEY}
+    for k, v in vidcache.train_inputs(processor, handles, mode=mode).items():
+        out[k] = v.to(enc.device)
+    return out
+
+
+class HydratingIterator:
+    """Wraps Miles' ``DataIterator``: ``get_next`` returns micro-batches with handle entries rebuilt."""
+
+    def __init__(self, inner, processor):
+        self._inner, self._processor = inner, processor
+
+    def get_next(self, keys):
+        batch = self._inner.get_next(keys)
+        mm = batch.get("multimodal_train_inputs")
+        if mm is not None:
+            batch["multimodal_train_inputs"] = [hydrate(d, self._processor) for d in mm]
+        return batch
+
+    def __getattr__(self, name):          # rollout_data, offset, reset(), ...
+        return getattr(self._inner, name)
+
+
+def wrap_get_batch(get_batch, processor_factory):
+    """A ``get_batch`` that rebuilds handle entries per micro-batch before calling the original."""
+    if getattr(get_batch, "_vidcache_wrapped", False):
+        return get_batch
+
+    @functools.wraps(get_batch)
+    def vidcache_get_batch(data_iterator, keys, *args, **kwargs):
+        if "multimodal_train_inputs" in keys:
+            data_iterator = HydratingIterator(data_iterator, processor_factory())
+        return get_batch(data_iterator, keys, *args, **kwargs)
+
+    vidcache_get_batch._vidcache_wrapped = True
+    vidcache_get_batch.__wrapped__ = get_batch
+    return vidcache_get_batch
+
+
+def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES) -> list[str]:
+    """Point ``get_batch`` in each of ``modules`` at a hydrating wrapper (idempotent).  Returns the modules patched.
+
+    ``from ..training_utils.data import get_batch`` copies the function into the importing module's globals,
+    so every importer already loaded is patched by name (patching only the defining module would not reach
+    Megatron's forward).  The defining module (``modules[0]``) is imported and patched too, so an importer
+    loaded later picks up the wrapper; the other modules are never imported here.
+    """
+    patched = []
+    for i, name in enumerate(modules):
+        mod = sys.modules.get(name)
+        if mod is None and i == 0:
+            try:
+                mod = importlib.import_module(name)
+            except ImportError as e:
+                logger.debug("vidcache: %s not importable (%s); not patched", name, e)
+                continue
+        if mod is None or not hasattr(mod, "get_batch"):
+            continue
+        mod.get_batch = wrap_get_batch(mod.get_batch, processor_factory)
+        patched.append(name)
+    return patched
+
+
+def install_train_hooks(args) -> list[str]:
+    """``--custom-megatron-init-path miles_integration.train_hooks.install_train_hooks`` (called as ``f(args)``).
+
+    A no-op unless ``--vidcache-train-inputs handles``.  The processor is loaded from ``--hf-checkpoint`` on
+    first use, once per actor.
+    """
+    if getattr(args, "vidcache_train_inputs", "tensors") != "handles":
+        return []
+
+    @functools.lru_cache(maxsize=1)
+    def processor():
+        from miles.utils.processing_utils import load_processor
+        p = load_processor(args.hf_checkpoint, trust_remote_code=True)
+        if p is None:
+            raise RuntimeError(f"--vidcache-train-inputs handles needs a processor in --hf-checkpoint {args.hf_checkpoint}")
+        return p
+
+    patched = patch_get_batch(processor)
+    logger.info("vidcache: train-side tensor rebuild installed in %s", patched)
+    return patched

@@ -1,0 +1,572 @@
+"""miles_integration against the real Miles source (MILES_SRC) and SGLang 0.5.23's real Qwen-VL processor.
+
+The SGLang stand-in is Miles' MockSGLangServer (HTTP on 127.0.0.1) whose /generate runs SGLang's own
+``QwenVLImageProcessor._process_mm_data_uncached`` (tests/sglang_peer.py) on each request it receives
+(compact ``input_ids`` + ``video_data``) and answers like SGLang: ``meta_info.prompt_tokens`` = SGLang's expanded
+length, top-level ``prompt_token_ids`` when requested, ``output_token_logprobs``, ``finish_reason``, and
+``input_token_logprobs`` from ``logprob_start_len`` (counted on the expanded sequence) for prefill scoring.
+Stock mode throughout; plugin mode (vidcache.sglang.plugin.qwen_vl.VidcacheQwenVLProcessor as the peer class) in one test.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import copy
+import json
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from miles_integration.compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
+
+REPO = Path(__file__).resolve().parents[1]
+MILES = miles_src(REPO)
+if MILES is None:
+    pytest.skip(SKIP_REASON, allow_module_level=True)
+add_miles_to_path(MILES)
+install_test_shims()
+
+sglang_peer = pytest.importorskip("sglang_peer", reason="SGLang peer unavailable; run scripts/setup_peer_env.sh")
+if not sglang_peer.peer_available():
+    pytest.skip("SGLang 0.5.23 peer does not import; run scripts/setup_peer_env.sh", allow_module_level=True)
+
+from miles.rollout.base_types import GenerateFnInput, RolloutFnConstructorInput, RolloutFnTrainInput  # noqa: E402
+from miles.rollout.inference_rollout.inference_rollout_common import GenerateState  # noqa: E402
+from miles.utils import http_utils  # noqa: E402
+from miles.utils.async_utils import run  # noqa: E402
+from miles.utils.http_utils import find_available_port  # noqa: E402
+from miles.utils.misc import function_registry, load_function  # noqa: E402
+from miles.utils.types import Sample  # noqa: E402
+from miles_smoke_example import make_miles_args, make_mock_server_cls  # noqa: E402
+from toy_processors import build_processor  # noqa: E402
+
+import vidcache  # noqa: E402
+from miles_integration.data_source import VidcacheDataSource  # noqa: E402
+from miles_integration.generate import generate, generate_multi_turn  # noqa: E402
+from miles_integration.meta import KEY, handles_from_metadata, request_state  # noqa: E402
+from miles_integration.rollout import VidcacheRolloutFn  # noqa: E402
+from miles_integration.train_hooks import HANDLE_KEY, HydratingIterator  # noqa: E402
+from vidcache import ParityError, VideoOptions  # noqa: E402
+from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
+from vidcache.sglang.config import mm_process_config  # noqa: E402
+from vidcache.testing.videos import make_video  # noqa: E402
+
+FAMILY = "qwen2_5_vl"
+OPTS = dict(vidcache_family=FAMILY, vidcache_fps=1.0, vidcache_min_pixels=3136, vidcache_max_pixels=50176)
+TRAIN_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+# Qwen2.5-VL's template, reduced to what these prompts use: default system turn, video items, tool turns.
+CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'text' %}{{ c['text'] }}"
+    "{% elif c['type'] == 'video' or 'video' in c %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% if m.get('tool_calls') %}{% for tc in m['tool_calls'] %}<tool_call>\n"
+    "{\"name\": \"{{ tc['function']['name'] }}\", \"arguments\": {{ tc['function']['arguments'] | tojson }}}\n"
+    "</tool_call>{% endfor %}{% endif %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOL_SPECS = [{"type": "function", "function": {"name": "count_frames", "description": "count the frames",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+TOOL_CALL = '<tool_call>\n{"name": "count_frames", "arguments": {}}\n</tool_call>'
+
+
+def gen_logprob(pos: int, tid: int) -> float:
+    return -((pos * 31 + tid) % 97) / 97.0 - 0.01
+
+
+def prefill_logprob(pos: int, tid: int) -> float:
+    return gen_logprob(pos, tid) - 0.5          # differs from generation: proves the prefill values were used
+
+
+# --------------------------------------------------------------------------------------------------
+# SGLang stand-in
+# --------------------------------------------------------------------------------------------------
+class SGLangStandIn(make_mock_server_cls()):
+    """/generate runs SGLang's real processor on the request and answers with SGLang's response shape."""
+
+    def __init__(self, *a, peer, **kw):
+        self.peer = peer
+        self.log: list[dict] = []           # {"payload", "expanded", "peer"} per /generate
+        self.flushes = 0
+        self.abort_after: int | None = None   # answer the next request with an abort after this many tokens
+        self.tamper: str | None = None        # "ids" | "length": corrupt the prompt report (divergence guard)
+        self.reply = lambda text: "The square is \\boxed{red}."
+        self._pool = concurrent.futures.ThreadPoolExecutor(1)   # run_peer uses asyncio.run: not on uvicorn's loop
+        super().__init__(*a, process_fn=lambda s: None, **kw)
+
+    def _setup_routes(self):
+        from fastapi.responses import JSONResponse
+
+        @self.app.post("/flush_cache")
+        async def flush_cache():
+            self.flushes += 1
+            return JSONResponse(content={"status": "ok"})
+
+        super()._setup_routes()
+
+    def _compute_generate_response(self, payload: dict) -> dict:
+        ids = list(payload["input_ids"])
+        if payload.get("video_data"):
+            out = self._pool.submit(sglang_peer.run_peer, self.peer, ids, payload["video_data"]).result()
+            expanded = list(out["input_ids"])
+        else:
+            out, expanded = None, ids
+        self.log.append({"payload": payload, "expanded": expanded, "peer": out})
+        sp = payload["sampling_params"]
+        meta = {"prompt_tokens": len(expanded), "cached_tokens": 0, "weight_version": "w0"}
+        resp = {"meta_info": meta}
+        if payload.get("return_prompt_token_ids"):
+            resp["prompt_token_ids"] = list(expanded)          # top level, as SGLang's tokenizer manager does
+        if self.tamper == "ids":
+            resp["prompt_token_ids"] = expanded[:-1]
+        elif self.tamper == "length":
+            resp.pop("prompt_token_ids", None)
+            meta["prompt_tokens"] = len(expanded) + 1
+        if sp.get("max_new_tokens") == 0:                      # prefill scoring
+            start = payload["logprob_start_len"]
+            meta["input_token_logprobs"] = [(None if p == start else prefill_logprob(p, expanded[p]), expanded[p], None)
+                                            for p in range(start, len(expanded))]
+            meta.update(finish_reason={"type": "length", "length": 0}, completion_tokens=0, output_token_logprobs=[])
+            resp["text"] = ""
+            return resp
+        text = self.reply(self.tokenizer.decode(expanded))
+        out_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        finish = {"type": "stop"}
+        if self.abort_after is not None:
+            out_ids, finish, self.abort_after = out_ids[: self.abort_after], {"type": "abort"}, None
+        elif len(out_ids) > sp["max_new_tokens"]:
+            out_ids = out_ids[: sp["max_new_tokens"]]
+            finish = {"type": "length", "length": len(out_ids)}
+        meta.update(finish_reason=finish, completion_tokens=len(out_ids),
+                    output_token_logprobs=[(gen_logprob(len(expanded) + i, t), t) for i, t in enumerate(out_ids)])
+        resp["text"] = self.tokenizer.decode(out_ids)
+        return resp
+
+
+# --------------------------------------------------------------------------------------------------
+# fixtures (module scope: one Miles/SGLang import, one server)
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("miles_int")
+    ckpt = root / "ckpt"
+    proc = build_processor(FAMILY)
+    proc.tokenizer.chat_template = CHAT_TEMPLATE
+    proc.chat_template = CHAT_TEMPLATE
+    proc.save_pretrained(str(ckpt))
+    (root / "videos").mkdir()
+    for name, seed in (("a", 0), ("b", 1), ("c", 2)):
+        make_video(str(root / "videos" / f"{name}.mp4"), codec="h264", width=160, height=120, fps=10, n_frames=30,
+                   seed=seed)
+    q = "<video>\nWhat colour is the square?"
+    rows = [
+        {"prompt": q, "videos": ["videos/a.mp4"], "label": "red", "metadata": {"row": 0}},
+        {"prompt": [{"role": "user", "content": [{"type": "video", "video": "videos/b.mp4", "fps": 2.0},
+                                                 {"type": "text", "text": "What moves?"}]}],
+         "label": "red", "metadata": {"row": 1}},
+        {"prompt": "What is 1+7?", "label": "8", "metadata": {"row": 2}},
+        {"prompt": "<video> then <video>: same clip?", "videos": ["videos/a.mp4", "videos/c.mp4"], "label": "no",
+         "metadata": {"row": 3}},
+        {"prompt": q + " Answer with one word, please.", "videos": ["videos/a.mp4"], "label": "red",
+         "metadata": {"row": 4}},
+    ]
+    data = root / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache_dir = root / "cache"
+    # Video a is prewarmed; b and c are built on first use.
+    vidcache.VideoCache(cache_dir).ensure(str(root / "videos" / "a.mp4"),
+                                          VideoOptions(family=FAMILY, fps=1.0, min_pixels=3136, max_pixels=50176))
+    peer = sglang_peer.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"])
+    server = SGLangStandIn(model_name=str(ckpt), host="127.0.0.1", port=find_available_port(32000), peer=peer)
+    server.start()
+
+    async def reward(args, sample, **kw):
+        return 1.0
+
+    async def execute_tool(name, params):
+        return "4 frames"
+
+    def args(**over):
+        a = make_miles_args(hf_checkpoint=str(ckpt), router_port=server.port, prompt_data=str(data),
+                            input_key="prompt", multimodal_keys={"video": "videos"},
+                            custom_generate_function_path="miles_integration.generate.generate",
+                            custom_rm_path="vidcache_test.reward", rollout_max_response_len=96,
+                            vidcache_cache=str(cache_dir), **OPTS)
+        for k, v in over.items():
+            setattr(a, k, v)
+        return a
+
+    base = args()
+    http_utils.init_http_client(base)
+    with function_registry.temporary("vidcache_test.reward", reward), \
+            function_registry.temporary("vidcache_test.tool_specs", TOOL_SPECS), \
+            function_registry.temporary("vidcache_test.execute_tool", execute_tool):
+        yield argparse.Namespace(root=root, ckpt=ckpt, data=data, rows=rows, cache=cache_dir, server=server,
+                                 args=args, state=GenerateState(base))
+    server.stop()
+
+
+def fresh_sample(env, row: int, args=None) -> Sample:
+    ds = VidcacheDataSource(args or env.args())
+    s = copy.deepcopy(ds.dataset.build_sample(row))
+    s.index, s.group_index = 100 + row, 100 + row
+    return s
+
+
+def call_generate(env, sample, fn=generate, args=None, state=None):
+    state = state or env.state
+    return run(fn(GenerateFnInput(state=state, sample=sample, sampling_params=dict(state.sampling_params),
+                                  evaluation=False))).samples
+
+
+def assert_matches_sglang(sample: Sample, rec: dict):
+    """The sample holds exactly what SGLang's processor computed for the request."""
+    st = request_state(sample.metadata)
+    assert sample.tokens[: st["prompt_len"]] == rec["expanded"]
+    peer = rec["peer"]
+    mm = sample.multimodal_train_inputs
+    assert set(mm) == set(TRAIN_KEYS) and all(isinstance(v, torch.Tensor) for v in mm.values())
+    assert torch.equal(mm["pixel_values_videos"], peer["pixel_values_videos"])
+    assert torch.equal(mm["video_grid_thw"], peer["video_grid_thw"])
+    assert torch.equal(mm["second_per_grid_ts"], torch.as_tensor(peer["second_per_grid_ts"], dtype=torch.float32))
+
+
+# --------------------------------------------------------------------------------------------------
+# data source
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture
+def decode_counter(monkeypatch):
+    import vidcache.cache
+    import vidcache.loader.build
+
+    calls = []
+    for mod, name in ((vidcache.cache, "decode_sample_resize"), (vidcache.loader.build, "open_reader")):
+        orig = getattr(mod, name)
+
+        def counted(*a, _orig=orig, _name=name, **kw):
+            calls.append(_name)
+            return _orig(*a, **kw)
+
+        monkeypatch.setattr(mod, name, counted)
+    return calls
+
+
+def test_data_source_init_decodes_nothing_and_filters_from_cached_counts(env, decode_counter):
+    probe = VidcacheDataSource(env.args())
+    assert len(probe.dataset) == 5 and decode_counter == []
+    tok = probe.dataset.tokenizer
+    long_prompt = probe.dataset.render(probe.dataset.rows[4])
+    n_compact = len(tok(long_prompt, add_special_tokens=False)["input_ids"])
+    a_tokens = probe.dataset.rows[0].handles[0].num_video_tokens     # manifest only (a is prewarmed)
+    assert decode_counter == []
+    # Row 4 fits as text and is too long only once its video is expanded; row 0 (shorter text, same video) fits.
+    max_len = n_compact + a_tokens - 2
+    ds = VidcacheDataSource(env.args(rollout_max_prompt_len=max_len, rollout_shuffle=True))
+    assert decode_counter == [], "init must not decode"
+    assert len(ds.dataset) == 4 and ds.dataset.num_filtered == 1 and ds.dataset.num_unmeasured == 2  # b, c uncached
+    groups = ds.get_samples(4)
+    assert decode_counter == [], "get_samples must not decode"
+    rows = sorted(g[0].metadata["row"] for g in groups)
+    assert rows == [0, 1, 2, 3]
+    for g in groups:
+        assert len(g) == 2 and g[0].metadata == g[1].metadata and g[0] is not g[1]
+        s = g[0]
+        assert s.multimodal_inputs is None and s.multimodal_train_inputs is None and not s.tokens
+        n_videos = {0: 1, 1: 1, 2: 0, 3: 2}[s.metadata["row"]]
+        assert s.prompt.count(VIDEO_PLACEHOLDER) == n_videos and len(handles_from_metadata(s.metadata)) == n_videos
+        assert s.prompt.startswith("<|im_start|>system\n") and s.prompt.endswith("<|im_start|>assistant\n")
+    row1 = next(g[0] for g in groups if g[0].metadata["row"] == 1)
+    assert handles_from_metadata(row1.metadata)[0].options.fps == 2.0       # per-item option kept
+    with pytest.raises(vidcache.NotCachedError, match="prewarm"):
+        VidcacheDataSource(env.args(vidcache_require_cached=True))
+
+
+def test_data_source_state_round_trip_matches_miles(env, tmp_path):
+    """Same offsets / epoch wrap / shuffle / save / load / buffer as Miles' RolloutDataSourceWithBuffer."""
+    from miles.rollout.data_source import RolloutDataSourceWithBuffer
+
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"prompt": f"row {r['metadata']['row']}", "label": "x", "metadata": r["metadata"]}) + "\n"
+                            for r in env.rows))
+    kw = dict(rollout_shuffle=True, n_samples_per_prompt=2, save=str(tmp_path / "ck"), load=str(tmp_path / "ck"))
+    ours, theirs = VidcacheDataSource(env.args(**kw)), RolloutDataSourceWithBuffer(
+        env.args(prompt_data=str(text), multimodal_keys=None, **kw))
+
+    def rows(groups):
+        return [(g[0].metadata["row"], g[0].group_index, [s.index for s in g]) for g in groups]
+
+    for n in (2, 2, 3, 4):                                      # wraps epochs: reshuffles
+        assert rows(ours.get_samples(n)) == rows(theirs.get_samples(n))
+    assert ours.epoch_id == theirs.epoch_id >= 2
+    pending = ours.get_samples(1)
+    ours.add_samples(pending)
+    assert ours.get_buffer_length() == 1
+    assert ours.get_samples(1)[0][0].metadata == pending[0][0].metadata      # buffer first (pop_first)
+    ours.save(7)
+    after = rows(ours.get_samples(3))
+    restored = VidcacheDataSource(env.args(**kw))
+    restored.load(7)
+    assert rows(restored.get_samples(3)) == after
+    with pytest.raises(AssertionError):
+        ours.add_samples([[pending[0][0]]])                     # group size must be n_samples_per_prompt
+
+
+# --------------------------------------------------------------------------------------------------
+# generate: the full Miles rollout path against the stand-in
+# --------------------------------------------------------------------------------------------------
+def test_rollout_through_miles_matches_sglang_processor(env, decode_counter):
+    srv = env.server
+    srv.log.clear()
+    args = env.args(rollout_batch_size=4, over_sampling_batch_size=4, n_samples_per_prompt=2)
+    ds = VidcacheDataSource(args)
+    fn = VidcacheRolloutFn(RolloutFnConstructorInput(args=args, data_source=ds))
+    calls = []
+    orig = vidcache.prepare
+    vidcache.prepare = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    try:
+        groups = run(fn(RolloutFnTrainInput(rollout_id=0))).samples
+    finally:
+        vidcache.prepare = orig
+    assert len(groups) == 4 and all(len(g) == 2 for g in groups)
+    assert len(calls) == 3, "one processor run per video prompt group, shared by its n samples"
+    assert decode_counter.count("decode_sample_resize") == 2     # b and c, built on first use; a was prewarmed
+    by_ids = {}
+    for rec in srv.log:
+        by_ids.setdefault(json.dumps(rec["payload"]["input_ids"]), rec)
+    pad = env.state.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    for g in groups:
+        for s in g:
+            assert s.status == Sample.Status.COMPLETED and s.reward == 1.0 and s.response
+            assert len(s.tokens) == len(s.tokens) - s.response_length + len(s.rollout_log_probs)
+            row = s.metadata["row"]
+            if row == 2:                                         # text row: Miles' own single_turn path
+                assert s.multimodal_train_inputs is None and KEY not in s.metadata
+                rec = by_ids[json.dumps(s.tokens[: len(s.tokens) - s.response_length])]
+                assert "video_data" not in rec["payload"]
+                continue
+            st = request_state(s.metadata)
+            rec = by_ids[json.dumps(st["compact_ids"])]
+            p = rec["payload"]
+            n_videos = 2 if row == 3 else 1
+            assert p["input_ids"].count(pad) == n_videos                     # compact ids to SGLang
+            assert p["video_data"] == st["video_data"] and len(p["video_data"]) == n_videos
+            assert all(u.startswith("file:///") and u.endswith(".mkv") for u in p["video_data"])
+            assert p["return_prompt_token_ids"] is True and "image_data" not in p
+            assert s.tokens.count(pad) == rec["expanded"].count(pad) > n_videos  # expanded ids in sample.tokens
+            assert_matches_sglang(s, rec)
+            assert s.rollout_log_probs == [gen_logprob(st["prompt_len"] + i, t)
+                                           for i, t in enumerate(s.tokens[st["prompt_len"]:])]
+    assert srv.flushes == 0
+
+
+def test_divergence_guard(env):
+    srv = env.server
+    try:
+        for how in ("ids", "length"):
+            srv.tamper = how
+            with pytest.raises(ParityError):
+                call_generate(env, fresh_sample(env, 0))
+    finally:
+        srv.tamper = None
+    s = call_generate(env, fresh_sample(env, 0))
+    assert s.status == Sample.Status.COMPLETED
+
+
+def test_partial_rollout_resume_does_not_rerun_the_processor(env, monkeypatch):
+    srv = env.server
+    srv.log.clear()
+    s = fresh_sample(env, 1)
+    srv.abort_after = 3
+    s = call_generate(env, s)
+    assert s.status == Sample.Status.ABORTED and s.response_length == 3
+    st = request_state(s.metadata)
+    first = list(s.tokens)
+    buffered = pickle.loads(pickle.dumps(s))                     # through the partial-rollout buffer
+    monkeypatch.setattr(vidcache, "prepare", lambda *a, **k: pytest.fail("processor re-run on resume"))
+    out = call_generate(env, buffered)
+    assert out.status == Sample.Status.COMPLETED
+    rec = srv.log[-1]
+    assert rec["payload"]["input_ids"] == st["compact_ids"] + first[st["prompt_len"]:]
+    assert rec["payload"]["video_data"] == st["video_data"]
+    assert rec["payload"]["sampling_params"]["max_new_tokens"] == env.state.sampling_params["max_new_tokens"] - 3
+    assert rec["expanded"] == first                               # SGLang rebuilt exactly the expanded prefix
+    assert out.tokens[: len(first)] == first and out.response_length == 3 + len(out.tokens) - len(first)
+    assert_matches_sglang(out, srv.log[0])
+
+
+def test_multi_turn_keeps_the_video_on_every_turn(env):
+    srv = env.server
+    srv.log.clear()
+    srv.reply = lambda text: "The square is \\boxed{red}." if "<tool_response>" in text else TOOL_CALL
+    args = env.args(custom_generate_function_path="miles_integration.generate.generate_multi_turn",
+                    generate_max_turns=4, generate_tool_specs_path="vidcache_test.tool_specs",
+                    generate_tool_call_parser="qwen25", generate_execute_tool_function_path="vidcache_test.execute_tool",
+                    save_debug_trajectory_data=None)
+    try:
+        s = call_generate(env, fresh_sample(env, 3, args), fn=generate_multi_turn, state=GenerateState(args))
+    finally:
+        srv.reply = lambda text: "The square is \\boxed{red}."
+    assert s.status == Sample.Status.COMPLETED and len(srv.log) == 2
+    st = request_state(s.metadata)
+    r1, r2 = srv.log
+    assert r1["payload"]["video_data"] == r2["payload"]["video_data"] == st["video_data"]
+    assert len(st["video_data"]) == 2
+    turn1 = len(r2["expanded"])
+    assert r2["payload"]["input_ids"] == st["compact_ids"] + s.tokens[st["prompt_len"]:turn1]
+    assert r2["expanded"] == s.tokens[:turn1]                    # SGLang's view of turn 2 = trainer's tokens
+    assert "<tool_response>\n4 frames" in s.response
+    assert 0 in s.loss_mask and s.loss_mask[-1] == 1 and len(s.loss_mask) == s.response_length
+    assert_matches_sglang(s, r1)
+
+
+def test_text_only_multi_turn_falls_back_to_miles(env):
+    args = env.args(generate_max_turns=2, generate_tool_specs_path="vidcache_test.tool_specs",
+                    generate_tool_call_parser="qwen25", generate_execute_tool_function_path="vidcache_test.execute_tool",
+                    save_debug_trajectory_data=None)
+    env.server.log.clear()
+    s = call_generate(env, fresh_sample(env, 2, args), fn=generate_multi_turn, state=GenerateState(args))
+    assert s.status == Sample.Status.COMPLETED and "video_data" not in env.server.log[-1]["payload"]
+
+
+def test_prefill_recompute_with_video(env):
+    srv = env.server
+    srv.log.clear()
+    srv.flushes = 0
+    args = env.args(rollout_batch_size=2, over_sampling_batch_size=2, n_samples_per_prompt=1,
+                    recompute_logprobs_via_prefill=True)
+    fn = VidcacheRolloutFn(RolloutFnConstructorInput(args=args, data_source=VidcacheDataSource(args)))
+    assert fn.state.args.recompute_logprobs_via_prefill is False      # Miles' own (video-blind) prefill is off
+    samples = [s for g in run(fn(RolloutFnTrainInput(rollout_id=0))).samples for s in g]
+    prefills = [r for r in srv.log if r["payload"]["sampling_params"]["max_new_tokens"] == 0]
+    assert len(samples) == 2 and len(prefills) == 2 and srv.flushes == 2
+    for s in samples:
+        st = request_state(s.metadata)
+        rec = next(r for r in prefills if r["payload"]["input_ids"] == st["compact_ids"] + s.tokens[st["prompt_len"]:])
+        p = rec["payload"]
+        assert p["logprob_start_len"] == st["prompt_len"] - 1 and p["video_data"] == st["video_data"]
+        assert rec["expanded"] == s.tokens
+        assert s.rollout_log_probs == [prefill_logprob(st["prompt_len"] + i, t)
+                                       for i, t in enumerate(s.tokens[st["prompt_len"]:])]
+        assert s.metadata["rollout_log_probs_source"] == "sglang_prefill_recompute"
+
+
+def test_eval_dataset_is_lazy(env, decode_counter):
+    from miles.rollout.base_types import RolloutFnEvalInput
+    from miles.utils.eval_config import EvalDatasetConfig
+
+    cfg = EvalDatasetConfig(name="vid", path=str(env.data) + "@[0:2]", input_key="prompt", label_key="label",
+                            metadata_key="metadata", n_samples_per_eval_prompt=1, temperature=1.0, top_p=1.0,
+                            top_k=-1, max_response_len=96)
+    args = env.args(eval_datasets=[cfg], eval_max_prompt_len=None, group_rm=False)
+    fn = VidcacheRolloutFn(RolloutFnConstructorInput(args=args, data_source=VidcacheDataSource(args)))
+    env.server.log.clear()
+    out = run(fn(RolloutFnEvalInput(rollout_id=0))).data["vid"]
+    assert len(out["samples"]) == 2 and all(s.status == Sample.Status.COMPLETED for s in out["samples"])
+    assert all(r["payload"].get("video_data") for r in env.server.log)
+    from miles_integration.data_source import VidcacheDataset
+    assert [type(d) for d in fn.eval_prompt_dataset_cache.values()] == [VidcacheDataset]
+    from miles.rollout.inference_rollout import inference_rollout_eval as ev
+    from miles.utils.data import Dataset
+    assert ev.Dataset is Dataset                                      # the patch is scoped to the call
+
+
+# --------------------------------------------------------------------------------------------------
+# handles mode, merge_samples, Ray
+# --------------------------------------------------------------------------------------------------
+def test_handles_mode_rebuilds_the_same_tensors_train_side(env):
+    from miles.backends.training_utils.data import DataIterator
+    from miles.utils.processing_utils import load_processor
+
+    env.server.log.clear()
+    args = env.args(vidcache_train_inputs="handles")
+    s = call_generate(env, fresh_sample(env, 3, args), args=args, state=GenerateState(args))
+    mm = s.multimodal_train_inputs
+    assert set(mm) == {HANDLE_KEY} and mm[HANDLE_KEY].dtype == torch.uint8 and mm[HANDLE_KEY].numel() < 4096
+    shipped = pickle.loads(pickle.dumps([mm, None]))             # what crosses the object store
+    it = HydratingIterator(DataIterator({"tokens": [s.tokens, [1, 2]], "multimodal_train_inputs": shipped},
+                                        micro_batch_size=2), load_processor(str(env.ckpt), trust_remote_code=True))
+    batch = it.get_next(["tokens", "multimodal_train_inputs"])
+    ref = copy.deepcopy(s)
+    ref.multimodal_train_inputs = batch["multimodal_train_inputs"][0]
+    assert batch["multimodal_train_inputs"][1] is None
+    assert_matches_sglang(ref, env.server.log[-1])
+
+
+def test_merge_samples_and_ray_transport_keep_handles(env):
+    from miles.rollout.generate_utils.sample_utils import merge_samples
+
+    s = call_generate(env, fresh_sample(env, 0))
+    tok = env.state.tokenizer
+    # Two turns of one trajectory, as the session server builds them (train tensors attached after the merge).
+    a = copy.deepcopy(s)
+    a.multimodal_train_inputs = None
+    b = copy.deepcopy(a)
+    obs = tok.encode("<|im_start|>user\nAgain?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    more = tok.encode("Red.", add_special_tokens=False)
+    b.tokens = a.tokens + obs + more
+    b.prompt = a.prompt + "x"
+    b.response, b.response_length = "Red.", len(more)
+    b.rollout_log_probs, b.loss_mask = [-0.1] * len(more), [1] * len(more)
+    merged = merge_samples([a, b], tok)
+    assert merged.metadata[KEY] == s.metadata[KEY]
+    assert handles_from_metadata(merged.metadata) == handles_from_metadata(s.metadata)
+    assert merged.tokens == b.tokens and merged.response_length == a.response_length + len(obs) + len(more)
+
+    import ray
+    from ray import cloudpickle
+
+    back = cloudpickle.loads(cloudpickle.dumps(s))
+    assert back.metadata == s.metadata and back.tokens == s.tokens
+    assert all(torch.equal(back.multimodal_train_inputs[k], s.multimodal_train_inputs[k]) for k in TRAIN_KEYS)
+    t0 = time.time()
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        got = ray.get(ray.put([s, merged]))
+    finally:
+        ray.shutdown()
+    assert got[0].metadata == s.metadata and got[1].metadata[KEY] == s.metadata[KEY]
+    h = handles_from_metadata(got[0].metadata)[0]
+    assert torch.equal(h.frames(), handles_from_metadata(s.metadata)[0].frames())
+    assert all(torch.equal(got[0].multimodal_train_inputs[k], s.multimodal_train_inputs[k]) for k in TRAIN_KEYS)
+    assert time.time() - t0 < 120
+
+
+def test_add_arguments_through_miles_loader():
+    p = argparse.ArgumentParser()
+    for path in ("miles_integration.rollout.VidcacheRolloutFn", "miles_integration.generate.generate",
+                 "miles_integration.generate.generate_multi_turn"):
+        fn = load_function(path)
+        assert callable(getattr(fn, "add_arguments", None))
+        fn.add_arguments(p)                                      # all three on one parser: no conflict
+    a = p.parse_args(["--vidcache-mode", "plugin", "--vidcache-fps", "2", "--generate-max-turns", "3"])
+    assert a.vidcache_mode == "plugin" and a.vidcache_fps == 2.0 and a.generate_max_turns == 3
+
+
+def test_plugin_mode_matches_the_sglang_plugin(env):
+    """--vidcache-mode plugin against SGLang's processor replaced by vidcache's plugin class (if present)."""
+    plugin = pytest.importorskip("vidcache.sglang.plugin.qwen_vl", reason="vidcache SGLang plugin not written yet")
+    srv = env.server
+    stock_peer = srv.peer
+    srv.peer = sglang_peer.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"],
+                                      processor_cls=plugin.VidcacheQwenVLProcessor)
+    srv.log.clear()
+    try:
+        args = env.args(vidcache_mode="plugin")
+        s = call_generate(env, fresh_sample(env, 0, args), args=args, state=GenerateState(args))
+    finally:
+        srv.peer = stock_peer
+    st = request_state(s.metadata)
+    assert st["mode"] == "plugin" and srv.log[-1]["payload"]["video_data"] == st["video_data"]
+    assert all(u.endswith(".vidcache") for u in st["video_data"])           # a reference, not a frozen file
+    assert_matches_sglang(s, srv.log[-1])
+    sfps = handles_from_metadata(s.metadata)[0].metadata["sample_fps"]
+    assert s.multimodal_train_inputs["second_per_grid_ts"].item() == torch.tensor(2 / sfps).item()
