@@ -61,3 +61,28 @@ def test_prepare_counts_placeholders(cache, videos, processors):
     pad = processors["qwen2_5_vl"].tokenizer.convert_tokens_to_ids("<|video_pad|>")
     assert r.compact_ids.count(pad) == 1 and r.expanded_ids.count(pad) == h.num_video_tokens
     assert r.video_data[0].startswith("file:///") and r.video_data[0].endswith(".mkv")
+
+
+def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, processors):
+    from toy_processors import build_processor
+    from vidcache.processing import MEMO
+    h = cache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_vl"))
+    calls = []
+
+    class Counting:
+        def __init__(self, p):
+            self.p, self.video_processor = p, p.video_processor
+
+        def __call__(self, *a, **k):
+            calls.append(1)
+            return self.p(*a, **k)
+
+    proc = Counting(processors["qwen2_vl"])
+    a = h.train_inputs(proc)
+    b = h.train_inputs(proc)
+    assert len(calls) == 1 and all(torch.equal(a[k], b[k]) for k in a)
+    other = build_processor("qwen2_vl", video_processor_kwargs={"image_mean": [0.5, 0.5, 0.5]})
+    c = h.train_inputs(other)
+    assert not torch.equal(c["pixel_values_videos"], a["pixel_values_videos"])   # new config, new tensors
+    assert h.train_inputs(proc, memo=False) is not None and len(calls) == 2
+    assert MEMO._bytes <= MEMO.max_bytes

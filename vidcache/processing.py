@@ -9,9 +9,12 @@ Two temporal modes (see README, "Stock SGLang vs the plugin"):
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
+import xxhash
 
 from .errors import ParityError
 from .loader.frozen import FROZEN_FPS
@@ -48,14 +51,64 @@ def _tensors(out) -> dict[str, torch.Tensor]:
     return res
 
 
-def train_inputs(processor, handles, mode: str = "plugin") -> dict[str, torch.Tensor]:
-    """HF processor outputs for the cached frames, with sampling and resizing off (they were done once)."""
+class _Memo:
+    """Recently computed train inputs, keyed by (cache keys, mode, processor config), bounded in bytes.
+
+    Partial-rollout resumes, multi-turn requests and n samples per prompt ask for the same
+    video again; the frames never change under a key, so neither do the tensors.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        return None
+
+    def put(self, key, value: dict) -> None:
+        size = sum(t.numel() * t.element_size() for t in value.values())
+        with self._lock:
+            if size > self.max_bytes or key in self._items:
+                return
+            self._items[key] = value
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= sum(t.numel() * t.element_size() for t in old.values())
+
+
+MEMO = _Memo()
+
+
+def processor_fingerprint(processor) -> str:
+    """Digest of everything in the processor that shapes the video tensors."""
+    vp = getattr(processor, "video_processor", processor)
+    return type(processor).__name__ + ":" + xxhash.xxh3_64_hexdigest(vp.to_json_string().encode())
+
+
+def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True) -> dict[str, torch.Tensor]:
+    """HF processor outputs for the cached frames, with sampling and resizing off (they were done once).
+
+    Results are memoised in-process (``MEMO``); treat the returned tensors as read-only.
+    """
     handles = list(handles)
     if not handles:
         return {}
+    memo_key = (tuple(h.resolve() for h in handles), mode, processor_fingerprint(processor)) if memo else None
+    if memo_key is not None and (hit := MEMO.get(memo_key)) is not None:
+        return dict(hit)
     text = VIDEO_PLACEHOLDER * len(handles)
     out = processor(text=[text], videos=[h.frames() for h in handles], **_processor_kwargs(handles, mode))
-    return _tensors(out)
+    result = _tensors(out)
+    if memo_key is not None:
+        MEMO.put(memo_key, result)
+    return dict(result)
 
 
 @dataclass

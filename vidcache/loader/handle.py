@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import quote
-
-import torch
 
 from ..errors import NotCachedError
 from ..options import VideoOptions
+
+if TYPE_CHECKING:   # torch is imported only where frames are touched
+    import torch
 
 
 @dataclass(frozen=True)
@@ -56,14 +58,14 @@ class VideoHandle:
     def num_video_tokens(self) -> int:
         return self.manifest["tokens"]["video_pad_tokens"]
 
-    def frames(self) -> torch.Tensor:
+    def frames(self) -> "torch.Tensor":
         """The cached canonical frames, uint8 ``T x 3 x H x W``."""
         return self._cache().frames(self.resolve())
 
-    def train_inputs(self, processor, mode: str = "plugin") -> dict[str, torch.Tensor]:
+    def train_inputs(self, processor, mode: str = "plugin", memo: bool = True) -> "dict[str, torch.Tensor]":
         """Model kwargs for the trainer: tensors only."""
         from ..processing import train_inputs
-        return train_inputs(processor, [self], mode=mode)
+        return train_inputs(processor, [self], mode=mode, memo=memo)
 
     def frozen_path(self) -> str:
         return self._cache().frozen_path(self.resolve())
