@@ -6,6 +6,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))   # shared helpers: toy_processors, sglang_peer
 
+# scripts/setup_miles.sh checks Miles out here; point the Miles tests at it unless told otherwise.
+_MILES = os.path.join(os.path.dirname(__file__), "..", "third_party", "miles")
+if "MILES_SRC" not in os.environ and os.path.isfile(os.path.join(_MILES, "miles", "__init__.py")):
+    os.environ["MILES_SRC"] = os.path.abspath(_MILES)
+
 from vidcache.testing.videos import make_video, suffix_for  # noqa: E402
 
 # name -> (codec, width, height, fps, n_frames)

@@ -1,6 +1,7 @@
 """``VideoCache``: resolve (source, options) to cached canonical frames, building on a miss."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -61,6 +62,7 @@ class VideoCache:
         self.max_decoded_bytes = max_decoded_bytes
         self.frozen_dir = os.path.join(self.path, "frozen")
         self.tmp_dir = os.path.join(self.path, "tmp")
+        self._manifests: dict[str, dict] = {}
 
     def __repr__(self) -> str:
         return f"VideoCache({self.path!r})"
@@ -142,8 +144,16 @@ class VideoCache:
 
     # --- read ---------------------------------------------------------------
     def manifest(self, key: str) -> dict | None:
-        raw = self.store.get("ac/" + key)
-        return None if raw is None else mf.loads(raw)
+        m = self._manifests.get(key)          # immutable under a key, so safe to keep
+        if m is None:
+            raw = self.store.get("ac/" + key)
+            if raw is None:
+                return None
+            m = mf.loads(raw)
+            if len(self._manifests) > 4096:
+                self._manifests.clear()
+            self._manifests[key] = m
+        return m
 
     def require_manifest(self, key: str) -> dict:
         m = self.manifest(key)
@@ -151,20 +161,38 @@ class VideoCache:
             raise NotCachedError(f"no entry {key} in {self.path}")
         return m
 
-    def frames(self, key: str, manifest: dict | None = None) -> torch.Tensor:
-        """The cached uint8 TCHW frames: one copy out of the memory map, checked against the blob digest."""
+    @contextlib.contextmanager
+    def read_frames(self, key: str):
+        """Zero-copy: a read-only uint8 TCHW numpy view into the memory map, valid inside the block."""
+        m = self.require_manifest(key)
+        fr = m["frames"]
+        if fr["encoding"] != "raw":
+            yield self.frames(key, m).numpy()
+            return
+        with self.store.read("cas/" + fr["blob"]) as view:
+            if view is None:
+                raise StoreError(f"manifest {key} names blob {fr['blob']} that is missing")
+            if len(view) != Digest.parse(fr["blob"]).size_bytes:
+                raise StoreError(f"blob {fr['blob']} has {len(view)} bytes, expected {fr['blob']}")
+            yield np.frombuffer(view, dtype=np.uint8).reshape(fr["shape"])
+
+    def frames(self, key: str, manifest: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given)."""
         m = manifest or self.require_manifest(key)
         fr = m["frames"]
-        blob = Digest.parse(fr["blob"])
+        size = Digest.parse(fr["blob"]).size_bytes
+        if out is None:
+            out = torch.empty(fr["shape"], dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or list(out.shape) != fr["shape"] or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of shape {fr['shape']}")
         with self.store.read("cas/" + fr["blob"]) as view:
             if view is None:
                 raise StoreError(f"manifest {key} names blob {fr['blob']} that is missing")
             src = zlib.decompress(view) if fr["encoding"] == "zlib" else view
-            if len(src) != blob.size_bytes:
-                raise StoreError(f"blob {fr['blob']} has {len(src)} bytes, expected {blob.size_bytes}")
-            data = np.empty(blob.size_bytes, dtype=np.uint8)
-            data[:] = np.frombuffer(src, dtype=np.uint8)   # the one copy out of the memory map
-        return torch.from_numpy(data).view(*fr["shape"])
+            if len(src) != size:
+                raise StoreError(f"blob {fr['blob']} has {len(src)} bytes, expected {size}")
+            np.copyto(out.numpy().reshape(-1), np.frombuffer(src, dtype=np.uint8))   # the one copy
+        return out
 
     def verify(self, key: str) -> None:
         """Re-hash a blob against its digest (corruption check)."""

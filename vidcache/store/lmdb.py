@@ -23,7 +23,9 @@ class _SharedEnv:
     """One open environment per (file, process), shared by every store on that path."""
 
     def __init__(self, path: str, readonly: bool, map_size: int, max_readers: int) -> None:
-        self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True,
+        # sync=False: a power loss may drop the last transactions but never corrupts the file,
+        # which is the right trade for a cache (entries can be rebuilt); kill -9 loses nothing.
+        self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True, sync=False,
                              readahead=False, meminit=False, max_readers=max_readers, max_dbs=0)
         self.env.reader_check()        # clear reader slots left by killed processes
         self.readonly = readonly

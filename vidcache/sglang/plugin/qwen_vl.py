@@ -64,9 +64,15 @@ class VidcacheQwenVLProcessor(QwenVLImageProcessor):
     def _load_single_item(cls, data, modality, *args, **kwargs):
         if modality == Modality.VIDEO:
             uri = getattr(data, "url", data)          # VideoData wraps the URI
-            rec = parse_ref(uri) if isinstance(uri, str) else None
-            if rec is not None:
-                return load_ref(rec)
+            if isinstance(uri, str):
+                try:
+                    rec = parse_ref(uri)
+                    if rec is not None:
+                        return load_ref(rec)
+                except Exception as e:
+                    # A bad or unknown reference is the client's problem (a 400, like an undecodable
+                    # video), and must never fall through to stock decoding.
+                    raise ValueError(f"cannot load vidcache reference {uri[:100]}: {e}") from e
         return super()._load_single_item(data, modality, *args, **kwargs)
 
     def process_mm_data(self, input_text, images=None, videos=None, audios=None, processor=None,
