@@ -96,6 +96,19 @@ def cmd_sglang_config(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .server import make_server
+    srv = make_server(_cache(args), args.host, args.port)
+    host, port = srv.server_address[:2]
+    print(f"serving frozen files of {args.cache or 'the default cache'} at http://{host}:{port}/frozen/<key>.mkv",
+          flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .testing.demo import make_demo_dataset
     path = make_demo_dataset(args.dir, n_videos=args.videos, n_rows=args.rows)
@@ -144,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", required=True, choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
     p.add_argument("--mode", default="stock", choices=["stock", "plugin"])
     p.set_defaults(fn=cmd_sglang_config)
+
+    p = sub.add_parser("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")
+    p.add_argument("--cache", help=cache_help)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("demo", help="generate a small demo dataset of synthetic videos")
     p.add_argument("--dir", default="demo")

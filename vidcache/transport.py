@@ -51,7 +51,8 @@ def video_uri(handle, mode: str = "stock", transport: str = "file", base_url: st
             blob = base64.b64encode(json.dumps(ref_record(handle)).encode()).decode()
             return f"data:{REF_MEDIA_TYPE};base64,{blob}"
         if transport == "http":
-            return _http(base_url, f"refs/{handle.resolve()}{REF_SUFFIX}")
+            raise ValueError("plugin mode reads frames from the cache directory itself; "
+                             "use transport 'file' or 'data' (the reference is tiny)")
         return file_uri(ref_path(handle))
     from .sglang.config import check_stock_parity
     check_stock_parity(handle.manifest)     # refuse, before SGLang silently re-samples or resizes
@@ -79,15 +80,10 @@ def parse_ref(uri: str) -> dict | None:
     from urllib.parse import unquote, urlparse
     if uri.startswith(f"data:{REF_MEDIA_TYPE};base64,"):
         rec = json.loads(base64.b64decode(uri.split(",", 1)[1], validate=True))
-    elif uri.endswith(REF_SUFFIX):
+    elif uri.endswith(REF_SUFFIX) and not uri.startswith(("http://", "https://")):
         path = unquote(urlparse(uri).path) if uri.startswith("file:") else uri
-        if uri.startswith(("http://", "https://")):
-            import urllib.request
-            with urllib.request.urlopen(uri, timeout=30) as r:   # noqa: S310 (cluster-internal cache server)
-                rec = json.loads(r.read(1 << 16))
-        else:
-            with open(path) as f:
-                rec = json.load(f)
+        with open(path) as f:
+            rec = json.load(f)
     else:
         return None
     if not isinstance(rec, dict) or rec.get("vidcache_ref") != 1 or not {"cache", "key"} <= set(rec):
