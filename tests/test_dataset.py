@@ -69,3 +69,18 @@ def test_lazy_dataset_memory_is_small(tmp_path):
     ds = LazyVideoDataset(str(path), str(tmp_path / "c"), VideoOptions())
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert len(ds) == 100_000 and (after - before) * 1024 < 50 << 20
+
+
+def test_dataloader_workers_read_after_fork(tmp_path, videos):
+    torch = pytest.importorskip("torch")
+    rows = [{"prompt": "<video>", "videos": [videos[n]]} for n in ("h264_30", "mjpeg_24", "ffv1_10_small")] * 2
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cache = VideoCache(tmp_path / "cache")
+    ds = LazyVideoDataset(str(path), cache.path, VideoOptions())
+    expected = [ds[i].handles[0].frames() for i in range(len(ds))]   # builds, and opens LMDB in the parent
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         collate_fn=lambda row: row.handles[0].frames(),
+                                         multiprocessing_context="fork")
+    got = list(loader)
+    assert len(got) == len(expected) and all(torch.equal(a, b) for a, b in zip(got, expected))
