@@ -50,12 +50,27 @@ class VideoCache:
     """A cache directory: an LMDB store of frames and manifests, plus frozen files."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, store: Store | None = None,
+                 shared: str | None = None, shared_storage_options: dict | None = None,
                  decoder: str = "decord", limits: FetchLimits | None = None, encoding: str = "raw",
                  max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES, read_only: bool = False) -> None:
+        """``path``: the node-local cache directory (LMDB, frozen files).  ``shared``: an optional
+        fsspec URL (NFS path, ``s3://...``) of the shared tier, recorded in ``path/config.json`` so
+        handles opened elsewhere in this node find it.  Credentials are never recorded."""
         if encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}")
         self.path = str(Path(path if path is not None else default_cache_dir()).expanduser().absolute())
-        self.store = store if store is not None else LMDBStore(os.path.join(self.path, "lmdb"), read_only=read_only)
+        config = _read_config(self.path)
+        if shared is not None and not read_only:
+            config = {"shared": shared, "shared_storage_options": shared_storage_options or {}}
+            _write_config(self.path, config)
+        if store is None:
+            store = LMDBStore(os.path.join(self.path, "lmdb"), read_only=read_only)
+            if config.get("shared"):
+                from .store.fsspec_cas import FsspecStore
+                from .store.tiered import TieredStore
+                opts = {**config.get("shared_storage_options", {}), **(shared_storage_options or {})}
+                store = TieredStore(store, FsspecStore(config["shared"], storage_options=opts), read_only=read_only)
+        self.store = store
         self.decoder = decoder
         self.limits = limits or FetchLimits()
         self.encoding = encoding
@@ -219,6 +234,28 @@ class VideoCache:
                 "frozen_files": len(frozen),
                 "frozen_bytes": sum(os.path.getsize(os.path.join(self.frozen_dir, f)) for f in frozen),
                 "store": self.store.stats()}
+
+
+_CONFIG = "config.json"
+_SECRET_KEYS = {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+
+
+def _read_config(path: str) -> dict:
+    try:
+        with open(os.path.join(path, _CONFIG)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def _write_config(path: str, config: dict) -> None:
+    clean = {**config, "shared_storage_options": {k: v for k, v in config["shared_storage_options"].items()
+                                                  if k not in _SECRET_KEYS}}
+    os.makedirs(path, exist_ok=True)
+    tmp = os.path.join(path, f".{_CONFIG}.{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(clean, f)
+    os.replace(tmp, os.path.join(path, _CONFIG))
 
 
 _OPEN: dict[tuple[str, int], VideoCache] = {}

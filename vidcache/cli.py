@@ -40,7 +40,7 @@ def _options(args):
 def _cache(args, read_only: bool = False):
     from .cache import VideoCache, default_cache_dir
     return VideoCache(args.cache or default_cache_dir(), decoder=getattr(args, "decoder", "decord"),
-                      read_only=read_only)
+                      shared=getattr(args, "shared", None), read_only=read_only)
 
 
 def cmd_prewarm(args) -> int:
@@ -51,10 +51,15 @@ def cmd_prewarm(args) -> int:
     cache = _cache(args)
     cache.limits = FetchLimits(max_bytes=int(args.max_source_mb * 2**20), timeout_s=args.fetch_timeout)
     failures = args.failures or os.path.splitext(os.path.abspath(args.dataset))[0] + ".failures.jsonl"
-    s = prewarm(args.dataset, cache, _options(args), workers=args.workers, timeout_s=args.timeout,
-                max_worker_memory=int(args.max_worker_memory_mb * 2**20) if args.max_worker_memory_mb else None,
-                failures_path=failures, progress=not args.no_progress and sys.stderr.isatty() or args.progress,
-                input_key=args.input_key, video_key=keys.get("video", "videos"))
+    common = dict(timeout_s=args.timeout, failures_path=failures, input_key=args.input_key,
+                  max_worker_memory=int(args.max_worker_memory_mb * 2**20) if args.max_worker_memory_mb else None,
+                  progress=not args.no_progress and sys.stderr.isatty() or args.progress,
+                  video_key=keys.get("video", "videos"))
+    if args.ray:
+        from .prewarm import prewarm_ray
+        s = prewarm_ray(args.dataset, cache, _options(args), ray_address=args.ray_address, **common)
+    else:
+        s = prewarm(args.dataset, cache, _options(args), workers=args.workers, **common)
     print(s.line())
     if s.failed:
         print(f"failures: {failures}")
@@ -126,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset")
     p.add_argument("--cache", help=cache_help)
     _add_option_flags(p)
+    p.add_argument("--shared", metavar="URL",
+                   help="shared tier (NFS path or s3://bucket/prefix) behind the local LMDB; remembered by the cache")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--ray", action="store_true", help="spread the work over a Ray cluster (use with --shared)")
+    p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per video before its worker is killed")
     p.add_argument("--max-worker-memory-mb", type=float, default=16384,
                    help="RSS a worker may add while decoding one video before it is killed")

@@ -78,6 +78,57 @@ def _build_one(source: str, options: dict) -> dict:
         return {"status": "failed", "kind": "internal", "error": f"{type(e).__name__}: {e}"}
 
 
+def _outcome(future, timeout_s: float, max_worker_memory: int | None) -> dict:
+    """A pebble future's result as a plain dict; timeouts and dead workers become row failures."""
+    from pebble.common import ProcessExpired
+    try:
+        return future.result()
+    except FutureTimeout:
+        return {"status": "failed", "kind": "timeout",
+                "error": f"decoding did not finish within {timeout_s}s; the worker was killed"}
+    except ProcessExpired as e:
+        if e.exitcode == MEMORY_EXIT_CODE:
+            return {"status": "failed", "kind": "memory",
+                    "error": f"worker exceeded {max_worker_memory} bytes of RSS and was killed"}
+        return {"status": "failed", "kind": "worker_crash", "error": f"worker died with exit code {e.exitcode}"}
+
+
+def _pool(workers: int, cache_kwargs: dict, max_worker_memory: int | None):
+    import decord  # noqa: F401  (imported before fork so workers inherit it)
+    from pebble import ProcessPool
+    # fork: workers inherit the imported torch/decord instead of paying the import again.
+    ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
+    return ProcessPool(max_workers=max(1, workers), initializer=_init_worker,
+                       initargs=(cache_kwargs, max_worker_memory), context=ctx)
+
+
+def _tally(summary: PrewarmSummary, failures: list, res: dict, src: str, rows: list[int]) -> None:
+    if res["status"] == "failed":
+        summary.failed += 1
+        failures.extend({"row": r, "source": src, "kind": res["kind"], "error": res["error"]} for r in rows)
+    else:
+        summary.new += res["status"] == "new"
+        summary.hit += res["status"] == "hit"
+        summary.bytes += res["bytes"]
+
+
+def _finish(summary: PrewarmSummary, failures: list, n_bad_rows: int, failures_path: str | None,
+            t0: float) -> PrewarmSummary:
+    summary.failed += n_bad_rows
+    summary.failures = failures
+    if failures_path:
+        with open(failures_path, "w") as f:
+            for rec in failures:
+                f.write(json.dumps(rec) + "\n")
+    summary.seconds = time.monotonic() - t0
+    return summary
+
+
+def _cache_kwargs(cache: VideoCache) -> dict:
+    return {"path": cache.path, "decoder": cache.decoder, "limits": cache.limits, "encoding": cache.encoding,
+            "max_decoded_bytes": cache.max_decoded_bytes}
+
+
 # --- parent side ---------------------------------------------------------------
 def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos"):
     """Unique (source, options) tasks of a dataset, with the rows that need each, and row-level errors."""
@@ -99,9 +150,6 @@ def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_k
 def prewarm(dataset: str, cache: VideoCache, options: VideoOptions, *, workers: int = 1, timeout_s: float = 600.0,
             max_worker_memory: int | None = None, failures_path: str | None = None, progress: bool = True,
             input_key: str = "prompt", video_key: str = "videos") -> PrewarmSummary:
-    import decord  # noqa: F401  (imported before fork so workers inherit it)
-    from pebble import ProcessPool
-    from pebble.common import ProcessExpired
     from tqdm import tqdm
 
     t0 = time.monotonic()
@@ -125,47 +173,67 @@ def prewarm(dataset: str, cache: VideoCache, options: VideoOptions, *, workers: 
         else:
             todo.append((src, opts, rows, d))
 
-    cache_kwargs = {"path": cache.path, "decoder": cache.decoder, "limits": cache.limits,
-                    "encoding": cache.encoding, "max_decoded_bytes": cache.max_decoded_bytes}
-    # fork: workers inherit the imported torch/decord instead of paying the import again.
-    ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
     bar = tqdm(total=len(tasks), initial=summary.hit, unit="video", disable=not progress, dynamic_ncols=True,
                desc="prewarm")
     if todo:
-        with ProcessPool(max_workers=max(1, workers), initializer=_init_worker,
-                         initargs=(cache_kwargs, max_worker_memory), context=ctx) as pool:
+        with _pool(workers, _cache_kwargs(cache), max_worker_memory) as pool:
             futures = [(pool.schedule(_build_one, args=(src, opts.to_dict()), timeout=timeout_s), src, rows)
                        for src, opts, rows, _ in todo]
             for fut, src, rows in futures:
-                try:
-                    res = fut.result()
-                except FutureTimeout:
-                    res = {"status": "failed", "kind": "timeout",
-                           "error": f"decoding did not finish within {timeout_s}s; the worker was killed"}
-                except ProcessExpired as e:
-                    if e.exitcode == MEMORY_EXIT_CODE:
-                        res = {"status": "failed", "kind": "memory",
-                               "error": f"worker exceeded {max_worker_memory} bytes of RSS and was killed"}
-                    else:
-                        res = {"status": "failed", "kind": "worker_crash",
-                               "error": f"worker died with exit code {e.exitcode}"}
-                if res["status"] == "failed":
-                    summary.failed += 1
-                    failures.extend({"row": r, "source": src, "kind": res["kind"], "error": res["error"]} for r in rows)
-                else:
-                    summary.new += res["status"] == "new"
-                    summary.hit += res["status"] == "hit"
-                    summary.bytes += res["bytes"]
+                res = _outcome(fut, timeout_s, max_worker_memory)
+                _tally(summary, failures, res, src, rows)
                 bar.update(1)
     bar.close()
-    summary.failed += len(bad_rows)
-    summary.failures = failures
-    if failures_path:
-        with open(failures_path, "w") as f:
-            for rec in failures:
-                f.write(json.dumps(rec) + "\n")
-    summary.seconds = time.monotonic() - t0
-    return summary
+    return _finish(summary, failures, len(bad_rows), failures_path, t0)
 
 
-__all__ = ["prewarm", "plan", "PrewarmSummary", "FetchLimits"]
+# --- Ray: the same isolated build, spread over a cluster ------------------------
+_RAY_POOL = None
+
+
+def _ray_build(cache_kwargs: dict, source: str, options: dict, timeout_s: float,
+               max_worker_memory: int | None) -> dict:
+    """Runs in a Ray worker: one forked child per video, so a hung decoder is still killed."""
+    global _RAY_POOL
+    if _RAY_POOL is None:
+        _RAY_POOL = _pool(1, cache_kwargs, max_worker_memory)
+    return _outcome(_RAY_POOL.schedule(_build_one, args=(source, options), timeout=timeout_s),
+                    timeout_s, max_worker_memory)
+
+
+def prewarm_ray(dataset: str, cache: VideoCache, options: VideoOptions, *, timeout_s: float = 600.0,
+                max_worker_memory: int | None = None, failures_path: str | None = None, progress: bool = True,
+                input_key: str = "prompt", video_key: str = "videos", num_cpus_per_task: float = 1.0,
+                ray_address: str | None = None) -> PrewarmSummary:
+    """Prewarm over a Ray cluster.  Every node builds into its own local cache at ``cache.path``; give the
+    cache a ``shared`` tier (NFS path or S3 URL) so that entries land where every node reads them."""
+    import ray
+    from tqdm import tqdm
+
+    if not ray.is_initialized():
+        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+    t0 = time.monotonic()
+    summary = PrewarmSummary()
+    tasks, bad_rows = plan(dataset, options, input_key, video_key)
+    failures = list(bad_rows)
+    remote = ray.remote(num_cpus=num_cpus_per_task, max_retries=0)(_ray_build)
+    kwargs = _cache_kwargs(cache)
+    refs = {remote.remote(kwargs, src, opts.to_dict(), timeout_s, max_worker_memory): (src, rows)
+            for src, opts, rows in tasks}
+    bar = tqdm(total=len(refs), unit="video", disable=not progress, desc="prewarm (ray)")
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            src, rows = refs[ref]
+            try:
+                res = ray.get(ref)
+            except Exception as e:   # a Ray worker died
+                res = {"status": "failed", "kind": "worker_crash", "error": f"{type(e).__name__}: {e}"}
+            _tally(summary, failures, res, src, rows)
+            bar.update(1)
+    bar.close()
+    return _finish(summary, failures, len(bad_rows), failures_path, t0)
+
+
+__all__ = ["prewarm", "prewarm_ray", "plan", "PrewarmSummary", "FetchLimits"]

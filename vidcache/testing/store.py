@@ -57,6 +57,8 @@ class StoreContract:
         @given(st.dictionaries(st.from_regex(r"(ac|cas|src)/[a-z0-9]{1,12}", fullmatch=True),
                                st.binary(max_size=512), max_size=12))
         def check(items):
+            # Content-addressed namespaces never see different bytes under one key; src/ records may change.
+            items = {k: (v if k.startswith("src/") else k.encode() * 3) for k, v in items.items()}
             store.set_many(items)
             model.update(items)
             for k, v in model.items():

@@ -1,0 +1,97 @@
+"""What one video request costs SGLang 0.5.23's Qwen-VL preprocessing, per input form.
+
+    .venv/bin/python benchmarks/sglang_frozen_cost.py [--source VIDEO | --size 1280x720 --seconds 30]
+                                                      [--repeat 5] [--families ...]
+
+Runs SGLang's own ``_process_mm_data_uncached`` in this process (tests/sglang_peer.py, CPU) for:
+
+  original  the source file, SGLang's default config (it decodes, samples and resizes itself)
+  frozen    vidcache's stock-mode URI (the FFV1 frozen file) with ``vidcache sglang-config``
+  plugin    vidcache's plugin-mode reference, through the plugin class SGLang registers
+
+and prints best-of-N wall times and their ratio to ``original``.  The three do not produce the same
+tensors (``original`` uses SGLang's own sampling); this is a cost comparison only.  Never asserts.
+Needs the peer environment: scripts/setup_peer_env.sh.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+
+PROMPT = "<|im_start|>user\n<|vision_start|><|video_pad|><|vision_end|>Describe the video.<|im_end|>\n"
+
+
+def best_of(fn, n):
+    fn()                                          # warm-up: imports, first-touch allocations
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--source", help="video file (default: generate a --size h264 clip at 30 fps)")
+    ap.add_argument("--seconds", type=float, default=30.0, help="length of the generated clip")
+    ap.add_argument("--size", default="640x360", help="WxH of the generated clip")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--families", nargs="+", default=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)              # SGLang's CPU-fallback notices on every decode
+
+    import sglang_peer as sp
+    from toy_processors import build_processor
+
+    from vidcache import VideoOptions, prepare
+    from vidcache.cache import open_cache
+    from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config
+    from vidcache.testing.videos import make_video
+
+    tmp = tempfile.mkdtemp(prefix="vidcache-bench-")
+    src = args.source
+    if src is None:
+        w, h = map(int, args.size.split("x"))
+        src = make_video(os.path.join(tmp, "source.mp4"), codec="h264", width=w, height=h, fps=30,
+                         n_frames=int(args.seconds * 30))
+    sp._import_sglang()
+    from sglang.srt.managers.multimodal_processor import PROCESSOR_MAPPING, import_processors
+    import_processors(PLUGIN_PACKAGE, overwrite=True)
+    plugin_cls = {m.__name__: p for m, p in PROCESSOR_MAPPING.items()}
+    cache = open_cache(os.path.join(tmp, "cache"))
+
+    print(f"source: {src} ({os.path.getsize(src) / 1e6:.1f} MB); best of {args.repeat} (median), seconds")
+    print(f"{'family':11s} {'frames':>16s} {'original':>15s} {'frozen':>15s} {'plugin':>15s} "
+          f"{'frozen/orig':>11s} {'plugin/orig':>11s}")
+    for fam in args.families:
+        h = cache.get(src, VideoOptions(family=fam))          # defaults: the parity-safe option set
+        proc = build_processor(fam)
+        uris = {m: prepare(proc, PROMPT, [h], mode=m).video_data for m in ("stock", "plugin")}
+
+        def peer(cfg, cls=None):
+            return sp.build_peer(fam, build_processor(fam, sglang_size_override=True), video_config=cfg,
+                                 processor_cls=cls)
+        runs = {
+            "original": (peer({}), ["file://" + os.path.abspath(src)]),
+            "frozen": (peer(sglang_config(fam, "stock")["mm_process_config"]["video"]), uris["stock"]),
+            "plugin": (peer(sglang_config(fam, "plugin")["mm_process_config"]["video"],
+                            plugin_cls[sp._ARCH[fam]]), uris["plugin"]),
+        }
+        res = {k: best_of(lambda p=p, u=u: sp.run_peer(p, PROMPT, u), args.repeat) for k, (p, u) in runs.items()}
+        cell = {k: f"{b:.3f} ({m:.3f})" for k, (b, m) in res.items()}
+        o = res["original"][0]
+        print(f"{fam:11s} {'x'.join(map(str, h.frames().shape)):>16s} {cell['original']:>15s} "
+              f"{cell['frozen']:>15s} {cell['plugin']:>15s} {res['frozen'][0] / o:11.2f} "
+              f"{res['plugin'][0] / o:11.2f}")
+
+
+if __name__ == "__main__":
+    main()
