@@ -69,12 +69,13 @@ def main() -> None:
     cache = open_cache(os.path.join(tmp, "cache"))
 
     print(f"source: {src} ({os.path.getsize(src) / 1e6:.1f} MB); best of {args.repeat} (median), seconds")
-    print(f"{'family':11s} {'frames':>16s} {'original':>15s} {'frozen':>15s} {'plugin':>15s} "
-          f"{'frozen/orig':>11s} {'plugin/orig':>11s}")
+    print(f"{'family':11s} {'frames':>16s} {'original':>15s} {'frozen ffv1':>15s} {'frozen utvideo':>15s} "
+          f"{'plugin':>15s} {'ffv1/orig':>10s} {'utv/orig':>9s} {'plugin/orig':>11s}")
     for fam in args.families:
         h = cache.get(src, VideoOptions(family=fam))          # defaults: the parity-safe option set
         proc = build_processor(fam)
         uris = {m: prepare(proc, PROMPT, [h], mode=m).video_data for m in ("stock", "plugin")}
+        uris["utvideo"] = prepare(proc, PROMPT, [h], mode="stock", frozen_format="utvideo").video_data
 
         def peer(cfg, cls=None):
             return sp.build_peer(fam, build_processor(fam, sglang_size_override=True), video_config=cfg,
@@ -82,6 +83,7 @@ def main() -> None:
         runs = {
             "original": (peer({}), ["file://" + os.path.abspath(src)]),
             "frozen": (peer(sglang_config(fam, "stock")["mm_process_config"]["video"]), uris["stock"]),
+            "utvideo": (peer(sglang_config(fam, "stock")["mm_process_config"]["video"]), uris["utvideo"]),
             "plugin": (peer(sglang_config(fam, "plugin")["mm_process_config"]["video"],
                             plugin_cls[sp._ARCH[fam]]), uris["plugin"]),
         }
@@ -89,8 +91,8 @@ def main() -> None:
         cell = {k: f"{b:.3f} ({m:.3f})" for k, (b, m) in res.items()}
         o = res["original"][0]
         print(f"{fam:11s} {'x'.join(map(str, h.frames().shape)):>16s} {cell['original']:>15s} "
-              f"{cell['frozen']:>15s} {cell['plugin']:>15s} {res['frozen'][0] / o:11.2f} "
-              f"{res['plugin'][0] / o:11.2f}")
+              f"{cell['frozen']:>15s} {cell['utvideo']:>15s} {cell['plugin']:>15s} {res['frozen'][0] / o:10.2f} "
+              f"{res['utvideo'][0] / o:9.2f} {res['plugin'][0] / o:11.2f}")
 
 
 if __name__ == "__main__":

@@ -359,7 +359,7 @@ def test_rollout_through_miles_matches_sglang_processor(env, decode_counter):
             n_videos = 2 if row == 3 else 1
             assert p["input_ids"].count(pad) == n_videos                     # compact ids to SGLang
             assert p["video_data"] == st["video_data"] and len(p["video_data"]) == n_videos
-            assert all(u.startswith("file:///") and u.endswith(".mkv") for u in p["video_data"])
+            assert all(u.startswith("file:///") and u.endswith(".nut") for u in p["video_data"])
             assert p["return_prompt_token_ids"] is True and "image_data" not in p
             assert s.tokens.count(pad) == rec["expanded"].count(pad) > n_videos  # expanded ids in sample.tokens
             assert_matches_sglang(s, rec)

@@ -135,8 +135,10 @@ def run_case(source, opts, mode, pcache, train_processors, peers, ids_too=True):
     assert torch.equal(got, frames)
     if ids_too:
         # Compact ids: SGLang decodes them to text and re-tokenises; the other transport on the way.
-        uris = [prepare(train_processors[family], PROMPT, [h], mode=mode, transport="data").video_data[0]] \
-            if mode == "plugin" else prep.video_data
+        # Plugin: the data: reference.  Stock: the other frozen format (FFV1 instead of UT Video).
+        other = {"transport": "data"} if mode == "plugin" else {"frozen_format": "ffv1"}
+        uris = prepare(train_processors[family], PROMPT, [h], mode=mode, **other).video_data
+        assert uris != prep.video_data
         out2 = sp.run_peer(peer, prep.compact_ids, uris)
         assert out2["input_ids"] == prep.expanded_ids
         assert torch.equal(out2["pixel_values_videos"], prep.train_inputs["pixel_values_videos"])

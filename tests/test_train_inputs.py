@@ -60,7 +60,7 @@ def test_prepare_counts_placeholders(cache, videos, processors):
     r = prepare(processors["qwen2_5_vl"], f"a {VIDEO_PLACEHOLDER} b", [h], mode="stock")
     pad = processors["qwen2_5_vl"].tokenizer.convert_tokens_to_ids("<|video_pad|>")
     assert r.compact_ids.count(pad) == 1 and r.expanded_ids.count(pad) == h.num_video_tokens
-    assert r.video_data[0].startswith("file:///") and r.video_data[0].endswith(".mkv")
+    assert r.video_data[0].startswith("file:///") and r.video_data[0].endswith(".nut")   # UT Video for serving
 
 
 def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, processors):

@@ -27,7 +27,7 @@ def server(cache):
 
 
 def _decodes_to(data: bytes, frames, tmp_path):
-    p = tmp_path / "got.mkv"
+    p = tmp_path / "got.video"
     p.write_bytes(data)
     got, fps = decode_all(str(p), "decord")
     return torch.equal(got, frames) and fps == 2.0
@@ -35,7 +35,7 @@ def _decodes_to(data: bytes, frames, tmp_path):
 
 def test_http_transport_serves_exact_immutable_frozen_files(handle, server, tmp_path):
     url = video_uri(handle, "stock", "http", base_url=server)
-    assert url == f"{server}/frozen/{handle.resolve()}.mkv"
+    assert url == f"{server}/frozen/{handle.resolve()}.nut"
     with urllib.request.urlopen(url) as r:
         body = r.read()
         assert r.headers["ETag"] == f'"{handle.resolve()}"' and "immutable" in r.headers["Cache-Control"]
@@ -49,7 +49,7 @@ def test_http_transport_serves_exact_immutable_frozen_files(handle, server, tmp_
 
 def test_data_transport_and_its_cap(handle, tmp_path, monkeypatch):
     uri = video_uri(handle, "stock", "data")
-    assert uri.startswith("data:video/x-matroska;base64,")
+    assert uri.startswith("data:video/x-nut;base64,")
     assert _decodes_to(base64.b64decode(uri.split(",", 1)[1]), handle.frames(), tmp_path)
     import vidcache.transport as tr
     monkeypatch.setattr(tr, "SGLANG_DATA_CAP", 1000)

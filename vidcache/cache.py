@@ -18,7 +18,7 @@ from .digest import Digest
 from .errors import NotCachedError, StoreError
 from .loader.build import DEFAULT_MAX_DECODED_BYTES, decode_sample_resize
 from .loader.fetch import FetchLimits, fetch, fingerprint
-from .loader.frozen import SUFFIX, verify_frozen, write_frozen
+from .loader.frozen import DEFAULT_FORMAT, FORMATS, verify_frozen, write_frozen
 from .options import VideoOptions
 from .store.base import Store
 from .store.lmdb import LMDBStore
@@ -52,12 +52,16 @@ class VideoCache:
     def __init__(self, path: str | os.PathLike | None = None, *, store: Store | None = None,
                  shared: str | None = None, shared_storage_options: dict | None = None,
                  decoder: str = "decord", limits: FetchLimits | None = None, encoding: str = "raw",
-                 max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES, read_only: bool = False) -> None:
+                 max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES, frozen_format: str = DEFAULT_FORMAT,
+                 read_only: bool = False) -> None:
         """``path``: the node-local cache directory (LMDB, frozen files).  ``shared``: an optional
         fsspec URL (NFS path, ``s3://...``) of the shared tier, recorded in ``path/config.json`` so
         handles opened elsewhere in this node find it.  Credentials are never recorded."""
         if encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}")
+        if frozen_format not in FORMATS:
+            raise ValueError(f"frozen_format must be one of {sorted(FORMATS)}")
+        self.frozen_format = frozen_format   # not part of the key: every format holds the same frames
         self.path = str(Path(path if path is not None else default_cache_dir()).expanduser().absolute())
         config = _read_config(self.path)
         if shared is not None and not read_only:
@@ -217,12 +221,13 @@ class VideoCache:
         if str(got) != m["frames"]["blob"]:
             raise DigestMismatchError(f"blob for {key} hashes to {got}, manifest says {m['frames']['blob']}")
 
-    def frozen_path(self, key: str) -> str:
+    def frozen_path(self, key: str, fmt: str | None = None) -> str:
         """Path of the frozen file for ``key``; written and verified once, on first use."""
-        path = os.path.join(self.frozen_dir, key + SUFFIX)
+        fmt = fmt or self.frozen_format
+        path = os.path.join(self.frozen_dir, key + FORMATS[fmt].suffix)
         if not os.path.exists(path):
             frames = self.frames(key)
-            write_frozen(frames, path, verify=lambda p: verify_frozen(p, frames))
+            write_frozen(frames, path, fmt, verify=lambda p: verify_frozen(p, frames))
         return path
 
     def stats(self) -> dict:

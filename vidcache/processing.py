@@ -150,7 +150,7 @@ class PreparedRequest:
 
 
 def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str = "file",
-            base_url: str | None = None) -> PreparedRequest:
+            base_url: str | None = None, frozen_format: str | None = None) -> PreparedRequest:
     """Build compact ids, expanded ids, frozen URIs and train tensors for ``prompt``.
 
     ``prompt`` is the chat-templated text with one ``<|vision_start|><|video_pad|><|vision_end|>``
@@ -170,5 +170,5 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")
         tensors = {}
     expanded = out["input_ids"][0].tolist()
-    return PreparedRequest(list(compact), expanded, [video_uri(h, mode, transport, base_url) for h in handles],
+    return PreparedRequest(list(compact), expanded, [video_uri(h, mode, transport, base_url, frozen_format) for h in handles],
                            tensors, mode)

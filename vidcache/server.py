@@ -2,7 +2,8 @@
 
 Entries are content-addressed and immutable, so responses carry a strong ETag
 (the key) and ``Cache-Control: immutable``.  Only ``GET/HEAD /frozen/<key>.mkv``
-exists; a frozen file is written (and verified) on first request.
+(and ``.nut`` for the UT Video format) exists; a frozen file is written (and verified) on
+first request.
 """
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import threading
 
 from .cache import VideoCache
 from .errors import NotCachedError
-from .loader.frozen import SUFFIX
+from .loader.frozen import FORMATS
 
-_PATH = re.compile(r"^/frozen/([0-9a-f]{32}\.[0-9]+\.[0-9a-f]{32})" + re.escape(SUFFIX) + "$")
+_SUFFIX = {f.suffix: f for f in FORMATS.values()}
+_PATH = re.compile(r"^/frozen/([0-9a-f]{32}\.[0-9]+\.[0-9a-f]{32})(" +
+                   "|".join(re.escape(x) for x in _SUFFIX) + ")$")
 
 
 def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0) -> http.server.ThreadingHTTPServer:
@@ -31,19 +34,19 @@ def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0) -> ht
         def _resolve(self) -> str | None:
             m = _PATH.match(self.path)
             if m is None:
-                self.send_error(404, "expected /frozen/<key>" + SUFFIX)
+                self.send_error(404, "expected /frozen/<key>.mkv or .nut")
                 return None
-            key = m.group(1)
+            key, fmt = m.group(1), _SUFFIX[m.group(2)]
             try:
                 with lock:
-                    return cache.frozen_path(key)
+                    return cache.frozen_path(key, fmt.name)
             except NotCachedError:
                 self.send_error(404, f"no entry {key}")
                 return None
 
         def _headers(self, path: str, key: str) -> None:
             self.send_response(200)
-            self.send_header("Content-Type", "video/x-matroska")
+            self.send_header("Content-Type", _SUFFIX[os.path.splitext(path)[1]].media_type)
             self.send_header("Content-Length", str(os.path.getsize(path)))
             self.send_header("ETag", f'"{key}"')
             self.send_header("Cache-Control", "public, max-age=31536000, immutable")
@@ -52,12 +55,12 @@ def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0) -> ht
         def do_HEAD(self) -> None:  # noqa: N802
             path = self._resolve()
             if path:
-                self._headers(path, os.path.basename(path)[: -len(SUFFIX)])
+                self._headers(path, os.path.splitext(os.path.basename(path))[0])
 
         def do_GET(self) -> None:  # noqa: N802
             path = self._resolve()
             if path:
-                self._headers(path, os.path.basename(path)[: -len(SUFFIX)])
+                self._headers(path, os.path.splitext(os.path.basename(path))[0])
                 with open(path, "rb") as f:
                     shutil.copyfileobj(f, self.wfile)
 

@@ -16,6 +16,9 @@ import tempfile
 from urllib.parse import quote
 
 TRANSPORTS = ("file", "http", "data")
+# Stock SGLang decodes the frozen file on every request: UT Video decodes ~5x faster than FFV1
+# (benchmarks/formats.py, benchmarks/sglang_frozen_cost.py); both are bit-exact.
+SERVING_FORMAT = "utvideo"
 SGLANG_DATA_CAP = 64 << 20          # SGLang's default --media-url-max-file-size-mb
 REF_SUFFIX = ".vidcache"
 REF_MEDIA_TYPE = "application/vnd.vidcache.ref+json"
@@ -43,7 +46,8 @@ def ref_path(handle) -> str:
     return path
 
 
-def video_uri(handle, mode: str = "stock", transport: str = "file", base_url: str | None = None) -> str:
+def video_uri(handle, mode: str = "stock", transport: str = "file", base_url: str | None = None,
+              frozen_format: str | None = None) -> str:
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     if mode == "plugin":
@@ -56,7 +60,7 @@ def video_uri(handle, mode: str = "stock", transport: str = "file", base_url: st
         return file_uri(ref_path(handle))
     from .sglang.config import check_stock_parity
     check_stock_parity(handle.manifest)     # refuse, before SGLang silently re-samples or resizes
-    path = handle.frozen_path()
+    path = handle.frozen_path(frozen_format or SERVING_FORMAT)
     if transport == "file":
         return file_uri(path)
     if transport == "http":
@@ -65,8 +69,10 @@ def video_uri(handle, mode: str = "stock", transport: str = "file", base_url: st
     if size * 4 // 3 + 64 > SGLANG_DATA_CAP:
         raise ValueError(f"frozen file is {size} bytes; as a data: URI it exceeds SGLang's "
                          f"{SGLANG_DATA_CAP >> 20} MiB default cap: use transport 'file' or 'http'")
+    from .loader.frozen import FORMATS
+    media = {f.suffix: f.media_type for f in FORMATS.values()}[os.path.splitext(path)[1]]
     with open(path, "rb") as f:
-        return "data:video/x-matroska;base64," + base64.b64encode(f.read()).decode()
+        return f"data:{media};base64," + base64.b64encode(f.read()).decode()
 
 
 def _http(base_url: str | None, rel: str) -> str:

@@ -1,15 +1,19 @@
 """Frozen files: a lossless RGB video of exactly the cached frames, for SGLang.
 
-FFV1 with pix_fmt bgr0 is intra-only, lossless for RGB, and the smallest
-exact candidate measured (benchmarks/frozen_containers.py).  Any YUV format
-would round-trip inexactly.  The file is stamped at a fixed rate so that
-SGLang's fps sampler, configured by ``vidcache sglang-config``, selects every
-stored frame once.
+Two formats, both intra-only, lossless for RGB and verified bit-exact with
+decord, torchcodec and PyAV (benchmarks/formats.py):
+  ``ffv1``     FFV1 bgr0 in Matroska: the smallest (the default).
+  ``utvideo``  UT Video gbrp in NUT: ~1.5x larger, ~5x faster to decode, which is
+               what stock SGLang pays on every request.
+Any YUV format would round-trip inexactly.  Files are stamped at a fixed rate
+so that SGLang's fps sampler, configured by ``vidcache sglang-config``, selects
+every stored frame once; at 2 fps Matroska's 1 ms timebase is exact too.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -18,16 +22,32 @@ import torch
 from ..errors import FrozenFileError
 
 FROZEN_FPS = Fraction(2)        # the fps SGLang's sampler is configured with (stock mode)
-CONTAINER = "matroska"
-SUFFIX = ".mkv"
-CODEC, PIX_FMT = "ffv1", "bgr0"
 
 
-def write_frozen(frames: torch.Tensor, path: str, rate: Fraction = FROZEN_FPS,
-                 container: str = CONTAINER, verify=None) -> None:
+@dataclass(frozen=True)
+class FrozenFormat:
+    name: str
+    container: str
+    suffix: str
+    codec: str
+    pix_fmt: str
+    media_type: str
+
+
+FORMATS = {
+    "ffv1": FrozenFormat("ffv1", "matroska", ".mkv", "ffv1", "bgr0", "video/x-matroska"),
+    "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut"),
+}
+DEFAULT_FORMAT = "ffv1"
+SUFFIXES = tuple(f.suffix for f in FORMATS.values())
+
+
+def write_frozen(frames: torch.Tensor, path: str, fmt: str = DEFAULT_FORMAT, rate: Fraction = FROZEN_FPS,
+                 verify=None) -> None:
     """Write uint8 TCHW RGB ``frames`` to ``path`` atomically: temp file, ``verify(tmp)``, rename."""
     import av
 
+    f = FORMATS[fmt]
     if frames.dtype != torch.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
         raise ValueError(f"expected uint8 TCHW RGB frames, got {tuple(frames.shape)} {frames.dtype}")
     d = os.path.dirname(os.path.abspath(path))
@@ -36,11 +56,11 @@ def write_frozen(frames: torch.Tensor, path: str, rate: Fraction = FROZEN_FPS,
     os.close(fd)
     try:
         thwc = frames.permute(0, 2, 3, 1).contiguous().numpy()
-        with av.open(tmp, "w", format=container) as c:
-            s = c.add_stream(CODEC, rate=rate)
+        with av.open(tmp, "w", format=f.container) as c:
+            s = c.add_stream(f.codec, rate=rate)
             s.height, s.width = thwc.shape[1:3]
-            s.pix_fmt = PIX_FMT
-            if container == "nut":
+            s.pix_fmt = f.pix_fmt
+            if f.container == "nut":
                 s.time_base = 1 / rate
             for fr in thwc:
                 for p in s.encode(av.VideoFrame.from_ndarray(fr, format="rgb24")):

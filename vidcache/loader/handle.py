@@ -67,12 +67,13 @@ class VideoHandle:
         from ..processing import train_inputs
         return train_inputs(processor, [self], mode=mode, memo=memo)
 
-    def frozen_path(self) -> str:
-        return self._cache().frozen_path(self.resolve())
+    def frozen_path(self, fmt: str | None = None) -> str:
+        return self._cache().frozen_path(self.resolve(), fmt)
 
-    def frozen_uri(self) -> str:
-        """``file://`` URI of the lossless frozen file, percent-encoded (SGLang mishandles ``#?%``)."""
-        return "file://" + quote(self.frozen_path())
+    def frozen_uri(self, fmt: str | None = None) -> str:
+        """``file://`` URI of the lossless frozen file (``fmt``: "ffv1" or "utvideo"), percent-encoded
+        because SGLang mishandles ``#``, ``?`` and ``%`` in plain paths."""
+        return "file://" + quote(self.frozen_path(fmt))
 
     # --- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:
