@@ -17,7 +17,7 @@ from vidcache.prewarm import prewarm
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--videos", type=int, default=24)
+    ap.add_argument("--videos", type=int, default=40)
     ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="vc-bench-")

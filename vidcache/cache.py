@@ -53,7 +53,7 @@ class VideoCache:
                  shared: str | None = None, shared_storage_options: dict | None = None,
                  decoder: str = "decord", limits: FetchLimits | None = None, encoding: str = "raw",
                  max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES, frozen_format: str = DEFAULT_FORMAT,
-                 read_only: bool = False) -> None:
+                 decoder_threads: int = 0, read_only: bool = False) -> None:
         """``path``: the node-local cache directory (LMDB, frozen files).  ``shared``: an optional
         fsspec URL (NFS path, ``s3://...``) of the shared tier, recorded in ``path/config.json`` so
         handles opened elsewhere in this node find it.  Credentials are never recorded."""
@@ -62,6 +62,7 @@ class VideoCache:
         if frozen_format not in FORMATS:
             raise ValueError(f"frozen_format must be one of {sorted(FORMATS)}")
         self.frozen_format = frozen_format   # not part of the key: every format holds the same frames
+        self.decoder_threads = decoder_threads  # 0: FFmpeg's choice; prewarm splits the cores among workers
         self.path = str(Path(path if path is not None else default_cache_dir()).expanduser().absolute())
         config = _read_config(self.path)
         if shared is not None and not read_only:
@@ -137,7 +138,8 @@ class VideoCache:
                 if record:
                     self.store.set_many(record)
                 return EnsureResult(key, "hit", int(np.prod(m["frames"]["shape"])))
-            frames, built = decode_sample_resize(fetched.path, options, self.decoder, self.max_decoded_bytes)
+            frames, built = decode_sample_resize(fetched.path, options, self.decoder, self.max_decoded_bytes,
+                                                 self.decoder_threads)
         finally:
             fetched.cleanup()
         raw = frames.numpy().tobytes()

@@ -124,9 +124,11 @@ def _finish(summary: PrewarmSummary, failures: list, n_bad_rows: int, failures_p
     return summary
 
 
-def _cache_kwargs(cache: VideoCache) -> dict:
+def _cache_kwargs(cache: VideoCache, workers: int = 1) -> dict:
+    # Split the cores among workers: FFmpeg's own threads would otherwise compete with the other workers.
+    threads = cache.decoder_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
     return {"path": cache.path, "decoder": cache.decoder, "limits": cache.limits, "encoding": cache.encoding,
-            "max_decoded_bytes": cache.max_decoded_bytes}
+            "max_decoded_bytes": cache.max_decoded_bytes, "decoder_threads": threads}
 
 
 # --- parent side ---------------------------------------------------------------
@@ -176,7 +178,7 @@ def prewarm(dataset: str, cache: VideoCache, options: VideoOptions, *, workers: 
     bar = tqdm(total=len(tasks), initial=summary.hit, unit="video", disable=not progress, dynamic_ncols=True,
                desc="prewarm")
     if todo:
-        with _pool(workers, _cache_kwargs(cache), max_worker_memory) as pool:
+        with _pool(workers, _cache_kwargs(cache, workers), max_worker_memory) as pool:
             futures = [(pool.schedule(_build_one, args=(src, opts.to_dict()), timeout=timeout_s), src, rows)
                        for src, opts, rows, _ in todo]
             for fut, src, rows in futures:
@@ -217,7 +219,7 @@ def prewarm_ray(dataset: str, cache: VideoCache, options: VideoOptions, *, timeo
     tasks, bad_rows = plan(dataset, options, input_key, video_key)
     failures = list(bad_rows)
     remote = ray.remote(num_cpus=num_cpus_per_task, max_retries=0)(_ray_build)
-    kwargs = _cache_kwargs(cache)
+    kwargs = {**_cache_kwargs(cache), "decoder_threads": max(1, int(num_cpus_per_task))}
     refs = {remote.remote(kwargs, src, opts.to_dict(), timeout_s, max_worker_memory): (src, rows)
             for src, opts, rows in tasks}
     bar = tqdm(total=len(refs), unit="video", disable=not progress, desc="prewarm (ray)")

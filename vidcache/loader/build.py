@@ -13,8 +13,9 @@ DEFAULT_MAX_DECODED_BYTES = 8 << 30
 
 
 def decode_sample_resize(path: str, options: VideoOptions, decoder: str = "decord",
-                         max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES) -> tuple[torch.Tensor, dict]:
-    info, reader = open_reader(path, decoder)
+                         max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+                         decoder_threads: int = 0) -> tuple[torch.Tensor, dict]:
+    info, reader = open_reader(path, decoder, decoder_threads)
     sel = select_frames(options, reader.num_frames, reader.avg_fps)
     n = len(sel.frame_indices)
     h, w = target_size(options, n, info.height, info.width)

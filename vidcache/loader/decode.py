@@ -46,13 +46,14 @@ def probe(path: str) -> StreamInfo:
 class DecordReader:
     name = "decord"
 
-    def __init__(self, path: str, info: StreamInfo):
+    def __init__(self, path: str, info: StreamInfo, threads: int = 0):
         try:
             import decord
         except ImportError as e:
             raise BackendUnavailableError("decord is not installed: pip install decord") from e
         try:
-            self._vr = decord.VideoReader(path, ctx=decord.cpu(0))
+            # threads=0 lets FFmpeg pick; decoded bytes do not depend on the thread count.
+            self._vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=threads)
         except Exception as e:
             raise UnsupportedCodecError(
                 f"decord cannot open the {info.codec!r} stream: {str(e).splitlines()[0][:200]}") from None
@@ -71,15 +72,14 @@ class DecordReader:
 class TorchcodecReader:
     name = "torchcodec"
 
-    def __init__(self, path: str, info: StreamInfo):
+    def __init__(self, path: str, info: StreamInfo, threads: int = 0):
         try:
             import torchcodec
             from torchcodec.decoders import VideoDecoder
         except Exception as e:  # ImportError, or RuntimeError when its FFmpeg/torch libs do not load
             raise BackendUnavailableError(f"torchcodec is not usable here: {e}") from e
         try:
-            # One FFmpeg thread: decoding already runs in parallel worker processes.
-            self._dec = VideoDecoder(path, num_ffmpeg_threads=1)
+            self._dec = VideoDecoder(path, num_ffmpeg_threads=threads)
         except Exception as e:
             raise UnsupportedCodecError(f"torchcodec cannot open the {info.codec!r} stream: {e}") from None
         self.num_frames = self._dec.metadata.num_frames
@@ -93,11 +93,11 @@ class TorchcodecReader:
             raise DecodeError(f"decoding failed (truncated or corrupt stream?): {e}") from None
 
 
-def open_reader(path: str, backend: str = "decord"):
+def open_reader(path: str, backend: str = "decord", threads: int = 0):
     if backend not in BACKENDS:
         raise ValueError(f"unknown decoder backend {backend!r}; choose one of {BACKENDS}")
     info = probe(path)
-    reader = (DecordReader if backend == "decord" else TorchcodecReader)(path, info)
+    reader = (DecordReader if backend == "decord" else TorchcodecReader)(path, info, threads)
     if reader.num_frames <= 0:
         raise DecodeError("the video stream has no decodable frames")
     return info, reader
