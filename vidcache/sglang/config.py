@@ -82,12 +82,18 @@ def sglang_config(family: str, mode: str = "stock", cache: str | None = None) ->
         "server_args": ["--mm-process-config", json.dumps(cfg, separators=(",", ":"))],
         "env": {},
         "notes": [],
+        "server_requirements": [],
     }
     if mode == "plugin":
         out["env"]["SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"] = PLUGIN_PACKAGE
         out["notes"].append("vidcache must be importable by the SGLang server; the plugin reads frames and "
                             "metadata from the cache directory named in each request's video URI.")
     else:
+        # Measured on an H200: torchcodec 0.17 (SGLang 0.5.23's pin) sends frames NVDEC declines (every
+        # lossless RGB stream) through 8-bit YUV444 on the GPU (max error 2); 0.16.0 copies them exactly.
+        out["server_requirements"].append("torchcodec==0.16.0")
+        out["notes"].append("on GPU servers stock mode needs torchcodec 0.16.0: with 0.17.0 (SGLang 0.5.23's pin) "
+                            "frozen frames decode inexactly on CUDA (max error 2). Plugin mode does not decode.")
         if family == "qwen2_5_vl":
             out["notes"].append("stock SGLang 0.5.23 passes no video_metadata: second_per_grid_ts is always 2/24. "
                                 "Use --mode plugin for the model's intended 2/sample_fps.")
