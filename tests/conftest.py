@@ -46,3 +46,20 @@ def cache(tmp_path):
     c = VideoCache(tmp_path / "cache")
     yield c
     c.close()
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def count_decodes(monkeypatch):
+    """A list that records every decoder open (the entry point of every decode)."""
+    import vidcache.loader.build as build
+    calls = []
+    real = build.open_reader
+    monkeypatch.setattr(build, "open_reader", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    return calls

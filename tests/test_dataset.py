@@ -5,17 +5,8 @@ import resource
 
 import pytest
 
-import vidcache.loader.build as build
 from vidcache import VideoCache, VideoOptions
 from vidcache.loader.dataset import LazyVideoDataset
-
-
-@pytest.fixture
-def count_decodes(monkeypatch):
-    calls = []
-    real = build.open_reader
-    monkeypatch.setattr(build, "open_reader", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
-    return calls
 
 
 def test_opening_a_100k_row_file_decodes_nothing(tmp_path, videos, count_decodes):

@@ -3,13 +3,13 @@ import base64
 import functools
 import http.server
 import shutil
-import socket
 import threading
 
 import pytest
 import torch
 
 import vidcache.cache as cache_mod
+from conftest import free_port
 from vidcache import VideoCache, VideoOptions
 from vidcache.errors import (SchemeNotAllowedError, SourceNotFoundError, SourceTooLargeError,
                              SourceUnavailableError)
@@ -26,14 +26,6 @@ def http_root(tmp_path_factory, videos):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}", root
     srv.shutdown()
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_same_bytes_same_key_across_schemes(cache, videos, http_root):
@@ -53,7 +45,7 @@ def test_http_errors_are_specific(cache, http_root):
     with pytest.raises(SourceNotFoundError, match="not found"):
         cache.ensure(url + "/nope.mp4", VideoOptions())
     with pytest.raises(SourceUnavailableError, match="cannot read"):
-        cache.ensure(f"http://127.0.0.1:{_free_port()}/x.mp4", VideoOptions())
+        cache.ensure(f"http://127.0.0.1:{free_port()}/x.mp4", VideoOptions())
 
 
 def test_caps_and_allowlist(tmp_path, videos, http_root):
@@ -75,7 +67,7 @@ def test_caps_and_allowlist(tmp_path, videos, http_root):
 def s3(videos):
     moto_server = pytest.importorskip("moto.server")
     boto3 = pytest.importorskip("boto3")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     srv.start()
     endpoint = f"http://127.0.0.1:{srv._server.server_port}"
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
