@@ -62,3 +62,21 @@ def test_long_clip_hits_the_frame_cap(videos):
 def test_qwen3_default_grid_is_224(videos):
     frames, _ = decode_sample_resize(videos["h264_30"], VideoOptions(family="qwen3_vl"))
     assert frames.shape[2] % 224 == 0 and frames.shape[3] % 224 == 0
+
+
+@pytest.mark.parametrize("name", ["h264_ntsc", "mpeg4_25_odd", "hevc_25"])
+def test_torchcodec_is_an_explicit_alternative(videos, name):
+    from vidcache.loader.frozen import available_decoders
+    if "torchcodec" not in available_decoders():
+        pytest.skip("torchcodec is not installed or does not load here (scripts/setup_peer_env.sh installs it)")
+    opts = VideoOptions(family="qwen2_5_vl")
+    a, built_a = decode_sample_resize(videos[name], opts, decoder="decord")
+    b, built_b = decode_sample_resize(videos[name], opts, decoder="torchcodec")
+    assert built_b["provenance"]["decoder"] == "torchcodec"
+    assert torch.equal(a, b)
+    assert built_a["video"]["frame_indices"] == built_b["video"]["frame_indices"]
+
+
+def test_unknown_decoder_is_refused(videos):
+    with pytest.raises(ValueError, match="unknown decoder backend"):
+        decode_sample_resize(videos["h264_30"], VideoOptions(), decoder="auto")
