@@ -18,7 +18,7 @@ from vidcache.prewarm import prewarm
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--videos", type=int, default=40)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="vc-bench-")
     paths = clips(os.path.join(work, "v"), a.videos)

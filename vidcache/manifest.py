@@ -1,6 +1,7 @@
 """The manifest: what a cache key resolves to (Bazel's ActionResult).  Plain JSON, never pickle."""
 from __future__ import annotations
 
+import functools
 import json
 import platform
 from importlib import metadata as md
@@ -12,7 +13,8 @@ from .options import MERGE_SIZE, TEMPORAL_PATCH_SIZE, VideoOptions
 SCHEMA = 1
 
 
-def versions() -> dict:
+@functools.lru_cache(maxsize=1)
+def _versions() -> dict:
     out = {"python": platform.python_version()}
     for name in ("torch", "torchvision", "qwen-vl-utils", "decord", "av", "vidcache"):
         try:
@@ -21,6 +23,11 @@ def versions() -> dict:
             out[name] = None
     out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return out
+
+
+def versions() -> dict:
+    """Library versions and CPU capability: provenance, recorded but never part of a key."""
+    return dict(_versions())
 
 
 def grid_thw(options: VideoOptions, num_frames: int, height: int, width: int) -> list[int]:
