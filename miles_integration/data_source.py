@@ -29,12 +29,12 @@ from miles.rollout.data_source import RolloutDataSourceWithBuffer, pop_first
 from miles.utils import chat_template_utils
 from miles.utils.data import _build_messages
 from miles.utils.misc import load_function
-from miles.utils.processing_utils import load_tokenizer
+from miles.utils.processing_utils import load_processor, load_tokenizer
 from miles.utils.types import Sample
 
 from vidcache import NotCachedError
 from vidcache.loader.dataset import VIDEO_TOKEN, LazyVideoDataset
-from vidcache.processing import VIDEO_PLACEHOLDER
+from vidcache.processing import VIDEO_PLACEHOLDER, expanded_ids
 
 from .args import VidcacheConfig
 from .meta import KEY, metadata_entry
@@ -70,6 +70,14 @@ def expanded_length(num_compact_tokens: int, handles, family: str) -> int | None
     return n
 
 
+def _cached(handle) -> bool:
+    try:
+        handle.resolve(build=False)
+        return True
+    except NotCachedError:
+        return False
+
+
 class _SampleView(Sequence):
     """A lazy ``list[Sample]``: indexing or slicing builds fresh Samples from the rows."""
 
@@ -98,6 +106,7 @@ class VidcacheDataset:
             raise ValueError(f"vidcache's lazy dataset reads JSONL only, got {path!r}")
         self.config = config
         self.tokenizer = tokenizer
+        self.processor = processor      # when given, long prompts are measured exactly (see _filter_long)
         self.prompt_key, self.label_key, self.tool_key, self.metadata_key = prompt_key, label_key, tool_key, metadata_key
         self.multimodal_keys = dict(multimodal_keys or {})
         if set(self.multimodal_keys) - {"video"}:
@@ -200,8 +209,12 @@ class VidcacheDataset:
             if not isinstance(prompt, str):
                 keep.append(i)
                 continue
-            n_compact = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            n = expanded_length(n_compact, row.handles, self.config.options.family)
+            if self.processor is not None and all(_cached(h) for h in row.handles):
+                # Exact, Qwen3 timestamps included: the processor's own expansion, from manifests only.
+                n = len(expanded_ids(self.processor, prompt, row.handles, self.config.mode))
+            else:
+                n_compact = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+                n = expanded_length(n_compact, row.handles, self.config.options.family)
             if n is None:
                 unknown += 1
                 keep.append(i)
@@ -230,8 +243,12 @@ class VidcacheDataSource(RolloutDataSourceWithBuffer):
         if args.rollout_global_dataset:
             tokenizer = load_tokenizer(args.hf_checkpoint, chat_template_path=args.chat_template_path,
                                        trust_remote_code=True)
+            # The processor is needed only to measure long prompts exactly; without one the filter
+            # falls back to counts from the manifests (a lower bound for Qwen3-VL).
+            processor = load_processor(args.hf_checkpoint, trust_remote_code=True) \
+                if args.rollout_max_prompt_len is not None else None
             self.dataset = VidcacheDataset(
-                args.prompt_data, tokenizer=tokenizer, processor=None, max_length=args.rollout_max_prompt_len,
+                args.prompt_data, tokenizer=tokenizer, processor=processor, max_length=args.rollout_max_prompt_len,
                 prompt_key=args.input_key, multimodal_keys=args.multimodal_keys, label_key=args.label_key,
                 metadata_key=args.metadata_key, tool_key=args.tool_key, apply_chat_template=args.apply_chat_template,
                 apply_chat_template_kwargs=args.apply_chat_template_kwargs, seed=args.rollout_seed,

@@ -570,3 +570,20 @@ def test_plugin_mode_matches_the_sglang_plugin(env):
     assert_matches_sglang(s, srv.log[-1])
     sfps = handles_from_metadata(s.metadata)[0].metadata["sample_fps"]
     assert s.multimodal_train_inputs["second_per_grid_ts"].item() == torch.tensor(2 / sfps).item()
+
+
+def test_long_prompt_filter_is_exact_with_the_checkpoints_processor(env, decode_counter):
+    """With --rollout-max-prompt-len the data source loads the checkpoint's processor and measures a cached
+    row exactly (the processor's own expansion, from manifests only), at the boundary."""
+    from vidcache.processing import expanded_ids
+
+    probe = VidcacheDataSource(env.args())
+    row = probe.dataset.rows[4]
+    prompt = probe.dataset.render(row)
+    exact = len(expanded_ids(build_processor(FAMILY), prompt, row.handles, "stock"))
+    keep = VidcacheDataSource(env.args(rollout_max_prompt_len=exact))
+    drop = VidcacheDataSource(env.args(rollout_max_prompt_len=exact - 1))
+    assert keep.dataset.processor is not None
+    assert 4 in [keep.dataset.rows[int(i)].index for i in keep.dataset.origin_rows]
+    assert 4 not in [drop.dataset.rows[int(i)].index for i in drop.dataset.origin_rows]
+    assert decode_counter == []

@@ -86,3 +86,24 @@ def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, proc
     assert not torch.equal(c["pixel_values_videos"], a["pixel_values_videos"])   # new config, new tensors
     assert h.train_inputs(proc, memo=False) is not None and len(calls) == 2
     assert MEMO._bytes <= MEMO.max_bytes
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("mode", ["plugin", "stock"])
+def test_expanded_ids_without_frames_equal_the_processors(cache, videos, processors, family, mode, count_decodes):
+    from vidcache import prepare
+    from vidcache.processing import expanded_ids
+    hs = [cache.get(videos["h264_ntsc"], VideoOptions(family=family)),
+          cache.get(videos["mjpeg_24"], VideoOptions(family=family, fps=1.0))]
+    prompt = f"<|im_start|>user\n{VIDEO_PLACEHOLDER} then {VIDEO_PLACEHOLDER} what?<|im_end|>\n"
+    want = prepare(processors[family], prompt, hs, mode=mode).expanded_ids
+    decoded = len(count_decodes)
+    import vidcache.cache as cache_mod
+    frames_read = []
+    real = cache_mod.VideoCache.frames
+    cache_mod.VideoCache.frames = lambda self, *a, **k: frames_read.append(a) or real(self, *a, **k)
+    try:
+        got = expanded_ids(processors[family], prompt, hs, mode=mode)
+    finally:
+        cache_mod.VideoCache.frames = real
+    assert got == want and frames_read == [] and len(count_decodes) == decoded

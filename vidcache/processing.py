@@ -172,3 +172,25 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     expanded = out["input_ids"][0].tolist()
     return PreparedRequest(list(compact), expanded, [video_uri(h, mode, transport, base_url, frozen_format) for h in handles],
                            tensors, mode)
+
+
+def expanded_ids(processor, prompt: str, handles, mode: str = "plugin") -> list[int]:
+    """The processor's expanded prompt ids, from the manifests alone: no frames are read.
+
+    Uses the processor's own ``replace_video_token`` (pads, and Qwen3-VL's ``<t seconds>`` text from
+    the mode's metadata) and ``get_text_with_replacements``, then its tokenizer, so long prompts can be
+    measured exactly before anything is loaded.  Equal to ``prepare(...).expanded_ids`` (tested).
+    """
+    from transformers.video_utils import VideoMetadata
+
+    handles = list(handles)
+    reps = []
+    for h in handles:
+        m = h.manifest
+        inputs = {"video_grid_thw": torch.tensor([m["tokens"]["video_grid_thw"]])}
+        meta = video_metadata(m, h.options.family, mode)
+        if meta is not None:
+            inputs["video_metadata"] = [VideoMetadata(**meta)]
+        reps.append(processor.replace_video_token(inputs, 0))
+    text = processor.get_text_with_replacements([prompt], videos_replacements=reps)[0][0] if reps else prompt
+    return list(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
