@@ -10,7 +10,6 @@ Stock mode throughout; plugin mode (vidcache.sglang.plugin.qwen_vl.VidcacheQwenV
 from __future__ import annotations
 
 import argparse
-import asyncio
 import concurrent.futures
 import copy
 import json

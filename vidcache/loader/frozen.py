@@ -39,7 +39,6 @@ FORMATS = {
     "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut"),
 }
 DEFAULT_FORMAT = "ffv1"
-SUFFIXES = tuple(f.suffix for f in FORMATS.values())
 
 
 def write_frozen(frames: torch.Tensor, path: str, fmt: str = DEFAULT_FORMAT, rate: Fraction = FROZEN_FPS,

@@ -6,7 +6,6 @@ in the process that uses it.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -92,7 +91,3 @@ class VideoHandle:
 
 def _rebuild(source, options, cache, key):
     return VideoHandle(source, VideoOptions.from_dict(options), cache, key=key)
-
-
-def replace(handle: VideoHandle, **changes) -> VideoHandle:
-    return dataclasses.replace(handle, **changes)
