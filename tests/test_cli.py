@@ -42,3 +42,20 @@ def test_demo_dataset_prewarms(tmp_path, capsys):
     assert cli(["prewarm", str(tmp_path / "demo" / "dataset.jsonl"), "--cache", str(tmp_path / "c"),
                 "--no-progress"]) == 0
     assert "failed" in capsys.readouterr().out
+
+
+def test_verify_finds_a_corrupted_blob(tmp_path, videos, capsys):
+    from vidcache import VideoCache, VideoOptions
+    c = VideoCache(tmp_path / "cache")
+    good = c.ensure(videos["ffv1_10_small"], VideoOptions()).key
+    bad = c.ensure(videos["mjpeg_24"], VideoOptions()).key
+    assert cli(["verify", "--cache", c.path]) == 0
+    assert "2 ok, 0 bad" in capsys.readouterr().out
+    blob = "cas/" + c.manifest(bad)["frames"]["blob"]
+    raw = bytearray(c.store.get(blob))
+    raw[7] ^= 1
+    c.store.set_many({blob: bytes(raw)})
+    c.close()
+    assert cli(["verify", "--cache", c.path]) == 1
+    out = capsys.readouterr().out
+    assert "1 ok, 1 bad" in out and f"BAD {bad}" in out and good not in out

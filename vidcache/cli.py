@@ -73,6 +73,21 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from .errors import VidcacheError
+    cache = _cache(args, read_only=True)
+    keys = args.keys or [k[3:] for k in cache.store.keys("ac/")]
+    bad = 0
+    for key in keys:
+        try:
+            cache.verify(key)
+        except VidcacheError as e:
+            bad += 1
+            print(f"BAD {key}: [{e.kind}] {e}")
+    print(f"verify: {len(keys) - bad} ok, {bad} bad")
+    return 1 if bad else 0
+
+
 def cmd_inspect(args) -> int:
     cache = _cache(args)
     target = args.target
@@ -153,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stats", help="entries, blobs and sizes of a cache")
     p.add_argument("--cache", help=cache_help)
     p.set_defaults(fn=cmd_stats)
+
+    p = sub.add_parser("verify", help="re-hash cached frames against their digests")
+    p.add_argument("keys", nargs="*", metavar="KEY", help="default: every entry")
+    p.add_argument("--cache", help=cache_help)
+    p.set_defaults(fn=cmd_verify)
 
     p = sub.add_parser("inspect", help="metadata of a cached SOURCE or KEY")
     p.add_argument("target", metavar="SOURCE|KEY")
