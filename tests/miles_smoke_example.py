@@ -23,55 +23,33 @@ What it shows (for reuse in miles_integration tests):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import sys
 import tempfile
-import types
 from argparse import Namespace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from miles_integration.compat import ENV, install_test_shims, miles_src  # noqa: E402
+from toy_processors import SPECIAL_TOKENS as TOY_SPECIAL_TOKENS  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------------
 # Locating Miles
 # --------------------------------------------------------------------------------------------------
 def find_miles_src() -> Path | None:
-    src = Path(os.environ.get("MILES_SRC", REPO / "third_party" / "miles"))
-    if not src.is_absolute():
-        src = REPO / src
-    return src if (src / "miles" / "__init__.py").is_file() else None
+    """``$MILES_SRC``, defaulting to scripts/setup_miles.sh's checkout (same locator as miles_integration)."""
+    os.environ.setdefault(ENV, str(REPO / "third_party" / "miles"))
+    return miles_src(REPO)
 
 
-# --------------------------------------------------------------------------------------------------
-# TEST-ONLY STUBS (vidcache tests). Each one only fills a gap, it never shadows a real module.
-# --------------------------------------------------------------------------------------------------
-def _spec_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ModuleNotFoundError, ValueError):
-        return False
-
-
-def install_miles_test_shims() -> list[str]:
-    """Install stubs needed to import Miles (commit 31f1ca961) next to sglang 0.5.23.
-
-    * ``sglang.srt.entrypoints.openai.encoding_dsv4``: Miles targets the ``sglang-miles`` fork, whose
-      DeepSeek-V4 encoder module is absent from PyPI sglang 0.5.23.  Miles'
-      ``chat_template_utils.deepseek`` imports it at module level (pulled in by ``miles.utils.data``)
-      and only *uses* it for DeepSeek-V4 checkpoints, so an empty module is enough.
-    """
-    installed = []
-    name = "sglang.srt.entrypoints.openai.encoding_dsv4"
-    if name not in sys.modules and not _spec_exists(name):
-        stub = types.ModuleType(name)
-        stub.__doc__ = "STUB (vidcache tests): DeepSeek-V4 encoder of the sglang-miles fork, unused here"
-        sys.modules[name] = stub
-        installed.append(name)
-    return installed
+# TEST-ONLY stub for the sglang module Miles imports but PyPI sglang 0.5.23 lacks (see miles_integration.compat).
+install_miles_test_shims = install_test_shims
 
 
 # --------------------------------------------------------------------------------------------------
@@ -90,15 +68,7 @@ QWEN_STYLE_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
+SPECIAL_TOKENS = list(TOY_SPECIAL_TOKENS)
 
 
 def make_tiny_tokenizer(out_dir: str | Path) -> str:

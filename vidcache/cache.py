@@ -93,7 +93,9 @@ class VideoCache:
     # --- identity -----------------------------------------------------------
     def known_digest(self, source: str) -> Digest | None:
         """The digest recorded for ``source`` if its validators still match; never downloads."""
-        fp = fingerprint(source, self.limits)
+        return self._recorded_digest(source, fingerprint(source, self.limits))
+
+    def _recorded_digest(self, source: str, fp: dict | None) -> Digest | None:
         if fp is None:
             return None
         raw = self.store.get(_source_record_key(source))
@@ -118,13 +120,13 @@ class VideoCache:
     # --- build --------------------------------------------------------------
     def ensure(self, source: str, options: VideoOptions) -> EnsureResult:
         """Make sure (source, options) is cached; fetch, decode and write it on a miss."""
-        d = self.known_digest(source)
+        fp = fingerprint(source, self.limits)      # one stat / HEAD, reused for the record below
+        d = self._recorded_digest(source, fp)
         if d is not None:
             key = cache_key(d, options)
             m = self.manifest(key)
             if m is not None:
                 return EnsureResult(key, "hit", int(np.prod(m["frames"]["shape"])))
-        fp = fingerprint(source, self.limits)
         os.makedirs(self.tmp_dir, exist_ok=True)
         fetched = fetch(source, self.limits, tmp_dir=self.tmp_dir)
         try:
@@ -183,45 +185,43 @@ class VideoCache:
         return m
 
     @contextlib.contextmanager
-    def read_frames(self, key: str):
-        """Zero-copy: a read-only uint8 TCHW numpy view into the memory map, valid inside the block."""
-        m = self.require_manifest(key)
-        fr = m["frames"]
-        if fr["encoding"] != "raw":
-            yield self.frames(key, m).numpy()
-            return
-        with self.store.read("cas/" + fr["blob"]) as view:
-            if view is None:
-                raise StoreError(f"manifest {key} names blob {fr['blob']} that is missing")
-            if len(view) != Digest.parse(fr["blob"]).size_bytes:
-                raise StoreError(f"blob {fr['blob']} has {len(view)} bytes, expected {fr['blob']}")
-            yield np.frombuffer(view, dtype=np.uint8).reshape(fr["shape"])
-
-    def frames(self, key: str, manifest: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given)."""
-        m = manifest or self.require_manifest(key)
-        fr = m["frames"]
+    def _blob(self, key: str, fr: dict):
+        """The frame bytes named by a manifest's ``frames`` record, checked for presence and size."""
         size = Digest.parse(fr["blob"]).size_bytes
-        if out is None:
-            out = torch.empty(fr["shape"], dtype=torch.uint8)
-        elif out.dtype != torch.uint8 or list(out.shape) != fr["shape"] or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of shape {fr['shape']}")
         with self.store.read("cas/" + fr["blob"]) as view:
             if view is None:
                 raise StoreError(f"manifest {key} names blob {fr['blob']} that is missing")
             src = zlib.decompress(view) if fr["encoding"] == "zlib" else view
             if len(src) != size:
                 raise StoreError(f"blob {fr['blob']} has {len(src)} bytes, expected {size}")
+            yield src
+
+    @contextlib.contextmanager
+    def read_frames(self, key: str):
+        """Zero-copy: a read-only uint8 TCHW numpy view into the memory map, valid inside the block."""
+        fr = self.require_manifest(key)["frames"]
+        with self._blob(key, fr) as src:
+            yield np.frombuffer(src, dtype=np.uint8).reshape(fr["shape"])
+
+    def frames(self, key: str, manifest: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given)."""
+        fr = (manifest or self.require_manifest(key))["frames"]
+        if out is None:
+            out = torch.empty(fr["shape"], dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or list(out.shape) != fr["shape"] or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of shape {fr['shape']}")
+        with self._blob(key, fr) as src:
             np.copyto(out.numpy().reshape(-1), np.frombuffer(src, dtype=np.uint8))   # the one copy
         return out
 
     def verify(self, key: str) -> None:
-        """Re-hash a blob against its digest (corruption check)."""
+        """Re-hash a blob against its digest (corruption check), straight from the memory map."""
         from .errors import DigestMismatchError
-        m = self.require_manifest(key)
-        got = Digest.of(self.frames(key, m).numpy())
-        if str(got) != m["frames"]["blob"]:
-            raise DigestMismatchError(f"blob for {key} hashes to {got}, manifest says {m['frames']['blob']}")
+        expected = self.require_manifest(key)["frames"]["blob"]
+        with self.read_frames(key) as view:
+            got = Digest.of(view)
+        if str(got) != expected:
+            raise DigestMismatchError(f"blob for {key} hashes to {got}, manifest says {expected}")
 
     def frozen_path(self, key: str, fmt: str | None = None) -> str:
         """Path of the frozen file for ``key``; written and verified once, on first use."""

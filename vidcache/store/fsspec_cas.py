@@ -36,11 +36,15 @@ class FsspecStore(Store):
             self._pid = os.getpid()
         return self._fs
 
+    @property
+    def root(self) -> str:
+        self.fs             # resolves the root together with the filesystem
+        return self._root
+
     def _path(self, key: str) -> str:
-        self.fs
         ns, _, name = key.partition("/")
         # Two hex characters of fan-out keep directories small on NFS.
-        return f"{self._root}/{ns}/{name[:2]}/{name}"
+        return f"{self.root}/{ns}/{name[:2]}/{name}"
 
     def get(self, key: str) -> bytes | None:
         try:
@@ -53,13 +57,14 @@ class FsspecStore(Store):
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
         self._check_writable()
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        renames = "file" in protocols or "local" in protocols
         for key, value in items.items():          # in order: blobs first, manifest last
             path = self._path(key)
             if key.startswith(("cas/", "ac/")) and self.fs.exists(path):
                 continue                          # immutable: first writer wins, later ones are equal
             self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-            if "file" in protocols or "local" in protocols:
+            if renames:
                 tmp = f"{path}.{uuid.uuid4().hex}.partial"
                 self.fs.pipe_file(tmp, bytes(value))
                 self.fs.mv(tmp, path)             # atomic rename on POSIX filesystems
@@ -67,11 +72,11 @@ class FsspecStore(Store):
                 self.fs.pipe_file(path, bytes(value))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
-        fs = self.fs
+        fs, root = self.fs, self.root
         ns = prefix.split("/", 1)[0] if prefix else ""
         out = []
         for namespace in ([ns] if ns else ["ac", "cas", "src"]):
-            base = f"{self._root}/{namespace}"
+            base = f"{root}/{namespace}"
             if not fs.exists(base):
                 continue
             for p in fs.find(base):

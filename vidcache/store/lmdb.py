@@ -83,6 +83,9 @@ class LMDBStore(Store):
 
     # --- lifecycle --------------------------------------------------------
     def _shared(self) -> _SharedEnv:
+        e = _ENVS.get(self.path)    # fast path: every transaction starts here
+        if e is not None and e.pid == os.getpid() and (self.read_only or not e.readonly):
+            return e
         if not self.read_only:
             Path(self.path).mkdir(parents=True, exist_ok=True)
         elif not Path(self.path, "data.mdb").exists():
