@@ -22,15 +22,21 @@ CASES = [
 ]
 
 
-def reference(path, patch, **kw):
-    """qwen-vl-utils itself, with the decord backend forced (its backend choice is otherwise environmental)."""
-    saved = qvu.get_video_reader_backend
+def reference(path, patch, grid=None, **kw):
+    """qwen-vl-utils itself, with the decord backend forced (its backend choice is otherwise environmental).
+
+    ``grid`` swaps only the factor its smart_resize rounds to (pixel bounds still follow ``patch``): the
+    reference for an explicit ``size_factor`` such as stock SGLang's 224, which qwen-vl-utils has no option for.
+    """
+    saved = qvu.get_video_reader_backend, qvu.smart_resize
     qvu.get_video_reader_backend = lambda: "decord"
+    if grid is not None:
+        qvu.smart_resize = lambda h, w, factor, **b: saved[1](h, w, factor=grid, **b)
     try:
         (video, meta), sample_fps = qvu.fetch_video({"type": "video", "video": path, **kw}, image_patch_size=patch,
                                                    return_video_sample_fps=True, return_video_metadata=True)
     finally:
-        qvu.get_video_reader_backend = saved
+        qvu.get_video_reader_backend, qvu.smart_resize = saved
     u8 = video.to(torch.uint8)
     assert torch.equal(u8.float(), video), "qwen-vl-utils output is not integer-valued"
     return u8, meta, sample_fps
@@ -40,8 +46,7 @@ def reference(path, patch, **kw):
 @pytest.mark.parametrize("name,kw", CASES, ids=[f"{n}-{'-'.join(k) or 'default'}" for n, k in CASES])
 def test_frames_equal_qwen_vl_utils(videos, name, kw, family):
     patch = 16 if family == "qwen3_vl" else 14
-    # size_factor = the model factor reproduces qwen-vl-utils' own grid (qwen3_vl defaults to 224, see README).
-    opts = VideoOptions(family=family, size_factor=2 * patch, **kw)
+    opts = VideoOptions(family=family, **kw)      # the defaults are qwen-vl-utils' own grid, Qwen3-VL's included
     frames, built = decode_sample_resize(videos[name], opts)
     ref, meta, sample_fps = reference(videos[name], patch, **kw)
     assert frames.dtype == torch.uint8 and frames.shape == ref.shape
@@ -59,14 +64,26 @@ def test_long_clip_hits_the_frame_cap(videos):
     assert frames.shape[0] == 768
 
 
-def test_qwen3_default_grid_is_224(videos):
-    frames, _ = decode_sample_resize(videos["h264_30"], VideoOptions(family="qwen3_vl"))
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_explicit_model_factor_is_the_default(videos, family):
+    """size_factor = patch x merge, given explicitly, is the same options record and the same frames."""
+    patch = 16 if family == "qwen3_vl" else 14
+    explicit, default = VideoOptions(family=family, size_factor=2 * patch), VideoOptions(family=family)
+    assert explicit == default and explicit.digest == default.digest
+    frames, _ = decode_sample_resize(videos["mpeg4_25_odd"], explicit)
+    assert torch.equal(frames, reference(videos["mpeg4_25_odd"], patch)[0])
+
+
+def test_qwen3_stock_preset_is_on_the_224_grid(videos):
+    # Opt-in stock preset: qwen-vl-utils' arithmetic with only the rounding grid swapped for 224.
+    frames, _ = decode_sample_resize(videos["h264_30"], VideoOptions.for_stock_sglang("qwen3_vl"))
     assert frames.shape[2] % 224 == 0 and frames.shape[3] % 224 == 0
+    assert torch.equal(frames, reference(videos["h264_30"], 16, grid=224)[0])
 
 
 @pytest.mark.parametrize("name", ["h264_ntsc", "mpeg4_25_odd", "hevc_25"])
 def test_torchcodec_is_an_explicit_alternative(videos, name):
-    from vidcache.loader.frozen import available_decoders
+    from vidcache.sglang.frozen import available_decoders
     if "torchcodec" not in available_decoders():
         pytest.skip("torchcodec is not installed or does not load here (scripts/setup_peer_env.sh installs it)")
     opts = VideoOptions(family="qwen2_5_vl")

@@ -14,38 +14,39 @@ class TestMemoryStore(StoreContract):
     def store(self):
         return MemoryStore()
 
-    @pytest.fixture
-    def read_only_store(self):
-        def make(s):
-            ro = MemoryStore(read_only=True)
-            ro._data = s._data
-            return ro
-        return make
+    def raw_get(self, store, key):
+        return store._data.get(key)
+
+    def raw_set(self, store, key, value):
+        store._data[key] = value
+
+
+def _raw_env(store, write=False):
+    store.close()   # one environment per file per process (LMDB's rule); the store reopens lazily
+    return lmdb.open(store.path, readonly=not write, max_dbs=1)
 
 
 class TestLMDBStore(PicklableStoreContract):
     @pytest.fixture
     def store(self, tmp_path):
         s = LMDBStore(tmp_path / "db", map_size=1 << 20)   # tiny map: growth is exercised by every test
+        s.set_many({"meta/init": b""})                     # the medium exists for raw access
+        s.delete("meta/init")
         yield s
         s.close()
 
-    @pytest.fixture
-    def read_only_store(self):
-        def make(s):
-            s.close()
-            return LMDBStore(s.path, read_only=True)
-        return make
-
     def raw_get(self, store, key):
-        store.close()   # one environment per file per process (LMDB's rule); the store reopens lazily
-        with lmdb.open(store.path, readonly=True) as env, env.begin() as txn:
+        with _raw_env(store) as env, env.begin() as txn:
             return txn.get(key.encode())
+
+    def raw_set(self, store, key, value):
+        with _raw_env(store, write=True) as env, env.begin(write=True) as txn:
+            txn.put(key.encode(), value)
 
     def test_map_grows_on_demand(self, store):
         big = os.urandom(5 << 20)
         store.set_many({"cas/big": big})
-        assert store.get("cas/big") == big
+        assert self.raw_get(store, "cas/big") == big
         assert store.stats()["map_size"] > 1 << 20
 
     def test_read_is_zero_copy(self, store):
@@ -74,8 +75,7 @@ def test_store_used_before_fork_works_in_child(tmp_path):
     p.start()
     p.join(30)
     assert q.get(timeout=5) == b"parent"
-    s2 = s                                     # the same object keeps working in the parent after the fork
-    assert s2.get("ac/k") == b"parent"
+    assert s.get("ac/k") == b"parent"          # the same object keeps working in the parent after the fork
 
 
 def test_concurrent_writers_grow_one_map(tmp_path):
@@ -90,3 +90,50 @@ def test_concurrent_writers_grow_one_map(tmp_path):
         assert p.exitcode == 0
     s = LMDBStore(path)
     assert len(list(s.keys("cas/"))) == 45 and len(list(s.keys("ac/"))) == 46
+
+
+# --- the local tier's byte budget -------------------------------------------------------------
+def test_budget_evicts_least_recently_used_and_reuses_the_space(tmp_path):
+    budget = 4 << 20
+    s = LMDBStore(tmp_path / "db", max_bytes=budget)
+    s.set_many({"cas/keep": os.urandom(256 << 10)})
+    sizes = []
+    for i in range(40):                         # 40 x 512 KiB = 20 MiB through a 4 MiB budget
+        s.set_many({f"cas/{i:03d}": os.urandom(512 << 10)})
+        assert s.get("cas/keep") is not None    # read often: never the least recently used
+        assert s.used_bytes() <= budget
+        sizes.append(os.path.getsize(os.path.join(s.path, "data.mdb")))
+    present = [k for k in s.keys("cas/")]
+    assert "cas/keep" in present and "cas/000" not in present and "cas/039" in present
+    # LMDB never shrinks its file, but freed pages are reused: the file stops growing near the budget.
+    assert sizes[-1] == sizes[20] and sizes[-1] < 2 * budget, sizes
+
+
+def test_gc_down_to_a_budget(tmp_path):
+    s = LMDBStore(tmp_path / "db")
+    for i in range(10):
+        s.set_many({f"cas/{i}": os.urandom(300 << 10)})
+    before = s.used_bytes()
+    out = s.gc(before // 2)
+    assert out["evicted"] > 0 and s.used_bytes() <= before // 2
+    assert s.gc(10 << 30)["evicted"] == 0      # within budget: nothing to do
+
+
+def _evict_all(path, q):
+    s = LMDBStore(path)
+    q.put(s.gc(1)["evicted"])
+
+
+def test_eviction_while_another_process_reads_is_safe(tmp_path):
+    s = LMDBStore(tmp_path / "db")
+    payload = os.urandom(1 << 20)
+    s.set_many({"cas/v": payload})
+    ctx = mp.get_context("spawn")
+    with s.read("cas/v") as view:               # a zero-copy view: an MVCC snapshot
+        q = ctx.Queue()
+        p = ctx.Process(target=_evict_all, args=(s.path, q))
+        p.start()
+        p.join(60)
+        assert p.exitcode == 0 and q.get(timeout=5) >= 1
+        assert bytes(view) == payload           # the reader still sees its snapshot, intact
+    assert s.get("cas/v") is None               # a new read sees the eviction

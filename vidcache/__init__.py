@@ -1,15 +1,27 @@
 """vidcache: decode each video once, feed SGLang and the trainer bit-identical frames.
 
-Names are imported lazily, so ``vidcache.loader.dataset`` (lazy datasets, no frames)
-can be used without importing torch.
+Names are imported lazily, so ``vidcache.dataset`` (lazy datasets, no frames) can be
+used without importing torch.
+
+Floors, bottom up (each imports only from below; tests/test_layers.py keeps it so):
+  errors, digest, keys, options   facts: exceptions, digests, key formats, the options record
+  store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
+  loader/                         the pure pipeline: source bytes -> canonical frames
+  manifest, encode, config        what an entry records; the one video writer; node settings and tiers
+  cache                           VideoCache: build, read, check, repair
+  handle, dataset                 lazy references above the cache
+  processing                      the trainer side: tensors from cached frames
+  sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
+  prewarm, cli                    the jobs
 """
 from importlib import import_module
 
 _EXPORTS = {
-    "VideoCache": "vidcache.cache", "open_cache": "vidcache.cache", "cache_key": "vidcache.cache",
-    "VideoHandle": "vidcache.loader.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
-    "PreparedRequest": "vidcache.processing", "prepare": "vidcache.processing",
-    "train_inputs": "vidcache.processing", "LazyVideoDataset": "vidcache.loader.dataset",
+    "VideoCache": "vidcache.cache", "open_cache": "vidcache.cache", "node_cache": "vidcache.cache",
+    "cache_key": "vidcache.keys", "CacheConfig": "vidcache.config",
+    "VideoHandle": "vidcache.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
+    "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
+    "train_inputs": "vidcache.processing", "LazyVideoDataset": "vidcache.dataset",
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",
 }
 __all__ = sorted(_EXPORTS)

@@ -1,42 +1,38 @@
-"""``VideoCache``: resolve (source, options) to cached canonical frames, building on a miss."""
+"""``VideoCache``: resolve (source, options) to cached canonical frames, building on a miss.
+
+Integrity: every blob digest is checked on its first read in a process (or on
+every read, or never: ``verify_reads``), every pull from the shared tier is
+checked before it is served or backfilled, and every manifest is checked
+against the options and its blob's size.  A corrupt object is never served: it
+is moved aside (``quarantine/``), and the entry becomes a miss that the next
+``ensure`` (or ``verify --repair``) rebuilds.
+"""
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import threading
 import time
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-import xxhash
 
-from . import manifest as mf
+from . import keys
+from .config import CacheConfig, local_identity, shared_identity
 from .digest import Digest
-from .errors import NotCachedError, StoreError
-from .loader.build import DEFAULT_MAX_DECODED_BYTES, decode_sample_resize
-from .loader.fetch import FetchLimits, fetch, fingerprint
-from .loader.frozen import DEFAULT_FORMAT, FORMATS, verify_frozen, write_frozen
+from .errors import (CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError, StoreError,
+                     VidcacheError)
+from .loader.build import decode_sample_resize
+from .loader.fetch import fetch, fingerprint, run_tmp_dir
+from .loader.resize import aspect_distortion
+from .manifest import Manifest, build_manifest
 from .options import VideoOptions
 from .store.base import Store
-from .store.lmdb import LMDBStore
 
-ENCODINGS = ("raw", "zlib")
-
-
-def default_cache_dir() -> str:
-    return os.environ.get("VIDCACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "vidcache")
-
-
-def cache_key(source_digest: Digest, options: VideoOptions) -> str:
-    """The action key: content digest plus options digest.  Workers, paths and URLs never enter it."""
-    return f"{source_digest.hash}.{source_digest.size_bytes}.{options.digest}"
-
-
-def _source_record_key(source: str) -> str:
-    return "src/" + xxhash.xxh3_128_hexdigest(source.encode())
+cache_key = keys.cache_key   # re-exported: part of the public API
 
 
 @dataclass(frozen=True)
@@ -46,49 +42,97 @@ class EnsureResult:
     frame_bytes: int
 
 
-class VideoCache:
-    """A cache directory: an LMDB store of frames and manifests, plus frozen files."""
+def blob_matches(blob: str, value) -> bool:
+    """Whether stored bytes are the blob ``blob`` names: raw, or zlib-compressed by a ``zlib`` cache."""
+    if str(Digest.of(value)) == blob:
+        return True
+    try:
+        return str(Digest.of(zlib.decompress(value))) == blob
+    except zlib.error:
+        return False
 
-    def __init__(self, path: str | os.PathLike | None = None, *, store: Store | None = None,
-                 shared: str | None = None, shared_storage_options: dict | None = None,
-                 decoder: str = "decord", limits: FetchLimits | None = None, encoding: str = "raw",
-                 max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES, frozen_format: str = DEFAULT_FORMAT,
-                 decoder_threads: int = 0, read_only: bool = False) -> None:
-        """``path``: the node-local cache directory (LMDB, frozen files).  ``shared``: an optional
-        fsspec URL (NFS path, ``s3://...``) of the shared tier, recorded in ``path/config.json`` so
-        handles opened elsewhere in this node find it.  Credentials are never recorded."""
-        if encoding not in ENCODINGS:
-            raise ValueError(f"encoding must be one of {ENCODINGS}")
-        if frozen_format not in FORMATS:
-            raise ValueError(f"frozen_format must be one of {sorted(FORMATS)}")
-        self.frozen_format = frozen_format   # not part of the key: every format holds the same frames
-        self.decoder_threads = decoder_threads  # 0: FFmpeg's choice; prewarm splits the cores among workers
-        self.path = str(Path(path if path is not None else default_cache_dir()).expanduser().absolute())
-        config = _read_config(self.path)
-        if shared is not None and not read_only:
-            config = {"shared": shared, "shared_storage_options": shared_storage_options or {}}
-            _write_config(self.path, config)
-        if store is None:
-            store = LMDBStore(os.path.join(self.path, "lmdb"), read_only=read_only)
-            if config.get("shared"):
-                from .store.fsspec_cas import FsspecStore
-                from .store.tiered import TieredStore
-                opts = {**config.get("shared_storage_options", {}), **(shared_storage_options or {})}
-                store = TieredStore(store, FsspecStore(config["shared"], storage_options=opts), read_only=read_only)
-        self.store = store
-        self.decoder = decoder
-        self.limits = limits or FetchLimits()
-        self.encoding = encoding
-        self.max_decoded_bytes = max_decoded_bytes
-        self.frozen_dir = os.path.join(self.path, "frozen")
-        self.tmp_dir = os.path.join(self.path, "tmp")
-        self._manifests: dict[str, dict] = {}
+
+def _check_object(key: str, value) -> None:
+    """The cache's check on bytes pulled from another tier (TieredStore's hook)."""
+    if key.startswith(keys.CAS):
+        if not blob_matches(key[len(keys.CAS):], value):
+            raise DigestMismatchError(f"shared object {key} does not hash to its digest")
+    elif key.startswith(keys.AC):
+        Manifest.from_json(value, keys.entry_key(key))
+
+
+def _sound(store_key: str, value) -> bool:
+    try:
+        _check_object(store_key, value)
+        return True
+    except CorruptEntryError:
+        return False
+
+
+class VideoCache:
+    """A node's cache: LMDB (``path``), optionally in front of the cluster's shared tier (``shared``)."""
+
+    def __init__(self, path=None, *, shared: str | None = None, config: CacheConfig | None = None,
+                 **settings) -> None:
+        """``path``: the node-local directory (default ``$VIDCACHE_DIR``).  ``shared``: the shared tier's
+        URL (default ``$VIDCACHE_SHARED``).  ``settings``: the other fields of :class:`CacheConfig`."""
+        self.config = config if config is not None else CacheConfig.resolve(path, shared, **settings)
+        self.store: Store = self.config.build_store(check=_check_object)
+        self._manifests: dict[str, Manifest] = {}
+        self._verified: set[str] = set()        # blob digests checked in this process
+        self._identity: str | None = None
+        self._lock = threading.Lock()
+        _register(self)
+
+    @classmethod
+    def from_config(cls, config: CacheConfig) -> "VideoCache":
+        return cls(config=config)
+
+    def __reduce__(self):
+        # Workers rebuild the cache from its whole configuration: custom stores and settings included.
+        return (VideoCache.from_config, (self.config,))
+
+    # --- configuration (read-only views) ------------------------------------------
+    path = property(lambda self: self.config.path)
+    decoder = property(lambda self: self.config.decoder)
+    limits = property(lambda self: self.config.limits)
+    frozen_format = property(lambda self: self.config.frozen_format)
+    read_only = property(lambda self: self.config.read_only)
+    tmp_dir = property(lambda self: os.path.join(self.config.path, "tmp"))
+
+    @property
+    def local(self) -> Store:
+        return getattr(self.store, "local", self.store)
+
+    @property
+    def shared(self) -> Store | None:
+        return getattr(self.store, "shared", None)
+
+    @property
+    def identity(self) -> str:
+        """The cluster-wide name of this cache: the shared tier's id, or a node-local id without one."""
+        if self._identity is None:
+            shared = self.shared
+            self._identity = (shared_identity(shared, create=not self.read_only) if shared is not None
+                              else local_identity(self.path, create=not self.read_only)
+                              or "local-" + self.path)
+            _register(self)
+        return self._identity
+
+    def with_settings(self, **changes) -> "VideoCache":
+        return VideoCache(config=self.config.replace(**changes))
 
     def __repr__(self) -> str:
-        return f"VideoCache({self.path!r})"
+        shared = f", shared={self.config.shared!r}" if self.config.shared else ""
+        return f"VideoCache({self.path!r}{shared})"
 
     def close(self) -> None:
         self.store.close()
+
+    def sync(self) -> None:
+        """A durability checkpoint for the local tier (LMDB runs with sync=False)."""
+        if hasattr(self.local, "sync"):
+            self.local.sync()
 
     # --- identity -----------------------------------------------------------
     def known_digest(self, source: str) -> Digest | None:
@@ -98,180 +142,359 @@ class VideoCache:
     def _recorded_digest(self, source: str, fp: dict | None) -> Digest | None:
         if fp is None:
             return None
-        raw = self.store.get(_source_record_key(source))
+        raw = self.store.get(keys.src(source))
         if raw is None:
             return None
-        rec = json.loads(raw)
-        if rec.get("source") != source or rec.get("fingerprint") != fp:
-            return None
-        return Digest.parse(rec["digest"])
+        try:
+            rec = json.loads(raw)
+            if rec.get("source") != source or rec.get("fingerprint") != fp:
+                return None
+            return Digest.parse(rec["digest"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None          # a damaged hint is a miss: the source is hashed again
 
     def lookup(self, source: str, options: VideoOptions) -> str | None:
         """The key of a present entry for (source, options), without fetching; None when unknown."""
         d = self.known_digest(source)
         if d is None:
             return None
-        key = cache_key(d, options)
+        key = keys.cache_key(d, options)
         return key if self.contains([key])[0] else None
 
-    def contains(self, keys: list[str]) -> list[bool]:
-        return self.store.exists_many(["ac/" + k for k in keys])
+    def contains(self, cache_keys: list[str]) -> list[bool]:
+        return self.store.exists_many([keys.ac(k) for k in cache_keys])
 
     # --- build --------------------------------------------------------------
     def ensure(self, source: str, options: VideoOptions) -> EnsureResult:
-        """Make sure (source, options) is cached; fetch, decode and write it on a miss."""
+        """Make sure (source, options) is cached and sound; fetch, decode and write it on a miss."""
         fp = fingerprint(source, self.limits)      # one stat / HEAD, reused for the record below
         d = self._recorded_digest(source, fp)
         if d is not None:
-            key = cache_key(d, options)
-            m = self.manifest(key)
-            if m is not None:
-                return EnsureResult(key, "hit", int(np.prod(m["frames"]["shape"])))
-        os.makedirs(self.tmp_dir, exist_ok=True)
-        fetched = fetch(source, self.limits, tmp_dir=self.tmp_dir)
+            key = keys.cache_key(d, options)
+            if (m := self._sound(key)) is not None:
+                return EnsureResult(key, "hit", m.frames.nbytes)
+        fetched = fetch(source, self.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
         try:
-            key = cache_key(fetched.digest, options)
+            key = keys.cache_key(fetched.digest, options)
             record = {}
             if fp is not None:
-                record[_source_record_key(source)] = json.dumps(
+                record[keys.src(source)] = json.dumps(
                     {"source": source, "fingerprint": fp, "digest": str(fetched.digest)}).encode()
-            m = self.manifest(key)
-            if m is not None:
+            if (m := self._sound(key)) is not None:
                 if record:
                     self.store.set_many(record)
-                return EnsureResult(key, "hit", int(np.prod(m["frames"]["shape"])))
-            frames, built = decode_sample_resize(fetched.path, options, self.decoder, self.max_decoded_bytes,
-                                                 self.decoder_threads)
+                return EnsureResult(key, "hit", m.frames.nbytes)
+            budget = {} if self.config.max_decoded_bytes is None else {
+                "max_decoded_bytes": self.config.max_decoded_bytes}
+            frames, built = decode_sample_resize(fetched.path, options, self.decoder,
+                                                 decoder_threads=self.config.decoder_threads, **budget)
         finally:
             fetched.cleanup()
         raw = frames.numpy().tobytes()
         blob = Digest.of(raw)
-        payload = raw if self.encoding == "raw" else zlib.compress(raw, 1)
-        man = mf.build_manifest(key, str(fetched.digest), options, str(blob), list(frames.shape),
-                                self.encoding, built)
-        man["provenance"]["created_unix"] = round(time.time(), 3)
-        # Blob first, manifest last, in one transaction where the store allows.
-        self.store.set_many({"cas/" + str(blob): payload, "ac/" + key: mf.dumps(man), **record})
+        payload = raw if self.config.encoding == "raw" else zlib.compress(raw, 1)
+        src = built["video"]["source"]
+        distortion = aspect_distortion(src["width"], src["height"], frames.shape[3], frames.shape[2])
+        man = build_manifest(key, fetched.digest, options, blob, tuple(frames.shape), self.config.encoding, built,
+                             distortion, {"created_unix": round(time.time(), 3)})
+        # Blob first, manifest last: one transaction locally; on the shared tier the manifest is
+        # published only after its blob, so no reader sees a manifest without its frames.
+        self.store.set_many({keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record})
+        self._verified.add(str(blob))
         return EnsureResult(key, "new", len(raw))
+
+    def _sound(self, key: str) -> Manifest | None:
+        """The manifest of a present entry whose blob passes its checks; None (after quarantine) otherwise."""
+        try:
+            m = self.manifest(key)
+            if m is not None:
+                with self._blob(m, verify=True):
+                    pass
+            return m
+        except (CorruptEntryError, NotCachedError):
+            return None
 
     def get(self, source: str, options: VideoOptions):
         """A handle to (source, options), processing the video first on a miss."""
-        from .loader.handle import VideoHandle
+        from .handle import VideoHandle
         res = self.ensure(source, options)
-        return VideoHandle(source, options, self.path, key=res.key)
+        return VideoHandle(source, options, self.identity, key=res.key)._bind(self)
 
     def handle(self, source: str, options: VideoOptions):
         """A lazy handle: nothing is fetched or decoded until it is used."""
-        from .loader.handle import VideoHandle
-        return VideoHandle(source, options, self.path)
+        from .handle import VideoHandle
+        return VideoHandle(source, options, self.identity)._bind(self)
+
+    def handle_for_key(self, key: str):
+        """A handle to an entry known by key alone (the source is not needed while the entry exists)."""
+        from .handle import VideoHandle
+        m = self.require_manifest(keys.check_key(key))
+        return VideoHandle(None, m.video_options(), self.identity, key=key)._bind(self)
 
     # --- read ---------------------------------------------------------------
-    def manifest(self, key: str) -> dict | None:
+    def manifest(self, key: str) -> Manifest | None:
+        """The checked manifest of ``key``, or None when absent (or found corrupt and quarantined)."""
+        keys.check_key(key)
         m = self._manifests.get(key)          # immutable under a key, so safe to keep
-        if m is None:
-            raw = self.store.get("ac/" + key)
+        if m is not None:
+            return m
+        for attempt in range(2):
+            raw = self.store.get(keys.ac(key))
             if raw is None:
                 return None
-            m = mf.loads(raw)
+            try:
+                m = Manifest.from_json(raw, key)
+                break
+            except CorruptManifestError as e:
+                self._quarantine_bad(keys.ac(key), e)
+                if attempt:
+                    return None
+        with self._lock:
             if len(self._manifests) > 4096:
                 self._manifests.clear()
             self._manifests[key] = m
         return m
 
-    def require_manifest(self, key: str) -> dict:
+    def require_manifest(self, key: str) -> Manifest:
         m = self.manifest(key)
         if m is None:
-            raise NotCachedError(f"no entry {key} in {self.path}")
+            raise NotCachedError(f"no entry {key} in {self!r}")
         return m
 
     @contextlib.contextmanager
-    def _blob(self, key: str, fr: dict):
-        """The frame bytes named by a manifest's ``frames`` record, checked for presence and size."""
-        size = Digest.parse(fr["blob"]).size_bytes
-        with self.store.read("cas/" + fr["blob"]) as view:
-            if view is None:
-                raise StoreError(f"manifest {key} names blob {fr['blob']} that is missing")
-            src = zlib.decompress(view) if fr["encoding"] == "zlib" else view
-            if len(src) != size:
-                raise StoreError(f"blob {fr['blob']} has {len(src)} bytes, expected {size}")
-            yield src
+    def _blob(self, m: Manifest, verify: bool | None = None):
+        """The frame bytes of ``m``, checked for presence and size, and for their digest when due."""
+        fr = m.frames
+        blob_key = keys.cas(fr.blob)
+        if verify is None:
+            verify = self.config.verify_reads == "always" or (
+                self.config.verify_reads == "first" and fr.blob not in self._verified)
+        for attempt in range(2):
+            with contextlib.ExitStack() as stack:
+                try:   # a pull from the shared tier is checked inside read(): it may raise too
+                    view = stack.enter_context(self.store.read(blob_key))
+                    if view is None:
+                        raise NotCachedError(f"entry {m.key}: its blob {fr.blob} is not in {self!r}")
+                    src = self._checked(m, view, verify)
+                except DigestMismatchError as e:
+                    why = e
+                else:
+                    yield src
+                    return
+            # Corrupt: never served.  Move the bad copies aside, then try once more (a sound shared copy).
+            self._quarantine_bad(blob_key)
+            if attempt:
+                raise why
+
+    def _checked(self, m: Manifest, view, verify: bool):
+        fr = m.frames
+        try:
+            src = zlib.decompress(view) if fr.encoding == "zlib" else view
+        except zlib.error as e:
+            raise DigestMismatchError(f"entry {m.key}: blob {fr.blob} does not decompress: {e}") from None
+        if len(src) != fr.nbytes:
+            raise DigestMismatchError(f"entry {m.key}: blob {fr.blob} has {len(src)} bytes, expected {fr.nbytes}")
+        if verify:
+            if str(got := Digest.of(src)) != fr.blob:
+                raise DigestMismatchError(f"entry {m.key}: blob hashes to {got}, expected {fr.blob}")
+            self._verified.add(fr.blob)
+        return src
 
     @contextlib.contextmanager
     def read_frames(self, key: str):
         """Zero-copy: a read-only uint8 TCHW numpy view into the memory map, valid inside the block."""
-        fr = self.require_manifest(key)["frames"]
-        with self._blob(key, fr) as src:
-            yield np.frombuffer(src, dtype=np.uint8).reshape(fr["shape"])
+        m = self.require_manifest(key)
+        with self._blob(m) as src:
+            yield np.frombuffer(src, dtype=np.uint8).reshape(m.frames.shape)
 
-    def frames(self, key: str, manifest: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    def frames(self, key: str, manifest: Manifest | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given)."""
-        fr = (manifest or self.require_manifest(key))["frames"]
+        m = manifest or self.require_manifest(key)
+        shape = list(m.frames.shape)
         if out is None:
-            out = torch.empty(fr["shape"], dtype=torch.uint8)
-        elif out.dtype != torch.uint8 or list(out.shape) != fr["shape"] or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous uint8 tensor of shape {fr['shape']}")
-        with self._blob(key, fr) as src:
+            out = torch.empty(shape, dtype=torch.uint8)
+        elif out.dtype != torch.uint8 or list(out.shape) != shape or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous uint8 tensor of shape {shape}")
+        with self._blob(m) as src:
             np.copyto(out.numpy().reshape(-1), np.frombuffer(src, dtype=np.uint8))   # the one copy
         return out
 
-    def verify(self, key: str) -> None:
-        """Re-hash a blob against its digest (corruption check), straight from the memory map."""
-        from .errors import DigestMismatchError
-        expected = self.require_manifest(key)["frames"]["blob"]
-        with self.read_frames(key) as view:
-            got = Digest.of(view)
-        if str(got) != expected:
-            raise DigestMismatchError(f"blob for {key} hashes to {got}, manifest says {expected}")
+    # --- integrity ------------------------------------------------------------
+    def _tiers(self) -> list[tuple[str, Store]]:
+        return [("local", self.local)] + ([("shared", self.shared)] if self.shared is not None else [])
 
-    def frozen_path(self, key: str, fmt: str | None = None) -> str:
-        """Path of the frozen file for ``key``; written and verified once, on first use."""
-        fmt = fmt or self.frozen_format
-        path = os.path.join(self.frozen_dir, key + FORMATS[fmt].suffix)
-        if not os.path.exists(path):
-            frames = self.frames(key)
-            write_frozen(frames, path, fmt, verify=lambda p: verify_frozen(p, frames))
-        return path
+    def _quarantine_bad(self, store_key: str, why: Exception | None = None) -> None:
+        """Move every copy of ``store_key`` that fails its check aside (``quarantine/``); keep sound ones."""
+        if self.read_only:
+            return
+        for _, tier in self._tiers():
+            value = tier.get(store_key)
+            if value is not None and not _sound(store_key, value):
+                tier.set_many({keys.quarantined(store_key): value})
+                tier.delete(store_key)
+        if store_key.startswith(keys.AC):
+            self._manifests.pop(store_key[len(keys.AC):], None)
+
+    def verify(self, key: str, repair: bool = False) -> list[str]:
+        """Check ``key`` in every tier; the problems found (empty: sound).  ``repair`` quarantines bad copies,
+        restores them from a sound copy in another tier, or rebuilds the entry from its source."""
+        keys.check_key(key)
+        problems = []
+        for name, tier in self._tiers():
+            raw = tier.get(keys.ac(key))
+            if raw is None:
+                if name == "shared":
+                    problems.append(f"{name}: no manifest")
+                continue
+            try:
+                m = Manifest.from_json(raw, key)
+            except CorruptManifestError as e:
+                problems.append(f"{name}: {e}")
+                continue
+            blob = tier.get(keys.cas(m.frames.blob))
+            if blob is None and name == "local" and self.shared is not None:
+                continue                      # evicted locally: read through from the shared tier
+            if blob is None:
+                problems.append(f"{name}: blob {m.frames.blob} missing")
+            elif not blob_matches(m.frames.blob, blob):
+                problems.append(f"{name}: blob {m.frames.blob} does not hash to its digest")
+        if not any(t.exists_many([keys.ac(key)])[0] for _, t in self._tiers()):
+            problems.append("not cached")
+        if problems and repair and not self.read_only:
+            self._repair(key)
+        return problems
+
+    def _repair(self, key: str) -> None:
+        good = None                            # (manifest bytes, blob bytes) of a sound copy, any tier
+        options = None
+        for _, tier in self._tiers():
+            raw = tier.get(keys.ac(key))
+            if raw is None:
+                continue
+            try:
+                m = Manifest.from_json(raw, key)
+            except CorruptManifestError:
+                self._quarantine_bad(keys.ac(key))
+                continue
+            options = m.video_options()
+            blob = tier.get(keys.cas(m.frames.blob))
+            if blob is not None and blob_matches(m.frames.blob, blob):
+                good = good or (raw, blob, m.frames.blob)
+            elif blob is not None:
+                self._quarantine_bad(keys.cas(m.frames.blob))
+        self._manifests.pop(key, None)
+        if good is not None:
+            raw, blob, digest = good
+            for _, tier in self._tiers():      # blob under its own digest first, then the manifest
+                if not tier.exists_many([keys.cas(digest)])[0]:
+                    tier.set_many({keys.cas(digest): blob})
+                if not tier.exists_many([keys.ac(key)])[0]:
+                    tier.set_many({keys.ac(key): raw})
+            return
+        options = options or self._quarantined_options(key)
+        if options is None:
+            return
+        for src in self._sources_of(key):
+            with contextlib.suppress(VidcacheError):    # an unreachable source: try the next one
+                if self.ensure(src, options).key == key:
+                    return
+
+    def _sources_of(self, key: str) -> list[str]:
+        """Sources whose records point at ``key``'s content (src records are local hints)."""
+        want = str(keys.source_digest_of(key))
+        out = []
+        for k in self.local.keys(keys.SRC):
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                rec = json.loads(self.local.get(k))
+                if rec.get("digest") == want:
+                    out.append(rec["source"])
+        return out
+
+    def _quarantined_options(self, key: str) -> VideoOptions | None:
+        # A quarantined manifest still records the options it was built with.
+        for _, tier in self._tiers():
+            raw = tier.get(keys.quarantined(keys.ac(key)))
+            if raw is not None:
+                with contextlib.suppress(ValueError, TypeError, KeyError, VidcacheError):
+                    return VideoOptions.from_dict(json.loads(raw)["options"])
+        return None
+
+    def evict(self, key: str) -> bool:
+        """Drop an entry (manifest and blob) from every tier.  True if anything was removed."""
+        keys.check_key(key)
+        removed = False
+        for _, tier in self._tiers():
+            raw = tier.get(keys.ac(key))
+            doomed = [keys.ac(key)]
+            if raw is not None:
+                with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                    doomed.append(keys.cas(json.loads(raw)["frames"]["blob"]))
+            for k in doomed:
+                if tier.exists_many([k])[0]:
+                    tier.delete(k)
+                    removed = True
+        self._manifests.pop(key, None)
+        return removed
+
+    def gc(self, max_local_bytes: int | None = None) -> dict:
+        """Evict least-recently-used local entries down to the budget; the shared tier is never touched."""
+        budget = max_local_bytes if max_local_bytes is not None else self.config.max_local_bytes
+        if budget is None:
+            raise ValueError("no budget: pass max_local_bytes or configure the cache with one")
+        return self.local.gc(budget)
+
+    def entries(self) -> list[str]:
+        out = []
+        for k in self.store.keys(keys.AC):
+            with contextlib.suppress(StoreError):
+                out.append(keys.entry_key(k))
+        return out
 
     def stats(self) -> dict:
-        n_entries = sum(1 for _ in self.store.keys("ac/"))
-        n_blobs = sum(1 for _ in self.store.keys("cas/"))
-        n_sources = sum(1 for _ in self.store.keys("src/"))
-        frozen = [f for f in os.listdir(self.frozen_dir)] if os.path.isdir(self.frozen_dir) else []
-        return {"path": self.path, "entries": n_entries, "blobs": n_blobs, "sources": n_sources,
-                "frozen_files": len(frozen),
-                "frozen_bytes": sum(os.path.getsize(os.path.join(self.frozen_dir, f)) for f in frozen),
-                "store": self.store.stats()}
+        from .loader.fetch import tmp_bytes
+        count = lambda ns: sum(1 for _ in self.store.keys(ns))   # noqa: E731
+        return {"path": self.path, "identity": self.identity, "shared": self.config.shared,
+                "entries": count(keys.AC), "blobs": count(keys.CAS), "sources": count(keys.SRC),
+                "frozen_files": count(keys.FROZEN), "quarantined": count(keys.QUARANTINE),
+                "tmp_bytes": tmp_bytes(self.tmp_dir), "store": self.store.stats()}
 
 
-_CONFIG = "config.json"
-_SECRET_KEYS = {"key", "secret", "token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
+# --- the caches of this process, by identity ------------------------------------------
+_REGISTRY: dict[str, VideoCache] = {}
+_NODE: dict[tuple, VideoCache] = {}
 
 
-def _read_config(path: str) -> dict:
-    try:
-        with open(os.path.join(path, _CONFIG)) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
+def _register(cache: VideoCache) -> None:
+    if cache._identity is not None:
+        _REGISTRY[cache._identity] = cache
 
 
-def _write_config(path: str, config: dict) -> None:
-    clean = {**config, "shared_storage_options": {k: v for k, v in config["shared_storage_options"].items()
-                                                  if k not in _SECRET_KEYS}}
-    os.makedirs(path, exist_ok=True)
-    tmp = os.path.join(path, f".{_CONFIG}.{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(clean, f)
-    os.replace(tmp, os.path.join(path, _CONFIG))
+def node_cache() -> VideoCache:
+    """This process's node cache, from ``$VIDCACHE_DIR`` and ``$VIDCACHE_SHARED`` (one per process)."""
+    from .config import ENV_DIR, ENV_SHARED
+    k = (os.getpid(), os.environ.get(ENV_DIR), os.environ.get(ENV_SHARED))
+    if k not in _NODE:
+        _NODE[k] = VideoCache()
+    return _NODE[k]
 
 
-_OPEN: dict[tuple[str, int], VideoCache] = {}
+def cache_for(identity: str) -> VideoCache:
+    """The cache of this process that has ``identity``: one made here, else the node's own.  Never
+    opens a path named by the caller; a foreign identity is a ``TierMismatchError``."""
+    from .errors import TierMismatchError
+    c = _REGISTRY.get(identity)
+    if c is not None:
+        return c
+    node = node_cache()
+    if node.identity == identity:
+        return node
+    raise TierMismatchError(
+        f"this names cache {identity!r}, but this node's cache ({node!r}, identity {node.identity!r}) is "
+        f"another one. Set VIDCACHE_SHARED on this node to the shared tier that made it")
 
 
-def open_cache(path: str | os.PathLike | None = None) -> VideoCache:
-    """A per-process shared ``VideoCache`` for ``path`` (reopened after fork)."""
-    p = str(Path(path if path is not None else default_cache_dir()).expanduser().absolute())
-    k = (p, os.getpid())
-    if k not in _OPEN:
-        _OPEN[k] = VideoCache(p)
-    return _OPEN[k]
+def open_cache(path=None, **settings) -> VideoCache:
+    """A ``VideoCache`` for ``path`` (default: the node's), shared per process."""
+    if path is None and not settings:
+        return node_cache()
+    return VideoCache(path, **settings)

@@ -17,55 +17,84 @@ EXAMPLES = """examples:
 """
 
 
+def _option_fields():
+    """(name, type) of every ``VideoOptions`` field but ``family``: the flags are generated from it."""
+    import dataclasses
+    import typing
+
+    from .options import VideoOptions
+    hints = typing.get_type_hints(VideoOptions)
+    out = []
+    for f in dataclasses.fields(VideoOptions):
+        if f.name != "family":
+            out.append((f.name, next(t for t in typing.get_args(hints[f.name]) if t is not type(None))))
+    return out
+
+
 def _add_option_flags(p: argparse.ArgumentParser) -> None:
+    from .options import PATCH_SIZE
     g = p.add_argument_group("video options (qwen-vl-utils semantics; defaults resolved explicitly)")
-    g.add_argument("--family", default="qwen2_5_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-    g.add_argument("--fps", type=float)
-    g.add_argument("--nframes", type=int)
-    g.add_argument("--min-frames", type=int)
-    g.add_argument("--max-frames", type=int)
-    g.add_argument("--min-pixels", type=int)
-    g.add_argument("--max-pixels", type=int)
-    g.add_argument("--total-pixels", type=float)
-    g.add_argument("--size-factor", type=int, help="resize grid (default: 28, or 224 for qwen3_vl; see README)")
+    g.add_argument("--family", default="qwen2_5_vl", choices=sorted(PATCH_SIZE))
+    for name, typ in _option_fields():
+        g.add_argument("--" + name.replace("_", "-"), type=typ, dest=name)
 
 
 def _options(args):
     from .options import VideoOptions
-    keys = ("family", "fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
-            "size_factor")
-    return VideoOptions(**{k: getattr(args, k) for k in keys if getattr(args, k) is not None})
+    names = ["family"] + [n for n, _ in _option_fields()]
+    return VideoOptions(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
 
 
-def _cache(args, read_only: bool = False):
-    from .cache import VideoCache, default_cache_dir
-    return VideoCache(args.cache or default_cache_dir(), decoder=getattr(args, "decoder", "decord"),
-                      shared=getattr(args, "shared", None), read_only=read_only)
+def _add_cache_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR or "
+                                                  "~/.cache/vidcache); never on a network filesystem")
+    p.add_argument("--shared", metavar="URL", help="the cluster's shared tier: an NFS path or s3://bucket/prefix "
+                                                   "(default: $VIDCACHE_SHARED, else what the directory recorded)")
+
+
+def _cache(args, read_only: bool = False, **settings):
+    from .cache import VideoCache
+    from .config import default_cache_dir
+    path = os.path.abspath(os.path.expanduser(args.cache or default_cache_dir()))
+    if read_only and not os.path.exists(os.path.join(path, "lmdb", "data.mdb")):
+        from .errors import ConfigError
+        raise ConfigError(f"no vidcache cache at {path} (nothing was created there)")
+    return VideoCache(path, shared=getattr(args, "shared", None), read_only=read_only,
+                      decoder=getattr(args, "decoder", "decord"), **settings)
 
 
 def cmd_prewarm(args) -> int:
     from .loader.fetch import FetchLimits
-    from .prewarm import prewarm
+    from .prewarm import default_worker_memory, prewarm
 
     keys = json.loads(args.multimodal_keys) if args.multimodal_keys else {"video": "videos"}
-    cache = _cache(args)
-    cache.limits = FetchLimits(max_bytes=int(args.max_source_mb * 2**20), timeout_s=args.fetch_timeout)
+    cache = _cache(args, limits=FetchLimits(max_bytes=int(args.max_source_mb * 2**20), timeout_s=args.fetch_timeout),
+                   max_local_bytes=args.max_local_bytes)
+    options = _options(args)
+    print(f"prewarm: {_path_note(options)}", file=sys.stderr)
     failures = args.failures or os.path.splitext(os.path.abspath(args.dataset))[0] + ".failures.jsonl"
-    common = dict(timeout_s=args.timeout, failures_path=failures, input_key=args.input_key,
-                  max_worker_memory=int(args.max_worker_memory_mb * 2**20) if args.max_worker_memory_mb else None,
-                  progress=not args.no_progress and sys.stderr.isatty() or args.progress,
-                  video_key=keys.get("video", "videos"))
-    if args.ray:
-        from .prewarm import prewarm_ray
-        s = prewarm_ray(args.dataset, cache, _options(args), ray_address=args.ray_address, **common)
-    else:
-        s = prewarm(args.dataset, cache, _options(args), workers=args.workers, **common)
+    memory = int(args.max_worker_memory_mb * 2**20) if args.max_worker_memory_mb else default_worker_memory(
+        args.workers)
+    s = prewarm(args.dataset, cache, options, workers=args.workers, timeout_s=args.timeout, failures_path=failures,
+                input_key=args.input_key, max_worker_memory=memory,
+                progress=not args.no_progress and sys.stderr.isatty() or args.progress,
+                video_key=keys.get("video", "videos"), ray=args.ray, ray_address=args.ray_address)
     print(s.line())
     if s.failed:
         print(f"failures: {failures}")
         for f in s.failures[:5]:
             print(f"  row {f['row']}: [{f['kind']}] {f['error']}")
     return 0 if (s.failed == 0 or args.allow_failures) else 1
+
+
+def _path_note(options) -> str:
+    """Which SGLang path these options allow (issue: say it before the work, not at serving time)."""
+    from .options import STOCK_SGLANG_QWEN3_SIZE_FACTOR
+    r = options.resolved()
+    if options.family == "qwen3_vl" and r.size_factor % STOCK_SGLANG_QWEN3_SIZE_FACTOR:
+        return (f"{options.family} on the {r.size_factor}-pixel grid (faithful aspect ratios): SGLang plugin mode "
+                "only (`vidcache sglang-config --mode plugin`); stock SGLang would resize these frames")
+    return f"{options.family} on the {r.size_factor}-pixel grid: SGLang stock and plugin modes"
 
 
 def cmd_stats(args) -> int:
@@ -75,49 +104,95 @@ def cmd_stats(args) -> int:
 
 def cmd_verify(args) -> int:
     from .errors import VidcacheError
-    cache = _cache(args, read_only=True)
-    keys = args.keys or [k[3:] for k in cache.store.keys("ac/")]
+    cache = _cache(args, read_only=not args.repair)
+    if args.keys:
+        todo = args.keys
+    else:
+        tier = cache.shared if args.shared else cache.local
+        if args.shared and tier is None:
+            from .errors import ConfigError
+            raise ConfigError("--shared: this cache has no shared tier (give --shared URL or set VIDCACHE_SHARED)")
+        from . import keys as k
+        todo = []
+        for sk in tier.keys(k.AC):
+            try:
+                todo.append(k.entry_key(sk))
+            except VidcacheError:
+                print(f"BAD {sk!r}: not a key of the cache's format")
     bad = 0
-    for key in keys:
+    for key in todo:
         try:
-            cache.verify(key)
+            problems = cache.verify(key, repair=args.repair)
         except VidcacheError as e:
+            problems = [f"[{e.kind}] {e}"]
+        if problems:
             bad += 1
-            print(f"BAD {key}: [{e.kind}] {e}")
-    print(f"verify: {len(keys) - bad} ok, {bad} bad")
+            after = (" -> repaired" if not cache.verify(key) else " -> still bad") if args.repair else ""
+            print(f"BAD {key}: {'; '.join(problems)}{after}")
+        else:
+            print(f"OK  {key}")
+    print(f"verify: {len(todo) - bad} ok, {bad} bad" + (" (repair attempted)" if args.repair and bad else ""))
     return 1 if bad else 0
 
 
-def cmd_inspect(args) -> int:
+def cmd_evict(args) -> int:
     cache = _cache(args)
+    for key in args.keys:
+        print(f"{'evicted' if cache.evict(key) else 'absent '} {key}")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    cache = _cache(args)
+    print(json.dumps(cache.gc(args.max_local_bytes), indent=2))
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    import dataclasses
+
+    from .errors import InvalidKeyError
+    cache = _cache(args, read_only=True)
     target = args.target
-    m = cache.manifest(target)
-    if m is None:
+    try:
+        m = cache.manifest(target)
+    except InvalidKeyError:
+        m = None
         key = cache.lookup(target, _options(args))
-        if key is None:
-            print(f"{target!r} is neither a cached key nor a cached source for these options "
-                  f"(prewarm it first)", file=sys.stderr)
-            return 1
-        m = cache.manifest(key)
-    out = {k: m[k] for k in ("key", "source_digest", "options", "frames", "tokens", "provenance")}
-    out["video"] = {k: v for k, v in m["video"].items() if k != "frame_indices"}
-    out["video"]["frame_indices"] = m["video"]["frame_indices"][:16] + (["..."] if m["video"]["num_frames"] > 16 else [])
+        m = cache.manifest(key) if key is not None else None
+    if m is None:
+        print(f"{target!r} is neither a cached key nor a cached source for these options "
+              f"(prewarm it first)", file=sys.stderr)
+        return 1
+    out = dataclasses.asdict(m)
+    idx = out["sampling"]["frame_indices"]
+    out["sampling"]["frame_indices"] = list(idx[:16]) + (["..."] if len(idx) > 16 else [])
+    s = m.source
+    out["aspect"] = {"source": f"{s.width_from_decoder}x{s.height_from_decoder} "
+                               f"({s.width_from_decoder / s.height_from_decoder:.3f}:1)",
+                     "stored": f"{m.width}x{m.height} ({m.width / m.height:.3f}:1)",
+                     "distortion": round(m.aspect_distortion, 4)}
     print(json.dumps(out, indent=2))
     if args.contact_sheet:
         from .contact_sheet import contact_sheet
-        contact_sheet(cache.frames(m["key"]), m).save(args.contact_sheet)
+        contact_sheet(cache.frames(m.key), m).save(args.contact_sheet)
         print(f"contact sheet: {args.contact_sheet}")
     return 0
 
 
 def cmd_sglang_config(args) -> int:
     from .sglang.config import sglang_config
-    print(json.dumps(sglang_config(args.family, args.mode, args.cache), indent=2))
+    cache = _cache(args, read_only=True) if (args.cache or os.environ.get("VIDCACHE_DIR")) else None
+    cfg = sglang_config(args.family, args.mode, cache)
+    print(json.dumps(cfg, indent=2))
+    if args.family == "qwen3_vl" and args.mode == "stock":
+        print("note: stock mode serves Qwen3-VL only on the 224 grid (VideoOptions.for_stock_sglang), which "
+              "distorts aspect ratios; the default 32-grid frames need --mode plugin", file=sys.stderr)
     return 0
 
 
 def cmd_serve(args) -> int:
-    from .server import make_server
+    from .sglang.server import make_server
     srv = make_server(_cache(args), args.host, args.port)
     host, port = srv.server_address[:2]
     print(f"serving frozen files of {args.cache or 'the default cache'} at http://{host}:{port}/frozen/<key>.mkv",
@@ -140,20 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vidcache", description="Content-addressed video frame cache for VLM RL.",
                                  epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    cache_help = "cache directory (default: $VIDCACHE_DIR or ~/.cache/vidcache)"
 
     p = sub.add_parser("prewarm", help="decode, sample and resize every video of a JSONL dataset into the cache")
     p.add_argument("dataset")
-    p.add_argument("--cache", help=cache_help)
+    _add_cache_flags(p)
     _add_option_flags(p)
-    p.add_argument("--shared", metavar="URL",
-                   help="shared tier (NFS path or s3://bucket/prefix) behind the local LMDB; remembered by the cache")
+    p.add_argument("--max-local-bytes", type=int, help="byte budget of the local tier (LRU eviction; the shared "
+                                                       "tier is never evicted)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--ray", action="store_true", help="spread the work over a Ray cluster (use with --shared)")
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per video before its worker is killed")
-    p.add_argument("--max-worker-memory-mb", type=float, default=16384,
-                   help="RSS a worker may add while decoding one video before it is killed")
+    p.add_argument("--max-worker-memory-mb", type=float,
+                   help="RSS a worker may add while decoding one video before it is killed "
+                        "(default: 80%% of this machine's RAM split among the workers)")
     p.add_argument("--max-source-mb", type=float, default=4096)
     p.add_argument("--fetch-timeout", type=float, default=300.0)
     p.add_argument("--decoder", default="decord", choices=["decord", "torchcodec"])
@@ -166,29 +241,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_prewarm)
 
     p = sub.add_parser("stats", help="entries, blobs and sizes of a cache")
-    p.add_argument("--cache", help=cache_help)
+    _add_cache_flags(p)
     p.set_defaults(fn=cmd_stats)
 
-    p = sub.add_parser("verify", help="re-hash cached frames against their digests")
-    p.add_argument("keys", nargs="*", metavar="KEY", help="default: every entry")
-    p.add_argument("--cache", help=cache_help)
+    p = sub.add_parser("verify", help="check manifests and re-hash frames in every tier; OK/BAD per key")
+    p.add_argument("keys", nargs="*", metavar="KEY", help="default: every entry of the local tier")
+    _add_cache_flags(p)
+    p.add_argument("--shared", dest="shared_keys", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--repair", action="store_true", help="quarantine bad copies; restore from a sound tier or "
+                                                         "rebuild from the source")
     p.set_defaults(fn=cmd_verify)
 
-    p = sub.add_parser("inspect", help="metadata of a cached SOURCE or KEY")
+    p = sub.add_parser("evict", help="drop entries (manifest and frames) from every tier")
+    p.add_argument("keys", nargs="+", metavar="KEY")
+    _add_cache_flags(p)
+    p.set_defaults(fn=cmd_evict)
+
+    p = sub.add_parser("gc", help="evict least-recently-used local entries down to a byte budget")
+    _add_cache_flags(p)
+    p.add_argument("--max-local-bytes", type=int, required=True)
+    p.set_defaults(fn=cmd_gc)
+
+    p = sub.add_parser("inspect", help="metadata of a cached SOURCE or KEY, with its aspect distortion")
     p.add_argument("target", metavar="SOURCE|KEY")
-    p.add_argument("--cache", help=cache_help)
+    _add_cache_flags(p)
     _add_option_flags(p)
     p.add_argument("--contact-sheet", metavar="OUT.png")
     p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("sglang-config", help="SGLang server flags that reproduce the cache")
-    p.add_argument("--cache", help=cache_help)
+    _add_cache_flags(p)
     p.add_argument("--family", required=True, choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
     p.add_argument("--mode", default="stock", choices=["stock", "plugin"])
     p.set_defaults(fn=cmd_sglang_config)
 
     p = sub.add_parser("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")
-    p.add_argument("--cache", help=cache_help)
+    _add_cache_flags(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
     p.set_defaults(fn=cmd_serve)

@@ -40,6 +40,11 @@ class EmptySourceError(SourceError, ValueError):
     kind = "empty"
 
 
+class BadRowError(VidcacheError, ValueError):
+    """A dataset row that is not what vidcache reads (not UTF-8, not JSON, wrong types)."""
+    kind = "bad_row"
+
+
 class DecodeError(VidcacheError, ValueError):
     """The bytes are not a decodable video (truncated, not a video, corrupt)."""
     kind = "decode"
@@ -65,6 +70,11 @@ class TooFewFramesError(OptionsError):
 class FrameBudgetError(OptionsError):
     """The decoded frames would exceed the configured memory budget."""
     kind = "too_large"
+
+
+class ConfigError(VidcacheError, ValueError):
+    """A setting that cannot work (an unwritable report path, a missing shared tier)."""
+    kind = "config"
 
 
 class WorkerError(VidcacheError, RuntimeError):
@@ -94,13 +104,28 @@ class ReadOnlyStoreError(StoreError):
     kind = "read_only"
 
 
-class DigestMismatchError(StoreError):
+class CorruptEntryError(StoreError):
+    """Stored bytes or a manifest fail their checks: never served; the entry is quarantined."""
+    kind = "corrupt"
+
+
+class DigestMismatchError(CorruptEntryError):
     kind = "digest_mismatch"
 
 
-class ManifestConflictError(StoreError):
-    """A different manifest already exists under this key: the pipeline is not deterministic."""
-    kind = "manifest_conflict"
+class CorruptManifestError(CorruptEntryError):
+    """A manifest that does not parse, has an unknown schema, or disagrees with its blob."""
+    kind = "corrupt_manifest"
+
+
+class InvalidKeyError(StoreError, ValueError):
+    """A key that is not of the cache's format (refused before any store is touched)."""
+    kind = "invalid_key"
+
+
+class TierMismatchError(VidcacheError, LookupError):
+    """A handle or reference names a shared tier this node is not configured for."""
+    kind = "tier_mismatch"
 
 
 class FrozenFileError(VidcacheError, RuntimeError):
@@ -115,3 +140,9 @@ class ParityError(VidcacheError, RuntimeError):
 
 class BackendUnavailableError(VidcacheError, ImportError):
     kind = "backend_unavailable"
+
+
+class InvalidSourceError(SourceError, ValueError):
+    """The source cannot name a video at all: not a string, empty, control characters or lone surrogates,
+    a symlink loop, an over-long name, a directory or other non-regular file."""
+    kind = "invalid_source"

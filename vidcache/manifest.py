@@ -1,20 +1,36 @@
-"""The manifest: what a cache key resolves to (Bazel's ActionResult).  Plain JSON, never pickle."""
+"""The manifest: what a cache key resolves to (Bazel's ActionResult).  Plain JSON, never pickle.
+
+Frozen dataclasses with ``to_json``/``from_json``.  Field names say where each
+value came from, as torchcodec names ``num_frames_from_header``: ``*_from_decoder``
+is what the decoder reported (and what sampling used), ``*_from_header`` what the
+container declares.  ``check`` recomputes everything that follows from the
+shape and the options, so a manifest that disagrees with itself or its blob is
+corruption (``CorruptManifestError``), never served.
+"""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import math
 import platform
+from dataclasses import dataclass, field
 from importlib import metadata as md
+from typing import Any
 
-import torch
-
+from .digest import Digest
+from .errors import CorruptManifestError, InvalidKeyError, OptionsError
+from .keys import check_blob, check_key
 from .options import MERGE_SIZE, TEMPORAL_PATCH_SIZE, VideoOptions
 
-SCHEMA = 1
+# 2: typed manifest (provenance-carrying field names, aspect distortion).  Schema-1 entries are
+# unknown, hence corrupt: prewarm rebuilds them.
+SCHEMA = 2
 
 
 @functools.lru_cache(maxsize=1)
 def _versions() -> dict:
+    import torch
     out = {"python": platform.python_version()}
     for name in ("torch", "torchvision", "qwen-vl-utils", "decord", "av", "vidcache"):
         try:
@@ -30,35 +46,184 @@ def versions() -> dict:
     return dict(_versions())
 
 
-def grid_thw(options: VideoOptions, num_frames: int, height: int, width: int) -> list[int]:
+def grid_thw(options: VideoOptions, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
     p = options.patch_size
-    return [-(-num_frames // TEMPORAL_PATCH_SIZE), height // p, width // p]
+    return (-(-num_frames // TEMPORAL_PATCH_SIZE), height // p, width // p)
 
 
-def build_manifest(key: str, source_digest: str, options: VideoOptions, blob: str, shape: list[int],
-                   encoding: str, built: dict) -> dict:
-    video = built["video"]
-    t, h, w = grid_thw(options, video["num_frames"], video["height"], video["width"])
-    return {
-        "schema": SCHEMA,
-        "key": key,
-        "source_digest": source_digest,
-        "options": options.resolved().to_dict(),
-        "options_digest": options.digest,
-        "frames": {"blob": blob, "shape": shape, "dtype": "uint8", "layout": "TCHW", "encoding": encoding},
-        "video": video,
-        "tokens": {"video_grid_thw": [t, h, w], "video_pad_tokens": t * h * w // (MERGE_SIZE * MERGE_SIZE)},
-        # Recorded, not keyed: the cached bytes are the truth, recomputation elsewhere may differ.
-        "provenance": {**built["provenance"], **versions()},
-    }
+def pad_tokens(grid: tuple[int, int, int]) -> int:
+    t, h, w = grid
+    return t * h * w // (MERGE_SIZE * MERGE_SIZE)
 
 
-def dumps(manifest: dict) -> bytes:
-    return json.dumps(manifest, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+@dataclass(frozen=True)
+class Frames:
+    """The stored blob: canonical uint8 frames."""
+    blob: str                                  # digest of the stored (decoded) bytes
+    shape: tuple[int, int, int, int]           # T, C, H, W
+    dtype: str = "uint8"
+    layout: str = "TCHW"
+    encoding: str = "raw"                      # "raw" or "zlib"
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape)
 
 
-def loads(raw: bytes) -> dict:
-    m = json.loads(raw)
-    if not isinstance(m, dict) or m.get("schema") != SCHEMA:
-        raise ValueError(f"unsupported manifest schema {m.get('schema') if isinstance(m, dict) else m!r}")
-    return m
+@dataclass(frozen=True)
+class Source:
+    """What the decoder and the container said about the source video."""
+    codec: str
+    width_from_decoder: int
+    height_from_decoder: int
+    num_frames_from_decoder: int               # the stream length sampling used (decord's len())
+    average_fps_from_decoder: float            # the rate sampling used (decord's get_avg_fps())
+    fps_from_header: str | None                # the container's exact rational rate, "30000/1001"
+
+
+@dataclass(frozen=True)
+class Sampling:
+    frame_indices: tuple[int, ...]             # indices into the decoded stream
+    total_num_frames: int                      # frames in the [video_start, video_end] range
+    sample_fps: float                          # nframes / total * fps, in qwen-vl-utils' order
+
+
+@dataclass(frozen=True)
+class Tokens:
+    video_grid_thw: tuple[int, int, int]
+    video_pad_tokens: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    key: str
+    source_digest: str
+    options: dict                              # the resolved options record
+    options_digest: str
+    frames: Frames
+    source: Source
+    sampling: Sampling
+    tokens: Tokens
+    aspect_distortion: float                   # stored W/H over source W/H (loader.resize.aspect_distortion)
+    provenance: dict = field(default_factory=dict, compare=False)   # recorded, never keyed
+    schema: int = SCHEMA
+
+    # --- derived ----------------------------------------------------------------
+    @property
+    def family(self) -> str:
+        return self.options["family"]
+
+    @property
+    def num_frames(self) -> int:
+        return self.frames.shape[0]
+
+    @property
+    def height(self) -> int:
+        return self.frames.shape[2]
+
+    @property
+    def width(self) -> int:
+        return self.frames.shape[3]
+
+    def video_options(self) -> VideoOptions:
+        return VideoOptions.from_dict(self.options)
+
+    def metadata(self) -> dict:
+        """The flat summary handles expose (``VideoHandle.metadata``)."""
+        return {
+            "key": self.key, "family": self.family,
+            "fps": self.source.average_fps_from_decoder, "fps_from_header": self.source.fps_from_header,
+            "total_num_frames": self.sampling.total_num_frames, "frame_indices": list(self.sampling.frame_indices),
+            "sample_fps": self.sampling.sample_fps,
+            "num_frames": self.num_frames, "height": self.height, "width": self.width,
+            "video_grid_thw": list(self.tokens.video_grid_thw), "video_pad_tokens": self.tokens.video_pad_tokens,
+            "aspect_distortion": self.aspect_distortion,
+        }
+
+    # --- JSON -----------------------------------------------------------------------
+    def to_json(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | memoryview, key: str | None = None) -> "Manifest":
+        """Parse and ``check`` a manifest; anything else is ``CorruptManifestError`` naming the key."""
+        where = f"manifest {key}" if key else "manifest"
+        try:
+            d = json.loads(bytes(raw))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CorruptManifestError(f"{where} is not JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise CorruptManifestError(f"{where} is not a JSON object")
+        if d.get("schema") != SCHEMA:
+            raise CorruptManifestError(f"{where} has schema {d.get('schema')!r}, this vidcache reads {SCHEMA} "
+                                       "(rebuild it: `vidcache prewarm` or `vidcache verify --repair`)")
+        try:
+            m = cls(key=d["key"], source_digest=d["source_digest"], options=dict(d["options"]),
+                    options_digest=d["options_digest"],
+                    frames=Frames(**{**d["frames"], "shape": tuple(d["frames"]["shape"])}),
+                    source=Source(**d["source"]),
+                    sampling=Sampling(**{**d["sampling"], "frame_indices": tuple(d["sampling"]["frame_indices"])}),
+                    tokens=Tokens(**{**d["tokens"], "video_grid_thw": tuple(d["tokens"]["video_grid_thw"])}),
+                    aspect_distortion=float(d["aspect_distortion"]), provenance=dict(d.get("provenance") or {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CorruptManifestError(f"{where} does not have the schema-{SCHEMA} fields: "
+                                       f"{type(e).__name__}: {e}") from None
+        if key is not None and m.key != key:
+            raise CorruptManifestError(f"manifest stored under {key} names key {m.key}")
+        m.check()
+        return m
+
+    def check(self) -> None:
+        """Everything that follows from the options and the shape must agree (no blob read)."""
+        def bad(why: str):
+            return CorruptManifestError(f"manifest {self.key}: {why}")
+        try:
+            check_key(self.key)
+            blob = Digest.parse(check_blob(self.frames.blob))
+            opts = VideoOptions.from_dict(self.options)
+        except (InvalidKeyError, OptionsError, ValueError, TypeError) as e:
+            raise bad(str(e)) from None
+        if self.options != opts.resolved().to_dict() or self.options_digest != opts.digest:
+            raise bad("options record or digest does not match the options")
+        if not self.key.endswith("." + self.options_digest):
+            raise bad("key does not end with the options digest")
+        h, size, _ = self.key.split(".")
+        if self.source_digest != str(Digest(h, int(size))):
+            raise bad("key does not start with the source digest")
+        shape = self.frames.shape
+        if len(shape) != 4 or any(not isinstance(x, int) or x <= 0 for x in shape) or shape[1] != 3:
+            raise bad(f"frames shape {shape} is not T x 3 x H x W")
+        if (self.frames.dtype, self.frames.layout) != ("uint8", "TCHW") or self.frames.encoding not in ("raw", "zlib"):
+            raise bad("frames are not uint8 TCHW raw/zlib")
+        if blob.size_bytes != self.frames.nbytes:
+            raise bad(f"blob holds {blob.size_bytes} bytes, shape {shape} needs {self.frames.nbytes}")
+        t, _, hh, ww = shape
+        grid = opts.resolved().size_factor
+        if hh % grid or ww % grid:
+            raise bad(f"{ww}x{hh} frames are not on the {grid}-pixel grid of these options")
+        if len(self.sampling.frame_indices) != t:
+            raise bad(f"{len(self.sampling.frame_indices)} frame indices for {t} frames")
+        g = grid_thw(opts, t, hh, ww)
+        if tuple(self.tokens.video_grid_thw) != g or self.tokens.video_pad_tokens != pad_tokens(g):
+            raise bad(f"token counts {self.tokens} do not follow from the shape (grid {g}, {pad_tokens(g)} pads)")
+
+
+def build_manifest(key: str, source_digest: Digest, options: VideoOptions, blob: Digest, shape: tuple,
+                   encoding: str, built: dict, aspect_distortion: float, provenance: dict[str, Any]) -> Manifest:
+    """A manifest from ``decode_sample_resize``'s ``built`` record."""
+    v = built["video"]
+    src = v["source"]
+    t, _, h, w = shape
+    grid = grid_thw(options, t, h, w)
+    return Manifest(
+        key=key, source_digest=str(source_digest), options=options.resolved().to_dict(),
+        options_digest=options.digest,
+        frames=Frames(str(blob), tuple(int(x) for x in shape), encoding=encoding),
+        source=Source(codec=src["codec"], width_from_decoder=src["width"], height_from_decoder=src["height"],
+                      num_frames_from_decoder=src["num_frames"], average_fps_from_decoder=v["fps"],
+                      fps_from_header=v["fps_rational"]),
+        sampling=Sampling(tuple(v["frame_indices"]), v["total_num_frames"], v["sample_fps"]),
+        tokens=Tokens(grid, pad_tokens(grid)),
+        aspect_distortion=aspect_distortion,
+        provenance={**built["provenance"], **versions(), **provenance},
+    )

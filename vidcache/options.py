@@ -16,9 +16,12 @@ import xxhash
 
 from .errors import OptionsError
 
-# Bump when vidcache's own sampling/resizing/storage code changes the bytes:
+# Bump when vidcache's own sampling/resizing/storage code or a default changes the bytes:
 # it disowns every earlier entry (Bazel's "salt").
-PIPELINE_SALT = "vidcache-pipeline-1"
+#   2: qwen3_vl's default grid went from 224 (stock SGLang's identity grid) to the model's own 32,
+#      as in qwen-vl-utils (issue 10).  An explicit size_factor=224 still builds the old bytes,
+#      but under a new key.
+PIPELINE_SALT = "vidcache-pipeline-2"
 
 # qwen-vl-utils 0.0.14 constants (vision_process.py), with MODEL_SEQ_LEN fixed
 # at its default instead of read from the environment.
@@ -34,9 +37,12 @@ MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
 
 PATCH_SIZE = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
-# Qwen3-VL frames sit on a 224 grid by default (lcm of SGLang's factor-28 pass
-# and the model's factor 32) so stock SGLang resizes nothing; see README.
-DEFAULT_SIZE_FACTOR = {"qwen2_vl": 28, "qwen2_5_vl": 28, "qwen3_vl": 224}
+
+# Stock SGLang 0.5.23 resizes every video to its factor-28 grid and then, for Qwen3-VL, to the
+# model's 32.  Both are identities only on lcm(28, 32) = 224, so stock mode needs Qwen3-VL frames
+# there; the price is aspect distortion (1280x720 -> 1120x448).  It is opt-in, never a default:
+# see VideoOptions.for_stock_sglang and benchmarks/aspect_distortion.py.
+STOCK_SGLANG_QWEN3_SIZE_FACTOR = 224
 
 # Keys of a Miles / qwen-vl-utils message content item that change the bytes.
 CONTENT_ITEM_KEYS = (
@@ -61,7 +67,7 @@ class VideoOptions:
     resized_width: int | None = None
     video_start: float | None = None
     video_end: float | None = None
-    size_factor: int | None = None     # None: the family default (28, or 224 for qwen3_vl)
+    size_factor: int | None = None     # None: the model factor (28, or 32 for qwen3_vl), as in qwen-vl-utils
 
     def __post_init__(self) -> None:
         if self.family not in PATCH_SIZE:
@@ -104,8 +110,25 @@ class VideoOptions:
             min_pixels=VIDEO_MIN_TOKEN_NUM * f * f if self.min_pixels is None else self.min_pixels,
             # Same expression and order as qwen-vl-utils, so the float is identical.
             total_pixels=MODEL_SEQ_LEN * f * f * 0.9 if self.total_pixels is None else self.total_pixels,
-            size_factor=DEFAULT_SIZE_FACTOR[self.family] if self.size_factor is None else self.size_factor,
+            # qwen-vl-utils resizes to the model factor itself; anything coarser is an explicit choice.
+            size_factor=f if self.size_factor is None else self.size_factor,
         )
+
+    @classmethod
+    def for_stock_sglang(cls, family: str = "qwen2_5_vl", **kw: Any) -> "VideoOptions":
+        """Options on a grid stock SGLang 0.5.23 leaves alone (``mode='stock'`` refuses any other).
+
+        Only Qwen3-VL needs this: its frames move to the 224 grid, which distorts aspect ratios
+        (see benchmarks/aspect_distortion.py); plugin mode serves the default 32 grid exactly.
+        Qwen2/2.5-VL options are returned unchanged: their 28 grid already is SGLang's.
+        """
+        if family == "qwen3_vl" and kw.get("size_factor") is None:
+            kw["size_factor"] = STOCK_SGLANG_QWEN3_SIZE_FACTOR
+        opts = cls(family=family, **kw)          # validates every value first
+        if family == "qwen3_vl" and opts.size_factor % STOCK_SGLANG_QWEN3_SIZE_FACTOR:
+            raise OptionsError(f"size_factor {opts.size_factor} is not a multiple of "
+                               f"{STOCK_SGLANG_QWEN3_SIZE_FACTOR}: stock SGLang would resize those frames again")
+        return opts
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

@@ -1,11 +1,19 @@
-"""Prewarm: build every (source, options) of a dataset into the cache, in worker processes.
+"""Prewarm: build every (source, options) of a dataset into the cache.
 
-Decoding runs in pebble worker processes, each with a wall-clock timeout and
-an RSS watchdog, so a hung or ballooning decoder costs one row, not the run.
-Each worker writes its own entries (one LMDB transaction per video).
+One driver, two submitters:
+  ``LocalSubmitter``  pebble worker processes on this machine;
+  ``RaySubmitter``    Ray tasks over a cluster, each node building into its own ``VIDCACHE_DIR``
+                      (behind the shared tier), each video still in a forked child.
+Either way every video runs under a wall-clock timeout and an RSS watchdog, so a
+hung or ballooning decoder costs one row, not the run; the driver keeps a bounded
+number of videos in flight (a 100k-row dataset never holds 100k pending futures),
+skips entries already present and sound (resume), and writes one failures report.
+Every row is its own fate: a malformed row or source is a failure record, never a
+traceback in the driver.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -14,10 +22,11 @@ import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
-from .cache import VideoCache, cache_key
-from .errors import VidcacheError
-from .loader.dataset import iter_jsonl, video_items
-from .loader.fetch import FetchLimits
+from . import keys
+from .cache import VideoCache
+from .dataset import iter_jsonl, video_items
+from .errors import (BadRowError, ConfigError, VidcacheError, WorkerError, WorkerMemoryError, WorkerTimeoutError)
+from .loader.fetch import scheme_of, sweep_stale
 from .options import VideoOptions
 
 MEMORY_EXIT_CODE = 86
@@ -38,6 +47,23 @@ class PrewarmSummary:
                 f"{self.bytes / 1e6:.1f} MB new frames, {self.seconds:.1f} s ({rate:.2f} videos/s)")
 
 
+@dataclass(frozen=True)
+class Task:
+    source: str
+    options: VideoOptions
+    rows: tuple[int, ...]
+
+
+def _failed(err: VidcacheError) -> dict:
+    return {"status": "failed", "kind": err.kind, "error": str(err)}
+
+
+def default_worker_memory(workers: int) -> int:
+    """The RSS growth a worker may reach before its watchdog kills it: 80% of RAM split among workers."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return int(0.8 * total / max(1, workers))
+
+
 # --- worker side ---------------------------------------------------------------
 _WORKER_CACHE: VideoCache | None = None
 
@@ -56,13 +82,13 @@ def _watchdog(limit: int) -> None:
         time.sleep(0.05)
 
 
-def _init_worker(cache_kwargs: dict, memory_limit: int | None) -> None:
+def _init_worker(cache: VideoCache, memory_limit: int | None) -> None:
     global _WORKER_CACHE
     import torch
     # One intra-op thread: workers are the parallelism, and a forked child must not enter
     # the parent's OpenMP thread pool (GNU libgomp is not fork-safe; it deadlocks).
     torch.set_num_threads(1)
-    _WORKER_CACHE = VideoCache(**cache_kwargs)
+    _WORKER_CACHE = cache
     if memory_limit:
         threading.Thread(target=_watchdog, args=(memory_limit,), daemon=True).start()
 
@@ -73,8 +99,8 @@ def _build_one(source: str, options: dict) -> dict:
         res = _WORKER_CACHE.ensure(source, VideoOptions.from_dict(options))
         return {"status": res.status, "key": res.key, "bytes": res.frame_bytes if res.status == "new" else 0}
     except VidcacheError as e:
-        return {"status": "failed", "kind": e.kind, "error": str(e)}
-    except Exception as e:  # a decoder bug must not take the run down
+        return _failed(e)
+    except Exception as e:  # noqa: BLE001  a decoder or library bug must cost one row, not the run
         return {"status": "failed", "kind": "internal", "error": f"{type(e).__name__}: {e}"}
 
 
@@ -84,37 +110,203 @@ def _outcome(future, timeout_s: float, max_worker_memory: int | None) -> dict:
     try:
         return future.result()
     except FutureTimeout:
-        return {"status": "failed", "kind": "timeout",
-                "error": f"decoding did not finish within {timeout_s}s; the worker was killed"}
+        return _failed(WorkerTimeoutError(f"decoding did not finish within {timeout_s}s; the worker was killed"))
     except ProcessExpired as e:
         if e.exitcode == MEMORY_EXIT_CODE:
-            return {"status": "failed", "kind": "memory",
-                    "error": f"worker exceeded {max_worker_memory} bytes of RSS and was killed"}
-        return {"status": "failed", "kind": "worker_crash", "error": f"worker died with exit code {e.exitcode}"}
+            return _failed(WorkerMemoryError(f"worker exceeded {max_worker_memory} bytes of RSS growth "
+                                             "and was killed"))
+        return _failed(WorkerError(f"worker died with exit code {e.exitcode}"))
 
 
-def _pool(workers: int, cache_kwargs: dict, max_worker_memory: int | None):
+def _pool(workers: int, cache: VideoCache, max_worker_memory: int | None):
     import decord  # noqa: F401  (imported before fork so workers inherit it)
     from pebble import ProcessPool
     # fork: workers inherit the imported torch/decord instead of paying the import again.
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
     return ProcessPool(max_workers=max(1, workers), initializer=_init_worker,
-                       initargs=(cache_kwargs, max_worker_memory), context=ctx)
+                       initargs=(cache, max_worker_memory), context=ctx)
 
 
-def _tally(summary: PrewarmSummary, failures: list, res: dict, src: str, rows: list[int]) -> None:
-    if res["status"] == "failed":
-        summary.failed += 1
-        failures.extend({"row": r, "source": src, "kind": res["kind"], "error": res["error"]} for r in rows)
+class LocalSubmitter:
+    """Worker processes on this machine (pebble: per-task timeout, dead workers replaced)."""
+
+    def __init__(self, cache: VideoCache, workers: int, timeout_s: float, max_worker_memory: int | None):
+        self.timeout_s, self.max_worker_memory = timeout_s, max_worker_memory
+        self.max_in_flight = 4 * max(1, workers)
+        self._pool = _pool(workers, cache, max_worker_memory)
+
+    def submit(self, task: Task):
+        return self._pool.schedule(_build_one, args=(task.source, task.options.to_dict()), timeout=self.timeout_s)
+
+    def wait(self, futures: list) -> list:
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
+        return list(done)
+
+    def outcome(self, future) -> dict:
+        return _outcome(future, self.timeout_s, self.max_worker_memory)
+
+    def close(self) -> None:
+        self._pool.close()
+        self._pool.join()
+
+
+# --- Ray ---------------------------------------------------------------------------
+_RAY_POOL = None
+
+
+def _ray_build(cache: VideoCache, source: str, options: dict, timeout_s: float,
+               max_worker_memory: int | None) -> dict:
+    """Runs in a Ray worker: one forked child per video, so a hung decoder is still killed.
+    The node's own ``VIDCACHE_DIR`` (set in its environment) replaces the driver's local path."""
+    global _RAY_POOL
+    if _RAY_POOL is None:
+        node_dir = os.environ.get("VIDCACHE_DIR")
+        if node_dir:
+            cache = VideoCache.from_config(cache.config.replace(path=os.path.abspath(node_dir)))
+        _RAY_POOL = _pool(1, cache, max_worker_memory)
+    return _outcome(_RAY_POOL.schedule(_build_one, args=(source, options), timeout=timeout_s),
+                    timeout_s, max_worker_memory)
+
+
+class RaySubmitter:
+    """Ray tasks.  A worker or node that dies re-runs its videos (Ray's ``max_retries`` retries
+    system failures only); a deterministic decode error is a returned record, never retried."""
+
+    def __init__(self, cache: VideoCache, timeout_s: float, max_worker_memory: int | None,
+                 num_cpus_per_task: float = 1.0, max_retries: int = 3, max_in_flight: int | None = None):
+        import ray
+        self._ray = ray
+        self.timeout_s, self.max_worker_memory = timeout_s, max_worker_memory
+        self._remote = ray.remote(num_cpus=num_cpus_per_task, max_retries=max_retries)(_ray_build)
+        self._cache_ref = ray.put(cache.with_settings(decoder_threads=max(1, int(num_cpus_per_task))))
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.max_in_flight = max_in_flight or max(2, 2 * cpus)
+
+    def submit(self, task: Task):
+        return self._remote.remote(self._cache_ref, task.source, task.options.to_dict(), self.timeout_s,
+                                   self.max_worker_memory)
+
+    def wait(self, refs: list) -> list:
+        done, _ = self._ray.wait(refs, num_returns=1)
+        return done
+
+    def outcome(self, ref) -> dict:
+        from ray.exceptions import RayError
+        try:
+            return self._ray.get(ref)
+        except RayError as e:          # retries exhausted: the worker or its node kept dying
+            return _failed(WorkerError(f"Ray task failed after retries: {type(e).__name__}: {str(e)[:300]}"))
+
+    def close(self) -> None:
+        pass
+
+
+# --- driver --------------------------------------------------------------------------
+def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos"):
+    """Unique (source, options) tasks of a dataset, with the rows that need each, and row-level failures."""
+    tasks: dict[tuple[str, str], tuple[str, VideoOptions, list[int]]] = {}
+    bad_rows = []
+    base = os.path.dirname(os.path.abspath(dataset))
+    for i, row in iter_jsonl(dataset):
+        try:
+            if isinstance(row, BadRowError):
+                raise row
+            items = video_items(row, options, input_key=input_key, video_key=video_key, base_dir=base)
+        except BadRowError as e:
+            bad_rows.append({"row": i, "source": None, "kind": e.kind, "error": str(e)})
+            continue
+        for src, opts in items:
+            t = tasks.setdefault((src, opts.digest), (src, opts, []))
+            t[2].append(i)
+    return [Task(s, o, tuple(r)) for s, o, r in tasks.values()], bad_rows
+
+
+def _check_failures_path(path: str | None) -> None:
+    """Refuse an unwritable failures report before any work is done, not after."""
+    if not path:
+        return
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"cannot write the failures report {path!r}: {e.strerror}") from None
+
+
+def _already_sound(cache: VideoCache, task: Task) -> bool:
+    """Resume check for local sources (one stat); remote sources are fingerprinted in the workers,
+    under the timeout, because a hung server must not stall the driver."""
+    if scheme_of(task.source) != "file":
+        return False
+    try:
+        d = cache.known_digest(task.source)
+    except (VidcacheError, OSError, ValueError):
+        return False          # reported properly when a worker tries it
+    # A corrupt entry is quarantined by the check and counts as a miss.
+    return d is not None and cache._sound(keys.cache_key(d, task.options)) is not None
+
+
+def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary, failures: list,
+        progress: bool = True, desc: str = "prewarm") -> None:
+    """Drive ``tasks`` through ``submitter`` with a bounded number in flight."""
+    from tqdm import tqdm
+
+    todo = []
+    for t in tasks:
+        if _already_sound(cache, t):
+            summary.hit += 1
+        else:
+            todo.append(t)
+    bar = tqdm(total=len(tasks), initial=summary.hit, unit="video", disable=not progress, dynamic_ncols=True,
+               desc=desc)
+    pending: dict = {}
+    it = iter(todo)
+    try:
+        while True:
+            while len(pending) < submitter.max_in_flight and (t := next(it, None)) is not None:
+                pending[submitter.submit(t)] = t
+            if not pending:
+                break
+            for fut in submitter.wait(list(pending)):
+                t = pending.pop(fut)
+                res = submitter.outcome(fut)
+                if res["status"] == "failed":
+                    summary.failed += 1
+                    failures.extend({"row": r, "source": t.source, "kind": res["kind"], "error": res["error"]}
+                                    for r in t.rows)
+                else:
+                    summary.new += res["status"] == "new"
+                    summary.hit += res["status"] == "hit"
+                    summary.bytes += res["bytes"]
+                bar.update(1)
+    finally:
+        bar.close()
+        submitter.close()
+    cache.sync()      # a durability checkpoint: the workers' LMDB commits reach the disk
+
+
+def prewarm(dataset: str, cache: VideoCache, options: VideoOptions, *, workers: int = 1, timeout_s: float = 600.0,
+            max_worker_memory: int | None = None, failures_path: str | None = None, progress: bool = True,
+            input_key: str = "prompt", video_key: str = "videos", ray: bool = False,
+            ray_address: str | None = None, num_cpus_per_task: float = 1.0) -> PrewarmSummary:
+    """Build every video of ``dataset`` into ``cache``: locally with ``workers`` processes, or over Ray."""
+    t0 = time.monotonic()
+    _check_failures_path(failures_path)
+    summary = PrewarmSummary()
+    tasks, bad_rows = plan(dataset, options, input_key, video_key)
+    failures = list(bad_rows)
+    sweep_stale(cache.tmp_dir)       # temp files of killed workers from earlier runs
+    if ray:
+        import ray as ray_mod
+        if not ray_mod.is_initialized():
+            ray_mod.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+        submitter = RaySubmitter(cache, timeout_s, max_worker_memory, num_cpus_per_task)
     else:
-        summary.new += res["status"] == "new"
-        summary.hit += res["status"] == "hit"
-        summary.bytes += res["bytes"]
-
-
-def _finish(summary: PrewarmSummary, failures: list, n_bad_rows: int, failures_path: str | None,
-            t0: float) -> PrewarmSummary:
-    summary.failed += n_bad_rows
+        # Split the cores among workers: FFmpeg's own threads would otherwise compete with the other workers.
+        threads = cache.config.decoder_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+        submitter = LocalSubmitter(cache.with_settings(decoder_threads=threads), workers, timeout_s,
+                                   max_worker_memory)
+    run(tasks, cache, submitter, summary, failures, progress, "prewarm (ray)" if ray else "prewarm")
+    summary.failed += len(bad_rows)
     summary.failures = failures
     if failures_path:
         with open(failures_path, "w") as f:
@@ -124,118 +316,9 @@ def _finish(summary: PrewarmSummary, failures: list, n_bad_rows: int, failures_p
     return summary
 
 
-def _cache_kwargs(cache: VideoCache, workers: int = 1) -> dict:
-    # Split the cores among workers: FFmpeg's own threads would otherwise compete with the other workers.
-    threads = cache.decoder_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
-    return {"path": cache.path, "decoder": cache.decoder, "limits": cache.limits, "encoding": cache.encoding,
-            "max_decoded_bytes": cache.max_decoded_bytes, "decoder_threads": threads}
+def prewarm_ray(dataset: str, cache: VideoCache, options: VideoOptions, **kw) -> PrewarmSummary:
+    """``prewarm(..., ray=True)``: give the cache a shared tier so that entries land where every node reads them."""
+    return prewarm(dataset, cache, options, ray=True, **kw)
 
 
-# --- parent side ---------------------------------------------------------------
-def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos"):
-    """Unique (source, options) tasks of a dataset, with the rows that need each, and row-level errors."""
-    tasks: dict[tuple[str, str], tuple[str, VideoOptions, list[int]]] = {}
-    bad_rows = []
-    base = os.path.dirname(os.path.abspath(dataset))
-    for i, row in iter_jsonl(dataset):
-        try:
-            items = video_items(row, options, input_key=input_key, video_key=video_key, base_dir=base)
-        except (ValueError, KeyError, TypeError) as e:
-            bad_rows.append({"row": i, "source": None, "kind": "bad_row", "error": str(e)})
-            continue
-        for src, opts in items:
-            t = tasks.setdefault((src, opts.digest), (src, opts, []))
-            t[2].append(i)
-    return list(tasks.values()), bad_rows
-
-
-def prewarm(dataset: str, cache: VideoCache, options: VideoOptions, *, workers: int = 1, timeout_s: float = 600.0,
-            max_worker_memory: int | None = None, failures_path: str | None = None, progress: bool = True,
-            input_key: str = "prompt", video_key: str = "videos") -> PrewarmSummary:
-    from tqdm import tqdm
-
-    t0 = time.monotonic()
-    summary = PrewarmSummary()
-    tasks, bad_rows = plan(dataset, options, input_key, video_key)
-    failures = list(bad_rows)
-
-    # Resume: one batch existence check over every task whose source digest is already recorded.
-    todo = []
-    known = []
-    for src, opts, rows in tasks:
-        try:
-            d = cache.known_digest(src)
-        except VidcacheError:
-            d = None  # reported when the worker tries it
-        (known if d is not None else todo).append((src, opts, rows, d))
-    present = cache.contains([cache_key(d, o) for _, o, _, d in known]) if known else []
-    for (src, opts, rows, d), ok in zip(known, present):
-        if ok:
-            summary.hit += 1
-        else:
-            todo.append((src, opts, rows, d))
-
-    bar = tqdm(total=len(tasks), initial=summary.hit, unit="video", disable=not progress, dynamic_ncols=True,
-               desc="prewarm")
-    if todo:
-        with _pool(workers, _cache_kwargs(cache, workers), max_worker_memory) as pool:
-            futures = [(pool.schedule(_build_one, args=(src, opts.to_dict()), timeout=timeout_s), src, rows)
-                       for src, opts, rows, _ in todo]
-            for fut, src, rows in futures:
-                res = _outcome(fut, timeout_s, max_worker_memory)
-                _tally(summary, failures, res, src, rows)
-                bar.update(1)
-    bar.close()
-    return _finish(summary, failures, len(bad_rows), failures_path, t0)
-
-
-# --- Ray: the same isolated build, spread over a cluster ------------------------
-_RAY_POOL = None
-
-
-def _ray_build(cache_kwargs: dict, source: str, options: dict, timeout_s: float,
-               max_worker_memory: int | None) -> dict:
-    """Runs in a Ray worker: one forked child per video, so a hung decoder is still killed."""
-    global _RAY_POOL
-    if _RAY_POOL is None:
-        _RAY_POOL = _pool(1, cache_kwargs, max_worker_memory)
-    return _outcome(_RAY_POOL.schedule(_build_one, args=(source, options), timeout=timeout_s),
-                    timeout_s, max_worker_memory)
-
-
-def prewarm_ray(dataset: str, cache: VideoCache, options: VideoOptions, *, timeout_s: float = 600.0,
-                max_worker_memory: int | None = None, failures_path: str | None = None, progress: bool = True,
-                input_key: str = "prompt", video_key: str = "videos", num_cpus_per_task: float = 1.0,
-                ray_address: str | None = None) -> PrewarmSummary:
-    """Prewarm over a Ray cluster.  Every node builds into its own local cache at ``cache.path``; give the
-    cache a ``shared`` tier (NFS path or S3 URL) so that entries land where every node reads them."""
-    import ray
-    from tqdm import tqdm
-
-    if not ray.is_initialized():
-        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
-    t0 = time.monotonic()
-    summary = PrewarmSummary()
-    tasks, bad_rows = plan(dataset, options, input_key, video_key)
-    failures = list(bad_rows)
-    remote = ray.remote(num_cpus=num_cpus_per_task, max_retries=0)(_ray_build)
-    kwargs = {**_cache_kwargs(cache), "decoder_threads": max(1, int(num_cpus_per_task))}
-    refs = {remote.remote(kwargs, src, opts.to_dict(), timeout_s, max_worker_memory): (src, rows)
-            for src, opts, rows in tasks}
-    bar = tqdm(total=len(refs), unit="video", disable=not progress, desc="prewarm (ray)")
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        for ref in done:
-            src, rows = refs[ref]
-            try:
-                res = ray.get(ref)
-            except Exception as e:   # a Ray worker died
-                res = {"status": "failed", "kind": "worker_crash", "error": f"{type(e).__name__}: {e}"}
-            _tally(summary, failures, res, src, rows)
-            bar.update(1)
-    bar.close()
-    return _finish(summary, failures, len(bad_rows), failures_path, t0)
-
-
-__all__ = ["prewarm", "prewarm_ray", "plan", "PrewarmSummary", "FetchLimits"]
+__all__ = ["prewarm", "prewarm_ray", "plan", "run", "PrewarmSummary", "LocalSubmitter", "RaySubmitter"]

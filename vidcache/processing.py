@@ -1,4 +1,4 @@
-"""Trainer-side tensors and rollout requests, computed from the cached frames.
+"""Trainer-side tensors, computed from the cached frames (the SGLang side is ``vidcache.sglang``).
 
 Two temporal modes (see README, "Stock SGLang vs the plugin"):
   ``plugin``  the original video's metadata (what qwen-vl-utils reports): the
@@ -11,40 +11,42 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from fractions import Fraction
 
 import torch
 import xxhash
 
-from .errors import ParityError
-from .loader.frozen import FROZEN_FPS
-
 MODES = ("plugin", "stock")
+# The rate frozen files are stamped at, and SGLang's fps sampler is configured with (stock mode):
+# in stock mode Qwen3-VL's timestamps come from this timeline, so the trainer reproduces it.
+FROZEN_FPS = Fraction(2)
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 TRAIN_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
-def video_metadata(manifest: dict, family: str, mode: str) -> dict | None:
+def video_metadata(manifest, mode: str) -> dict | None:
+    """The ``video_metadata`` the HF processor gets for an entry in ``mode`` (None: none is passed)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    v = manifest["video"]
-    if mode == "plugin":
-        return {"fps": v["fps"], "frames_indices": list(v["frame_indices"]), "total_num_frames": v["total_num_frames"]}
-    if family == "qwen3_vl":   # SGLang passes the frozen file's own metadata
-        n = v["num_frames"]
+    if mode == "plugin":       # the original video's timeline, as qwen-vl-utils reports it
+        return {"fps": manifest.source.average_fps_from_decoder,
+                "frames_indices": list(manifest.sampling.frame_indices),
+                "total_num_frames": manifest.sampling.total_num_frames}
+    if manifest.family == "qwen3_vl":   # SGLang passes the frozen file's own metadata
+        n = manifest.num_frames
         return {"fps": float(FROZEN_FPS), "frames_indices": list(range(n)), "total_num_frames": n}
     return None                # SGLang passes none for Qwen2/2.5-VL
 
 
-def _processor_kwargs(handles, mode: str) -> dict:
+def processor_kwargs(handles, mode: str) -> dict:
     kw = {"do_sample_frames": False, "do_resize": False, "return_tensors": "pt"}
-    metas = [video_metadata(h.manifest, h.options.family, mode) for h in handles]
+    metas = [video_metadata(h.manifest, mode) for h in handles]
     if any(m is not None for m in metas):
         kw["video_metadata"] = metas
     return kw
 
 
-def _tensors(out) -> dict[str, torch.Tensor]:
+def model_tensors(out) -> dict[str, torch.Tensor]:
     res = {"pixel_values_videos": out["pixel_values_videos"], "video_grid_thw": out["video_grid_thw"].to(torch.int64)}
     if "second_per_grid_ts" in out:
         res["second_per_grid_ts"] = torch.as_tensor(out["second_per_grid_ts"], dtype=torch.float32)
@@ -104,74 +106,11 @@ def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True) ->
     if memo_key is not None and (hit := MEMO.get(memo_key)) is not None:
         return dict(hit)
     text = VIDEO_PLACEHOLDER * len(handles)
-    out = processor(text=[text], videos=[h.frames() for h in handles], **_processor_kwargs(handles, mode))
-    result = _tensors(out)
+    out = processor(text=[text], videos=[h.frames() for h in handles], **processor_kwargs(handles, mode))
+    result = model_tensors(out)
     if memo_key is not None:
         MEMO.put(memo_key, result)
     return dict(result)
-
-
-@dataclass
-class PreparedRequest:
-    """Everything a rollout client needs for one prompt; built from the cache, without decoding."""
-    compact_ids: list[int]           # for SGLang: one placeholder run per video
-    expanded_ids: list[int]          # for training: the processor's expansion
-    video_data: list[str]            # frozen-frames URIs, one per video
-    train_inputs: dict[str, torch.Tensor]
-    mode: str
-    extra: dict = field(default_factory=dict)
-
-    def check(self, response: dict) -> None:
-        """Divergence guard: SGLang's view of the prompt must equal ``expanded_ids``.
-
-        Pass SGLang's ``/generate`` response (or its ``meta_info``).  Send the request with
-        ``return_prompt_token_ids: true`` for the strict id comparison (SGLang 0.5.23 returns
-        ``prompt_token_ids`` at the top level); otherwise only ``meta_info.prompt_tokens`` is compared.
-        """
-        meta_info = dict(response.get("meta_info") or {}) if "meta_info" in response else dict(response)
-        if "prompt_token_ids" in response and "prompt_token_ids" not in meta_info:
-            meta_info["prompt_token_ids"] = response["prompt_token_ids"]
-        ids = meta_info.get("prompt_token_ids")
-        if ids is not None:
-            ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)
-            if ids != self.expanded_ids:
-                first = next((i for i, (a, b) in enumerate(zip(ids, self.expanded_ids)) if a != b),
-                             min(len(ids), len(self.expanded_ids)))
-                raise ParityError(f"SGLang expanded the prompt differently from the trainer: {len(ids)} vs "
-                                  f"{len(self.expanded_ids)} ids, first difference at position {first}. "
-                                  "Check that the server runs with `vidcache sglang-config` for this mode.")
-        n = meta_info.get("prompt_tokens")
-        if n is not None and n != len(self.expanded_ids):
-            raise ParityError(f"SGLang counted {n} prompt tokens, the trainer has {len(self.expanded_ids)}. "
-                              "The server's video processing differs from the cache "
-                              "(run SGLang with the flags from `vidcache sglang-config`).")
-        if ids is None and n is None:
-            raise ParityError("meta_info has neither prompt_token_ids nor prompt_tokens; cannot check divergence")
-
-
-def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str = "file",
-            base_url: str | None = None, frozen_format: str | None = None) -> PreparedRequest:
-    """Build compact ids, expanded ids, frozen URIs and train tensors for ``prompt``.
-
-    ``prompt`` is the chat-templated text with one ``<|vision_start|><|video_pad|><|vision_end|>``
-    per handle, in order.
-    """
-    from .transport import video_uri
-    handles = list(handles)
-    n = prompt.count(VIDEO_PLACEHOLDER)
-    if n != len(handles):
-        raise ValueError(f"prompt has {n} video placeholder(s) but {len(handles)} handle(s) were given")
-    tok = processor.tokenizer
-    compact = tok(prompt, add_special_tokens=False)["input_ids"]
-    if handles:
-        out = processor(text=[prompt], videos=[h.frames() for h in handles], **_processor_kwargs(handles, mode))
-        tensors = _tensors(out)
-    else:
-        out = tok([prompt], add_special_tokens=False, return_tensors="pt")
-        tensors = {}
-    expanded = out["input_ids"][0].tolist()
-    return PreparedRequest(list(compact), expanded, [video_uri(h, mode, transport, base_url, frozen_format) for h in handles],
-                           tensors, mode)
 
 
 def expanded_ids(processor, prompt: str, handles, mode: str = "plugin") -> list[int]:
@@ -187,8 +126,8 @@ def expanded_ids(processor, prompt: str, handles, mode: str = "plugin") -> list[
     reps = []
     for h in handles:
         m = h.manifest
-        inputs = {"video_grid_thw": torch.tensor([m["tokens"]["video_grid_thw"]])}
-        meta = video_metadata(m, h.options.family, mode)
+        inputs = {"video_grid_thw": torch.tensor([list(m.tokens.video_grid_thw)])}
+        meta = video_metadata(m, mode)
         if meta is not None:
             inputs["video_metadata"] = [VideoMetadata(**meta)]
         reps.append(processor.replace_video_token(inputs, 0))

@@ -41,3 +41,15 @@ def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     out = TF.resize(frames, list(size), interpolation=InterpolationMode.BICUBIC, antialias=True)
     assert out.dtype == torch.uint8
     return out
+
+
+def aspect_distortion(src_w: int, src_h: int, out_w: int, out_h: int) -> float:
+    """How much a resize stretched the picture: ``(out_w / out_h) / (src_w / src_h)``.
+
+    1.0 is undistorted; above 1 the frames came out relatively wider than the source, below 1
+    narrower.  E.g. 1280x720 (16:9) on the 224 grid becomes 1120x448 (2.5:1): 2.5 / (16/9) = 1.406,
+    while Qwen3-VL's own 32 grid gives 1152x640: 1.8 / (16/9) = 1.0125.
+    """
+    if min(src_w, src_h, out_w, out_h) <= 0:
+        raise ValueError(f"sizes must be positive, got {src_w}x{src_h} -> {out_w}x{out_h}")
+    return (out_w / out_h) / (src_w / src_h)

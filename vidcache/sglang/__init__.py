@@ -1,1 +1,2 @@
-"""SGLang side: server configuration and the external multimodal processor plugin."""
+"""Everything about delivering frames to SGLang: frozen files, transports, ``prepare``, the server
+configuration, ``vidcache serve`` and the plugin."""

@@ -1,12 +1,10 @@
-"""The abstract store: a small bytes key/value interface with capability flags.
+"""The abstract store: bytes under string keys, nothing more.
 
-Keys live in three namespaces, borrowing Bazel's vocabulary:
-  ``cas/<digest>``  frame blobs, addressed by the digest of their bytes
-  ``ac/<key>``      manifests (the "action cache"), addressed by the cache key
-  ``src/<id>``      source records: source -> content digest, with validators
-
-Callers (``VideoCache``) write blobs before the manifest that names them, in
-one ``set_many`` call; a store that can, makes the call atomic.
+Stores know bytes and keys, never what a key means (``vidcache.keys`` does);
+policy such as "these prefixes stay on the node" is handed in by the cache.
+Modelled on zarr-python v3's store layer: a miss is ``None``, capabilities are
+data, ``with_read_only()`` returns a new store, ``set_if_not_exists`` publishes
+without overwriting.
 """
 from __future__ import annotations
 
@@ -18,9 +16,8 @@ from ..errors import ReadOnlyStoreError
 
 
 class Store(ABC):
-    supports_atomic_batches: bool = False
-    supports_deletes: bool = True
-    supports_listing: bool = True
+    # Can give a URL that another machine can read the value from (see ``url_for``).
+    supports_urls: bool = False
 
     def __init__(self, *, read_only: bool = False) -> None:
         self.read_only = read_only
@@ -37,18 +34,43 @@ class Store(ABC):
 
     @abstractmethod
     def set_many(self, items: Mapping[str, bytes]) -> None:
-        """Write all items, in order; atomic where ``supports_atomic_batches``."""
+        """Write all items in order, replacing existing values.  One transaction where the backend has them."""
+
+    def set_if_not_exists(self, key: str, value: bytes) -> bool:
+        """Write ``value`` unless ``key`` exists; True if this call wrote it.
+
+        This default is exists-then-set and NOT safe for concurrent writers; backends
+        that can publish exclusively override it.
+        """
+        self._check_writable()
+        if self.exists_many([key])[0]:
+            return False
+        self.set_many({key: value})
+        return True
 
     def exists_many(self, keys: Iterable[str]) -> list[bool]:
         return [self.get(k) is not None for k in keys]
 
     @abstractmethod
     def keys(self, prefix: str = "") -> Iterator[str]:
-        ...
+        """Every key starting with ``prefix``, sorted."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
-        ...
+        """Remove ``key``; absent keys are not an error."""
+
+    def size(self, key: str) -> int | None:
+        """Bytes stored under ``key``, or None when absent."""
+        with self.read(key) as v:
+            return None if v is None else len(v)
+
+    def url_for(self, key: str, expires_s: float | None = None) -> str:
+        """A URL another machine can fetch the value from (``supports_urls`` stores only)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hand out URLs")
+
+    @abstractmethod
+    def with_read_only(self, read_only: bool = True) -> "Store":
+        """The same store, opened read-only (or writable)."""
 
     def stats(self) -> dict:
         return {}

@@ -1,92 +1,106 @@
-"""The shared tier: an immutable content-addressed store on any fsspec filesystem (NFS path, S3, ...).
+"""The shared tier: objects on any fsspec filesystem (an NFS path, ``s3://bucket/prefix``, ...).
 
-Objects are written once and never modified: a put of an existing key is a
-no-op (content addressing makes both writers' bytes equal).  On filesystems
-with rename, an object is written to a unique temp name and moved into place,
-so a reader never sees a partial object; S3 PUTs are atomic per object.  The
-caller writes blobs before the manifest naming them (see ``VideoCache``).
-LMDB must not live on a network filesystem; this tier is how NFS is used.
+On filesystems with rename, each object is published atomically through
+``publish`` (temp file, fsync, rename; ``link`` for ``set_if_not_exists``), so a
+reader never sees a partial object.  S3 PUTs are atomic per object.  LMDB must
+not live on a network filesystem; this tier is how NFS and S3 are used.
 """
 from __future__ import annotations
 
 import os
-import uuid
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
+from urllib.parse import quote
 
 import fsspec
+import xxhash
 
+from ..errors import InvalidKeyError
 from .base import Store
+from .publish import is_partial, publish_bytes
 
 
 class FsspecStore(Store):
-    supports_atomic_batches = False     # objects are atomic, batches are ordered
-    supports_deletes = True
-
     def __init__(self, url: str, *, read_only: bool = False, storage_options: dict | None = None) -> None:
         super().__init__(read_only=read_only)
-        self.url = url.rstrip("/")
+        self.url = url.rstrip("/") or url
         self.storage_options = dict(storage_options or {})
         self._fs = None
         self._pid = None
 
+    # --- filesystem -----------------------------------------------------------
+    def _resolve(self) -> None:
+        if self._fs is None or self._pid != os.getpid():   # fsspec instances are not fork-safe
+            fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+            self._local = "file" in protocols or "local" in protocols
+            self._s3 = "s3" in protocols
+            self._fs, self._root, self._pid = fs, root.rstrip("/"), os.getpid()
+
     @property
     def fs(self):
-        if self._fs is None or self._pid != os.getpid():   # fsspec instances are not fork-safe
-            self._fs, self._root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-            self._pid = os.getpid()
+        self._resolve()
         return self._fs
 
     @property
     def root(self) -> str:
-        self.fs             # resolves the root together with the filesystem
+        self._resolve()
         return self._root
 
-    def _path(self, key: str) -> str:
-        ns, _, name = key.partition("/")
-        # Two hex characters of fan-out keep directories small on NFS.
-        return f"{self.root}/{ns}/{name[:2]}/{name}"
+    @property
+    def supports_urls(self) -> bool:   # type: ignore[override]
+        self._resolve()
+        return self._local or self._s3
 
+    def _path(self, key: str) -> str:
+        ns, sep, name = key.partition("/")
+        # Keys come from the cache, already checked; this guard keeps every path under the root anyway.
+        if not sep or not ns or not name or "/" in name or name in (".", "..") or "\\" in key or "\x00" in key:
+            raise InvalidKeyError(f"store key {key[:80]!r} does not name an object under the root")
+        # 256-way fan-out keeps directories small on NFS; a hash of the name, because the store
+        # does not know what the names mean (and some share long prefixes).
+        return f"{self.root}/{ns}/{xxhash.xxh3_64_hexdigest(name.encode())[:2]}/{name}"
+
+    # --- reads ------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
         try:
             return self.fs.cat_file(self._path(key))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def exists_many(self, keys: Iterable[str]) -> list[bool]:
+        return [self.fs.isfile(self._path(k)) for k in keys]
+
+    def size(self, key: str) -> int | None:
+        try:
+            return self.fs.size(self._path(key))
         except FileNotFoundError:
             return None
 
-    def exists_many(self, keys) -> list[bool]:
-        return [self.fs.exists(self._path(k)) for k in keys]
+    def url_for(self, key: str, expires_s: float | None = None) -> str:
+        path = self._path(key)
+        if self._local:
+            return "file://" + quote(os.path.abspath(path))     # SGLang mishandles '#', '?', '%' in plain paths
+        if self._s3:
+            return self.fs.sign(path, expiration=int(expires_s or 7 * 24 * 3600))
+        raise NotImplementedError(f"{self.url} has no URL another machine can read")
+
+    # --- writes -----------------------------------------------------------------
+    def _put(self, path: str, value: bytes, exclusive: bool) -> bool:
+        if self._local:
+            return publish_bytes(path, bytes(value), exclusive=exclusive)
+        if exclusive and self.fs.exists(path):   # object stores: exists-then-PUT (equal bytes either way)
+            return False
+        self.fs.pipe_file(path, bytes(value))      # one PUT: atomic per object
+        return True
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
         self._check_writable()
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
-        renames = "file" in protocols or "local" in protocols
-        for key, value in items.items():          # in order: blobs first, manifest last
-            path = self._path(key)
-            if key.startswith(("cas/", "ac/")) and self.fs.exists(path):
-                continue                          # immutable: first writer wins, later ones are equal
-            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            if renames:
-                tmp = f"{path}.{uuid.uuid4().hex}.partial"
-                self.fs.pipe_file(tmp, bytes(value))
-                self.fs.mv(tmp, path)             # atomic rename on POSIX filesystems
-            else:
-                self.fs.pipe_file(path, bytes(value))
+        for key, value in items.items():          # in order: the caller puts blobs before manifests
+            self._put(self._path(key), value, exclusive=False)
 
-    def keys(self, prefix: str = "") -> Iterator[str]:
-        fs, root = self.fs, self.root
-        ns = prefix.split("/", 1)[0] if prefix else ""
-        out = []
-        for namespace in ([ns] if ns else ["ac", "cas", "src"]):
-            base = f"{root}/{namespace}"
-            if not fs.exists(base):
-                continue
-            for p in fs.find(base):
-                name = p.rsplit("/", 1)[1]
-                if name.endswith(".partial"):
-                    continue
-                k = f"{namespace}/{name}"
-                if k.startswith(prefix):
-                    out.append(k)
-        return iter(sorted(out))
+    def set_if_not_exists(self, key: str, value: bytes) -> bool:
+        self._check_writable()
+        return self._put(self._path(key), value, exclusive=True)
 
     def delete(self, key: str) -> None:
         self._check_writable()
@@ -94,6 +108,27 @@ class FsspecStore(Store):
             self.fs.rm_file(self._path(key))
         except FileNotFoundError:
             pass
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        fs, root = self.fs, self.root
+        out = []
+        try:
+            found = fs.find(root)
+        except FileNotFoundError:
+            found = []
+        for p in found:
+            rel = p[len(root):].lstrip("/") if p.startswith(root) else p
+            parts = rel.split("/")
+            if len(parts) != 3 or is_partial(parts[2]):
+                continue
+            k = f"{parts[0]}/{parts[2]}"
+            if k.startswith(prefix):
+                out.append(k)
+        return iter(sorted(out))
+
+    # --- value semantics ------------------------------------------------------------
+    def with_read_only(self, read_only: bool = True) -> "FsspecStore":
+        return FsspecStore(self.url, read_only=read_only, storage_options=self.storage_options)
 
     def __getstate__(self):
         return {"url": self.url, "read_only": self.read_only, "storage_options": self.storage_options}

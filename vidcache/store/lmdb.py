@@ -1,15 +1,22 @@
-"""The per-node LMDB tier.
+"""The per-node LMDB tier, with an optional byte budget and LRU eviction.
 
 LMDB's rules (see notes/prior-art.md): one writer at a time (LMDB's own lock
 serialises writers across processes), one environment per file per process,
 never use an environment across fork, never on a network filesystem.  A write
 is one transaction, so a killed writer leaves nothing visible.
+
+Eviction: LMDB never shrinks its file, but pages freed by a delete are reused
+by later writes, so a budget bounds the file's growth.  Readers are MVCC
+snapshots: a process holding a zero-copy view keeps seeing the old pages until
+its transaction ends, so evicting an entry that is being read is safe.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
+import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
@@ -23,15 +30,36 @@ class _SharedEnv:
     """One open environment per (file, process), shared by every store on that path."""
 
     def __init__(self, path: str, readonly: bool, map_size: int, max_readers: int) -> None:
-        # sync=False: a power loss may drop the last transactions but never corrupts the file,
-        # which is the right trade for a cache (entries can be rebuilt); kill -9 loses nothing.
+        # sync=False: commits reach the OS but are not fsync'd, so kill -9 loses nothing, and a power
+        # loss may lose the last commits -- and, on filesystems that reorder writes, can damage the
+        # file (LMDB's docs).  Callers that need durability call ``sync()`` at a checkpoint (prewarm
+        # does, after each batch); a damaged file is detected on open and reported with its fix.
         self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True, sync=False,
-                             readahead=False, meminit=False, max_readers=max_readers, max_dbs=0)
+                             readahead=False, meminit=False, max_readers=max_readers, max_dbs=1)
+        # Last-access times for LRU eviction, beside the data (a named sub-database).
+        try:
+            self.lru = self._open_lru(readonly)
+        except lmdb.MapResizedError:
+            self.env.set_mapsize(0)    # another process grew the map: adopt its size
+            self.lru = self._open_lru(readonly)
         self.env.reader_check()        # clear reader slots left by killed processes
         self.readonly = readonly
         self.pid = os.getpid()
         self.active = 0                # open transactions
         self.lock = threading.Lock()
+
+    def _open_lru(self, readonly: bool):
+        if readonly and not _has_lru(self.env):
+            return None
+        return self.env.open_db(_LRU_DB, create=not readonly)
+
+
+_LRU_DB = b"vidcache-lru"     # a sub-database name: no namespaced key ("ns/...") equals it; hidden from keys()
+
+
+def _has_lru(env) -> bool:
+    with env.begin() as txn:
+        return txn.get(_LRU_DB) is not None
 
 
 _ENVS: dict[str, _SharedEnv] = {}
@@ -72,14 +100,15 @@ if hasattr(os, "register_at_fork"):
 
 
 class LMDBStore(Store):
-    supports_atomic_batches = True
-
-    def __init__(self, path: str | os.PathLike, *, read_only: bool = False,
-                 map_size: int = 1 << 30, max_readers: int = 1024) -> None:
+    def __init__(self, path: str | os.PathLike, *, read_only: bool = False, map_size: int = 1 << 30,
+                 max_readers: int = 1024, max_bytes: int | None = None) -> None:
+        """``max_bytes``: a budget for the data; writes past it evict least-recently-used keys."""
         super().__init__(read_only=read_only)
         self.path = str(Path(path).absolute())
         self.initial_map_size = map_size
         self.max_readers = max_readers
+        self.max_bytes = max_bytes
+        self._touched: dict[bytes, float] = {}   # reads not yet written to the LRU table
 
     # --- lifecycle --------------------------------------------------------
     def _shared(self) -> _SharedEnv:
@@ -92,6 +121,10 @@ class LMDBStore(Store):
             raise StoreError(f"no LMDB cache at {self.path!r}")
         try:
             return _acquire(self.path, self.read_only, self.initial_map_size, self.max_readers)
+        except (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError) as e:
+            raise StoreError(f"the LMDB file at {self.path!r} is damaged ({e}). Rebuild: move {self.path!r} "
+                             "aside and re-run `vidcache prewarm` (with a shared tier, entries are pulled back "
+                             "from it without decoding)") from e
         except lmdb.Error as e:
             raise StoreError(f"cannot open LMDB at {self.path!r}: {e}") from e
 
@@ -99,21 +132,34 @@ class LMDBStore(Store):
     def env(self) -> lmdb.Environment:
         return self._shared().env
 
+    def sync(self) -> None:
+        """fsync committed transactions (a durability checkpoint)."""
+        if not self.read_only:
+            self._flush_touched()
+            self.env.sync(True)
+
     def close(self) -> None:
         """Close this process's environment for the path if no transaction is open."""
+        if self._touched and not self.read_only:
+            with contextlib.suppress(lmdb.Error, StoreError):
+                self._flush_touched()
         with _ENVS_LOCK:
             e = _ENVS.get(self.path)
             if e is not None and e.pid == os.getpid() and e.active == 0:
                 e.env.close()
                 del _ENVS[self.path]
 
+    def with_read_only(self, read_only: bool = True) -> "LMDBStore":
+        return LMDBStore(self.path, read_only=read_only, map_size=self.initial_map_size,
+                         max_readers=self.max_readers, max_bytes=self.max_bytes)
+
     def __getstate__(self):
         return {"path": self.path, "read_only": self.read_only, "map_size": self.initial_map_size,
-                "max_readers": self.max_readers}
+                "max_readers": self.max_readers, "max_bytes": self.max_bytes}
 
     def __setstate__(self, state):
         self.__init__(state["path"], read_only=state["read_only"], map_size=state["map_size"],
-                      max_readers=state["max_readers"])
+                      max_readers=state["max_readers"], max_bytes=state.get("max_bytes"))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, LMDBStore) and (self.path, self.read_only) == (other.path, other.read_only)
@@ -142,35 +188,95 @@ class LMDBStore(Store):
             with e.lock:
                 e.active -= 1
 
+    def _touch(self, key: bytes) -> None:
+        if self.read_only:
+            return
+        self._touched[key] = time.time()
+        if len(self._touched) >= 256:       # batched: one write transaction per 256 reads, not per read
+            self._flush_touched()
+
+    def _flush_touched(self, txn=None) -> None:
+        touched, self._touched = self._touched, {}
+        if not touched:
+            return
+        if txn is None:
+            with self._begin(write=True) as t:
+                self._flush_touched_in(t, touched)
+        else:
+            self._flush_touched_in(txn, touched)
+
+    def _flush_touched_in(self, txn, touched: dict) -> None:
+        db = self._shared().lru
+        for k, ts in touched.items():
+            if txn.get(k) is not None:               # evicted meanwhile: no stale LRU row
+                txn.put(k, struct.pack(">d", ts), db=db)
+
     def get(self, key: str) -> bytes | None:
         with self._begin() as txn:
-            return txn.get(key.encode())
+            v = txn.get(key.encode())
+        if v is not None:
+            self._touch(key.encode())
+        return v
 
     @contextlib.contextmanager
     def read(self, key: str) -> Iterator[memoryview | None]:
         # buffers=True returns a view into the memory map: zero-copy, valid until the txn ends.
         with self._begin(buffers=True) as txn:
-            yield txn.get(key.encode())
+            v = txn.get(key.encode())
+            yield v
+        if v is not None:
+            self._touch(key.encode())
 
     def exists_many(self, keys: Iterable[str]) -> list[bool]:
         with self._begin(buffers=True) as txn:
             return [txn.get(k.encode()) is not None for k in keys]
 
-    def set_many(self, items: Mapping[str, bytes]) -> None:
+    def size(self, key: str) -> int | None:
+        with self._begin(buffers=True) as txn:
+            v = txn.get(key.encode())
+            return None if v is None else len(v)
+
+    def _write(self, fn) -> object:
+        """Run ``fn(txn)`` in one write transaction, growing the map on demand."""
         self._check_writable()
-        needed = sum(len(v) for v in items.values())
         for _ in range(64):
             try:
                 with self._begin(write=True) as txn:
-                    for k, v in items.items():
-                        txn.put(k.encode(), v)
-                return
+                    out = fn(txn)
+                    self._flush_touched(txn)
+                break
             except lmdb.MapFullError:
                 # Grow on demand; the failed txn is already aborted, so no txn of ours is open.
                 env = self.env
                 size = env.info()["map_size"]
-                env.set_mapsize(max(2 * size, size + 2 * needed))
-        raise StoreError(f"could not grow the LMDB map at {self.path!r} to fit {needed} bytes")
+                env.set_mapsize(max(2 * size, size + 2 * getattr(fn, "needed", 0)))
+        else:
+            raise StoreError(f"could not grow the LMDB map at {self.path!r}")
+        if self.max_bytes is not None and self.used_bytes() > self.max_bytes:
+            self.gc(self.max_bytes)
+        return out
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        now = struct.pack(">d", time.time())
+
+        def put(txn):
+            db = self._shared().lru
+            for k, v in items.items():
+                txn.put(k.encode(), v)
+                txn.put(k.encode(), now, db=db)
+        put.needed = sum(len(v) for v in items.values())
+        self._write(put)
+
+    def set_if_not_exists(self, key: str, value: bytes) -> bool:
+        now = struct.pack(">d", time.time())
+
+        def put(txn):
+            wrote = txn.put(key.encode(), value, overwrite=False)
+            if wrote:
+                txn.put(key.encode(), now, db=self._shared().lru)
+            return wrote
+        put.needed = len(value)
+        return bool(self._write(put))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         p = prefix.encode()
@@ -182,17 +288,54 @@ class LMDBStore(Store):
                 k = cur.key()
                 if not k.startswith(p):
                     break
-                out.append(k.decode())
+                if k != _LRU_DB:
+                    out.append(k.decode())
                 found = cur.next()
         return iter(out)
 
     def delete(self, key: str) -> None:
-        self._check_writable()
-        with self._begin(write=True) as txn:
+        def rm(txn):
             txn.delete(key.encode())
+            txn.delete(key.encode(), db=self._shared().lru)
+        self._write(rm)
+
+    # --- budget -----------------------------------------------------------
+    def used_bytes(self) -> int:
+        """Bytes in pages holding data (LMDB's own accounting; the file may be larger, its free pages are reused)."""
+        st = self.env.stat()
+        return (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
+
+    def gc(self, max_bytes: int, low_water: float = 0.9) -> dict:
+        """Evict least-recently-used keys until the data fits ``low_water * max_bytes``."""
+        self._check_writable()
+        self._flush_touched()
+        used = self.used_bytes()
+        if used <= max_bytes:
+            return {"evicted": 0, "freed_bytes": 0, "used_bytes": used}
+        target = int(max_bytes * low_water)
+        e = self._shared()
+        with self._begin(buffers=True) as txn:
+            ages = {bytes(k): struct.unpack(">d", v)[0] for k, v in txn.cursor(db=e.lru)}
+            sizes = [(ages.get(bytes(k), 0.0), bytes(k), len(v)) for k, v in txn.cursor() if bytes(k) != _LRU_DB]
+        sizes.sort()
+        victims, freed = [], 0
+        for _, k, n in sizes:
+            if used - freed <= target:
+                break
+            victims.append(k)
+            freed += n
+
+        def rm(txn):
+            for k in victims:
+                txn.delete(k)
+                txn.delete(k, db=e.lru)
+        with self._begin(write=True) as txn:
+            rm(txn)
+        return {"evicted": len(victims), "freed_bytes": freed, "used_bytes": self.used_bytes()}
 
     def stats(self) -> dict:
         env = self.env
         info, stat = env.info(), env.stat()
         return {"path": self.path, "map_size": info["map_size"], "entries": stat["entries"],
+                "used_bytes": self.used_bytes(), "max_bytes": self.max_bytes,
                 "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")), "page_size": stat["psize"]}

@@ -7,11 +7,9 @@ from .base import Store
 
 
 class MemoryStore(Store):
-    supports_atomic_batches = True
-
-    def __init__(self, *, read_only: bool = False) -> None:
+    def __init__(self, data: dict[str, bytes] | None = None, *, read_only: bool = False) -> None:
         super().__init__(read_only=read_only)
-        self._data: dict[str, bytes] = {}
+        self._data: dict[str, bytes] = {} if data is None else data   # shared with with_read_only() copies
 
     def get(self, key: str) -> bytes | None:
         return self._data.get(key)
@@ -20,12 +18,22 @@ class MemoryStore(Store):
         self._check_writable()
         self._data.update({k: bytes(v) for k, v in items.items()})
 
+    def set_if_not_exists(self, key: str, value: bytes) -> bool:
+        self._check_writable()
+        if key in self._data:
+            return False
+        self._data[key] = bytes(value)
+        return True
+
     def keys(self, prefix: str = "") -> Iterator[str]:
         return iter(sorted(k for k in self._data if k.startswith(prefix)))
 
     def delete(self, key: str) -> None:
         self._check_writable()
         self._data.pop(key, None)
+
+    def with_read_only(self, read_only: bool = True) -> "MemoryStore":
+        return MemoryStore(self._data, read_only=read_only)
 
     def __repr__(self) -> str:
         return f"MemoryStore(<{len(self._data)} keys>)"

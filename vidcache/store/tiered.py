@@ -1,55 +1,95 @@
-"""Read-through tiers: a fast local store (LMDB) in front of a durable shared one.
+"""Read-through tiers: a fast node-local store (LMDB) in front of the cluster's shared one.
 
-Reads try the local tier first and backfill it on a shared hit; writes go to
-the shared tier first (durable, visible to every node), then the local one.
+Reads try the local tier first; on a miss they pull from the shared tier,
+``check`` the pulled bytes (a hook the cache supplies: digests, manifests) and
+only then serve and backfill them.  Writes go to the shared tier first
+(durable, visible to every node), then the local one.  Keys under
+``local_only`` prefixes never reach the shared tier; the policy comes from the
+caller, the store only compares prefixes.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from .base import Store
 
 
-class TieredStore(Store):
-    supports_atomic_batches = False
+def _no_check(key: str, value: bytes) -> None:
+    pass
 
-    def __init__(self, local: Store, shared: Store, *, read_only: bool = False) -> None:
+
+class TieredStore(Store):
+    def __init__(self, local: Store, shared: Store, *, local_only: tuple[str, ...] = (),
+                 check: Callable[[str, bytes], None] = _no_check, read_only: bool = False) -> None:
         super().__init__(read_only=read_only)
         self.local, self.shared = local, shared
+        self.local_only = tuple(local_only)
+        self.check = check
+
+    def _is_local_only(self, key: str) -> bool:
+        return key.startswith(self.local_only) if self.local_only else False
+
+    @property
+    def supports_urls(self) -> bool:   # type: ignore[override]
+        return self.shared.supports_urls
+
+    def url_for(self, key: str, expires_s: float | None = None) -> str:
+        return self.shared.url_for(key, expires_s)
+
+    def pull(self, key: str) -> bytes | None:
+        """Fetch ``key`` from the shared tier, check it, and backfill the local tier."""
+        if self._is_local_only(key):
+            return None
+        v = self.shared.get(key)
+        if v is not None:
+            self.check(key, v)                    # raises on corrupt bytes: never served, never backfilled
+            if not self.local.read_only:
+                self.local.set_many({key: v})
+        return v
 
     def get(self, key: str) -> bytes | None:
         v = self.local.get(key)
-        if v is None:
-            v = self.shared.get(key)
-            if v is not None and not key.startswith("src/") and not self.local.read_only:
-                self.local.set_many({key: v})        # backfill; src/ records are node-local hints
-        return v
+        return v if v is not None else self.pull(key)
 
     @contextlib.contextmanager
     def read(self, key: str) -> Iterator[memoryview | None]:
-        if not self.local.exists_many([key])[0]:
-            self.get(key)
         with self.local.read(key) as v:
             if v is not None:
                 yield v
                 return
-        v = self.shared.get(key)
-        yield None if v is None else memoryview(v)
+        v = self.pull(key)
+        if v is None or self.local.read_only:
+            yield None if v is None else memoryview(v)
+            return
+        with self.local.read(key) as lv:           # the backfilled copy: zero-copy like a local hit
+            yield lv if lv is not None else memoryview(v)
 
-    def exists_many(self, keys) -> list[bool]:
+    def exists_many(self, keys: Iterable[str]) -> list[bool]:
         keys = list(keys)
         found = self.local.exists_many(keys)
-        missing = [k for k, f in zip(keys, found) if not f]
+        missing = [k for k, f in zip(keys, found) if not f and not self._is_local_only(k)]
         if missing:
             remote = dict(zip(missing, self.shared.exists_many(missing)))
             found = [f or remote.get(k, False) for k, f in zip(keys, found)]
         return found
 
+    def size(self, key: str) -> int | None:
+        n = self.local.size(key)
+        return n if n is not None or self._is_local_only(key) else self.shared.size(key)
+
     def set_many(self, items: Mapping[str, bytes]) -> None:
         self._check_writable()
-        self.shared.set_many(items)
+        shared = {k: v for k, v in items.items() if not self._is_local_only(k)}
+        if shared:
+            self.shared.set_many(shared)
         self.local.set_many(items)
+
+    def set_if_not_exists(self, key: str, value: bytes) -> bool:
+        self._check_writable()
+        wrote = self._is_local_only(key) or self.shared.set_if_not_exists(key, value)
+        self.local.set_if_not_exists(key, value)
+        return bool(wrote)
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         return iter(sorted(set(self.local.keys(prefix)) | set(self.shared.keys(prefix))))
@@ -57,7 +97,12 @@ class TieredStore(Store):
     def delete(self, key: str) -> None:
         self._check_writable()
         self.local.delete(key)
-        self.shared.delete(key)
+        if not self._is_local_only(key):
+            self.shared.delete(key)
+
+    def with_read_only(self, read_only: bool = True) -> "TieredStore":
+        return TieredStore(self.local.with_read_only(read_only), self.shared.with_read_only(read_only),
+                           local_only=self.local_only, check=self.check, read_only=read_only)
 
     def close(self) -> None:
         self.local.close()

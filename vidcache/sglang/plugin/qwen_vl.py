@@ -24,12 +24,13 @@ import threading
 from sglang.srt.managers.schedule_batch import Modality
 from sglang.srt.multimodal.processors.qwen_vl import QWEN_VIDEO_PREPROCESS_CONFIG_KEYS, QwenVLImageProcessor
 
-from ...cache import open_cache
+from ...cache import node_cache
+from ...errors import TierMismatchError, VidcacheError
 from ...options import PATCH_SIZE
 from ...processing import video_metadata
-from ...transport import parse_ref
+from ..transport import parse_ref
 
-# open_cache memoises per process, but SGLang loads items on several io threads at once.
+# node_cache memoises per process, but SGLang loads items on several io threads at once.
 _OPEN_LOCK = threading.Lock()
 
 
@@ -48,12 +49,19 @@ class VidcacheVideo:
 
 
 def load_ref(rec: dict) -> VidcacheVideo:
+    """Frames and original metadata of a parsed reference, from *this node's* cache only.
+
+    The cache is the node's (``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``): a request never names a path,
+    so it can neither make the server open or create a store where it likes, nor reach another cache.
+    """
     with _OPEN_LOCK:
-        cache = open_cache(rec["cache"])
-    key = rec["key"]
+        cache = node_cache()
+    if rec["tier"] != cache.identity:
+        raise TierMismatchError(f"reference to cache {rec['tier']!r}, but this server's cache is "
+                                f"{cache.identity!r}: start it with VIDCACHE_SHARED set to that cache's shared tier")
+    key = rec["key"]              # checked against the key format by parse_ref
     m = cache.require_manifest(key)
-    family = m["options"]["family"]
-    return VidcacheVideo(cache.frames(key, m), video_metadata(m, family, "plugin"), family, key)
+    return VidcacheVideo(cache.frames(key, m), video_metadata(m, "plugin"), m.family, key)
 
 
 class VidcacheQwenVLProcessor(QwenVLImageProcessor):
@@ -69,10 +77,10 @@ class VidcacheQwenVLProcessor(QwenVLImageProcessor):
                     rec = parse_ref(uri)
                     if rec is not None:
                         return load_ref(rec)
-                except Exception as e:
+                except VidcacheError as e:
                     # A bad or unknown reference is the client's problem (a 400, like an undecodable
                     # video), and must never fall through to stock decoding.
-                    raise ValueError(f"cannot load vidcache reference {uri[:100]}: {e}") from e
+                    raise ValueError(f"cannot load vidcache reference {uri[:100]}: [{e.kind}] {e}") from e
         return super()._load_single_item(data, modality, *args, **kwargs)
 
     def process_mm_data(self, input_text, images=None, videos=None, audios=None, processor=None,

@@ -13,11 +13,9 @@ import re
 import shutil
 import threading
 
-from .cache import VideoCache
-from .errors import NotCachedError
-from .loader.frozen import FORMATS
-
-_SUFFIX = {f.suffix: f for f in FORMATS.values()}
+from ..cache import VideoCache
+from ..errors import NotCachedError
+from .frozen import BY_SUFFIX as _SUFFIX, local_frozen_path
 _PATH = re.compile(r"^/frozen/([0-9a-f]{32}\.[0-9]+\.[0-9a-f]{32})(" +
                    "|".join(re.escape(x) for x in _SUFFIX) + ")$")
 
@@ -39,7 +37,7 @@ def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0) -> ht
             key, fmt = m.group(1), _SUFFIX[m.group(2)]
             try:
                 with lock:
-                    return cache.frozen_path(key, fmt.name)
+                    return local_frozen_path(cache, key, fmt.name)
             except NotCachedError:
                 self.send_error(404, f"no entry {key}")
                 return None

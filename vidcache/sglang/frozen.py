@@ -1,4 +1,4 @@
-"""Frozen files: a lossless RGB video of exactly the cached frames, for SGLang.
+"""Frozen frames: lossless video files holding exactly the cached frames, for stock SGLang.
 
 Two formats, both intra-only, lossless for RGB and verified bit-exact with
 decord, torchcodec and PyAV (benchmarks/formats.py):
@@ -8,20 +8,25 @@ decord, torchcodec and PyAV (benchmarks/formats.py):
 Any YUV format would round-trip inexactly.  Files are stamped at a fixed rate
 so that SGLang's fps sampler, configured by ``vidcache sglang-config``, selects
 every stored frame once; at 2 fps Matroska's 1 ms timebase is exact too.
+
+Where they live: a node-local copy under ``<VIDCACHE_DIR>/frozen/`` (written and
+verified once), and, with a shared tier, an immutable object ``frozen/<key><suffix>``
+published there once, so that every SGLang node can read it by URL.
 """
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 import torch
 
+from .. import keys
+from ..encode import write_video
 from ..errors import FrozenFileError
-
-FROZEN_FPS = Fraction(2)        # the fps SGLang's sampler is configured with (stock mode)
+from ..processing import FROZEN_FPS
+from ..store.publish import publish
 
 
 @dataclass(frozen=True)
@@ -39,40 +44,26 @@ FORMATS = {
     "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut"),
 }
 DEFAULT_FORMAT = "ffv1"
+# Stock SGLang decodes the frozen file on every request: UT Video decodes ~5x faster than FFV1
+# (benchmarks/formats.py, benchmarks/sglang_frozen_cost.py); both are bit-exact.
+SERVING_FORMAT = "utvideo"
+BY_SUFFIX = {f.suffix: f for f in FORMATS.values()}
 
 
 def write_frozen(frames: torch.Tensor, path: str, fmt: str = DEFAULT_FORMAT, rate: Fraction = FROZEN_FPS,
                  verify=None) -> None:
-    """Write uint8 TCHW RGB ``frames`` to ``path`` atomically: temp file, ``verify(tmp)``, rename."""
-    import av
-
+    """Write uint8 TCHW RGB ``frames`` to ``path`` atomically: temp file, ``verify(tmp)``, publish."""
     f = FORMATS[fmt]
     if frames.dtype != torch.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
         raise ValueError(f"expected uint8 TCHW RGB frames, got {tuple(frames.shape)} {frames.dtype}")
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".frozen-", suffix=os.path.splitext(path)[1], dir=d)
-    os.close(fd)
-    try:
-        thwc = frames.permute(0, 2, 3, 1).contiguous().numpy()
-        with av.open(tmp, "w", format=f.container) as c:
-            s = c.add_stream(f.codec, rate=rate)
-            s.height, s.width = thwc.shape[1:3]
-            s.pix_fmt = f.pix_fmt
-            if f.container == "nut":
-                s.time_base = 1 / rate
-            for fr in thwc:
-                for p in s.encode(av.VideoFrame.from_ndarray(fr, format="rgb24")):
-                    c.mux(p)
-            for p in s.encode():
-                c.mux(p)
+    thwc = frames.permute(0, 2, 3, 1).contiguous().numpy()
+
+    def fill(tmp: str) -> None:
+        write_video(tmp, thwc, codec=f.codec, rate=rate, pix_fmt=f.pix_fmt, container=f.container,
+                    exact_time_base=f.container == "nut")
         if verify is not None:
             verify(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    publish(path, fill)
 
 
 def decode_all(path: str, decoder: str) -> tuple[torch.Tensor, float]:
@@ -101,7 +92,7 @@ def available_decoders() -> list[str]:
     try:
         from torchcodec.decoders import VideoDecoder  # noqa: F401
         names.insert(1, "torchcodec")
-    except Exception:  # torchcodec missing, or its FFmpeg/torch libraries do not load
+    except (ImportError, OSError, RuntimeError):  # torchcodec missing, or its FFmpeg/torch libraries do not load
         pass
     return names
 
@@ -120,3 +111,28 @@ def verify_frozen(path: str, frames: torch.Tensor, rate: Fraction = FROZEN_FPS,
             raise FrozenFileError(f"{name} reports {fps} fps for {path}, expected exactly {float(rate)}")
         report[name] = fps
     return report
+
+
+# --- in the cache --------------------------------------------------------------------------
+def local_frozen_path(cache, key: str, fmt: str | None = None) -> str:
+    """The node-local frozen file for ``key``: written and verified once, on first use."""
+    f = FORMATS[fmt or cache.frozen_format]
+    path = os.path.join(cache.path, "frozen", keys.check_key(key) + f.suffix)
+    if not os.path.isfile(path):     # built from digest-checked frames, then verified by re-decoding
+        frames = cache.frames(key)
+        write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
+    return path
+
+
+def published_frozen_key(cache, key: str, fmt: str | None = None) -> str:
+    """Publish the frozen file of ``key`` into the shared tier (once: immutable, first writer wins);
+    its store key.  The file is verified where it is made, before it is published."""
+    f = FORMATS[fmt or cache.frozen_format]
+    skey = keys.frozen(key, f.suffix)
+    shared = cache.shared
+    if shared is None:
+        raise ValueError(f"{cache!r} has no shared tier to publish frozen files into")
+    if not shared.exists_many([skey])[0]:
+        with open(local_frozen_path(cache, key, f.name), "rb") as fh:
+            shared.set_if_not_exists(skey, fh.read())
+    return skey

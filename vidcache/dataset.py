@@ -6,17 +6,24 @@ Row formats (Miles conventions, ``--input-key`` / ``--multimodal-keys``):
                                           {"type": "text", "text": "Describe."}]}]}
 Per-item keys such as ``fps`` or ``max_pixels`` override the base options for that video.
 Relative paths are resolved against the JSONL file's directory.
+
+Every malformed row (not UTF-8, not JSON, not an object, a video that is not a
+source string) is a ``BadRowError`` of its own, so one bad line never costs the others.
 """
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from ..options import VideoOptions
-from .fetch import scheme_of
+from .errors import BadRowError, OptionsError
 from .handle import VideoHandle
+from .loader.fetch import scheme_of
+from .options import VideoOptions
+
+if TYPE_CHECKING:
+    from .cache import VideoCache
 
 VIDEO_TOKEN = "<video>"
 
@@ -40,9 +47,24 @@ def _resolve(source: str, base_dir: str | None) -> str:
     return source
 
 
+def _source(v: object, where: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise BadRowError(f"{where} must name a source string, got {type(v).__name__} {str(v)[:60]!r}")
+    return v
+
+
+def _with_item(options: VideoOptions, item: dict, where: str) -> VideoOptions:
+    try:
+        return options.with_content_item(item)
+    except (OptionsError, TypeError) as e:
+        raise BadRowError(f"{where}: bad per-video options: {e}") from None
+
+
 def video_items(row: dict, options: VideoOptions, *, input_key: str = "prompt", video_key: str = "videos",
                 base_dir: str | None = None) -> list[tuple[str, VideoOptions]]:
-    """(source, options) for each video of a row, in prompt order."""
+    """(source, options) for each video of a row, in prompt order.  ``BadRowError`` for a malformed row."""
+    if not isinstance(row, dict):
+        raise BadRowError(f"a row must be a JSON object, got {type(row).__name__}")
     prompt = row.get(input_key)
     out: list[tuple[str, VideoOptions]] = []
     if isinstance(prompt, list):  # message list with per-item options
@@ -50,42 +72,67 @@ def video_items(row: dict, options: VideoOptions, *, input_key: str = "prompt", 
             content = msg.get("content") if isinstance(msg, dict) else None
             for item in content if isinstance(content, list) else []:
                 if isinstance(item, dict) and item.get("type") == "video":
-                    src = item.get("video")
-                    if not isinstance(src, str):
-                        raise ValueError(f"video item must name a source string, got {type(src).__name__}")
-                    out.append((_resolve(src, base_dir), options.with_content_item(item)))
+                    src = _source(item.get("video"), "a video item")
+                    out.append((_resolve(src, base_dir), _with_item(options, item, "a video item")))
     videos = row.get(video_key) or []
     if isinstance(videos, str):
         videos = [videos]
+    if not isinstance(videos, list):
+        raise BadRowError(f"{video_key!r} must be a list of sources, got {type(videos).__name__}")
     for v in videos:
         if isinstance(v, dict):
-            out.append((_resolve(v["video"], base_dir), options.with_content_item(v)))
+            out.append((_resolve(_source(v.get("video"), f"a {video_key!r} entry"), base_dir),
+                        _with_item(options, v, f"a {video_key!r} entry")))
         else:
-            out.append((_resolve(v, base_dir), options))
+            out.append((_resolve(_source(v, f"a {video_key!r} entry"), base_dir), options))
     if isinstance(prompt, str) and prompt.count(VIDEO_TOKEN) not in (0, len(videos)):
-        raise ValueError(f"prompt has {prompt.count(VIDEO_TOKEN)} {VIDEO_TOKEN} placeholders but {len(videos)} videos")
+        raise BadRowError(f"prompt has {prompt.count(VIDEO_TOKEN)} {VIDEO_TOKEN} placeholders but "
+                          f"{len(videos)} videos")
     return out
 
 
-def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
+def parse_row(line: bytes) -> dict:
+    """One JSONL line as a row object, or ``BadRowError`` saying what is wrong with it."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRowError(f"line is not UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadRowError(f"line is not JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise BadRowError("line nests too deeply") from None
+    if not isinstance(row, dict):
+        raise BadRowError(f"a row must be a JSON object, got {type(row).__name__}")
+    return row
+
+
+def iter_jsonl(path: str) -> Iterator[tuple[int, dict | BadRowError]]:
+    """(line number, row or the row's ``BadRowError``) for every non-blank line."""
     with open(path, "rb") as f:
         for i, line in enumerate(f):
             if line.strip():
-                yield i, json.loads(line)
+                try:
+                    yield i, parse_row(line)
+                except BadRowError as e:
+                    yield i, e
 
 
 class LazyVideoDataset(Sequence[Row]):
     """A map-style dataset over a JSONL file that keeps only line offsets in memory.
 
     Opening a file reads it once to find line starts; nothing is fetched or decoded.
+    ``cache`` is a ``VideoCache`` (handles are bound to it), or the identity of one
+    (``cache.identity``), resolved in each process that reads a row.
     """
 
-    def __init__(self, path: str, cache: str, options: VideoOptions, *, input_key: str = "prompt",
+    def __init__(self, path: str, cache: "VideoCache | str", options: VideoOptions, *, input_key: str = "prompt",
                  video_key: str = "videos") -> None:
         import numpy as np
 
         self.path = os.path.abspath(path)
-        self.cache = str(cache)
+        self.cache = cache
         self.options = options
         self.input_key, self.video_key = input_key, video_key
         self._base_dir = os.path.dirname(self.path)
@@ -104,7 +151,12 @@ class LazyVideoDataset(Sequence[Row]):
     def raw(self, i: int) -> dict:
         with open(self.path, "rb") as f:
             f.seek(int(self._offsets[i]))
-            return json.loads(f.readline())
+            return parse_row(f.readline())
+
+    def _handle(self, source: str, options: VideoOptions) -> VideoHandle:
+        if isinstance(self.cache, str):
+            return VideoHandle(source, options, self.cache)
+        return self.cache.handle(source, options)
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
@@ -116,4 +168,4 @@ class LazyVideoDataset(Sequence[Row]):
         row = self.raw(i)
         items = video_items(row, self.options, input_key=self.input_key, video_key=self.video_key,
                             base_dir=self._base_dir)
-        return Row(i, row.get(self.input_key), [VideoHandle(s, o, self.cache) for s, o in items], row)
+        return Row(i, row.get(self.input_key), [self._handle(s, o) for s, o in items], row)

@@ -1,0 +1,79 @@
+"""Issue 10: Qwen3-VL's default options see the video's real shape, exactly as qwen-vl-utils does.
+
+Default ``VideoOptions(family="qwen3_vl")`` frames equal ``fetch_video(..., image_patch_size=16)`` bit for
+bit across aspect ratios; stock SGLang's 224 grid is opt-in (``for_stock_sglang``) and its distortion is
+measured by ``aspect_distortion``.
+"""
+import pytest
+import torch
+
+from vidcache import VideoOptions
+from vidcache.loader.build import decode_sample_resize
+from vidcache.loader.resize import aspect_distortion
+from vidcache.testing.videos import make_video
+
+qvu = pytest.importorskip("qwen_vl_utils.vision_process", reason="qwen-vl-utils is the reference; not installed")
+from test_pipeline_exact import reference  # noqa: E402  (tests/ is on sys.path via conftest)
+
+QWEN3_PATCH = 16
+# (width, height): 4:3, 16:9, 21:9, 9:16, 1:1, then issue 10's QCIF, 2.35:1 and 720p.  The small ones are
+# upscaled to qwen-vl-utils' min_pixels; 1280x720 is scaled down to its per-frame cap: both branches.
+SHAPES = [(160, 120), (320, 180), (336, 144), (180, 320), (200, 200), (176, 144), (640, 272), (1280, 720)]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    """(w, h) -> an 8-frame 8 fps h264 clip; qwen-vl-utils samples 4 of its frames."""
+    d = tmp_path_factory.mktemp("aspect")
+    return {(w, h): make_video(str(d / f"{w}x{h}.mp4"), codec="h264", width=w, height=h, fps=8, n_frames=8, seed=i)
+            for i, (w, h) in enumerate(SHAPES)}
+
+
+@pytest.mark.parametrize("size", SHAPES, ids=[f"{w}x{h}" for w, h in SHAPES])
+def test_qwen3_defaults_equal_qwen_vl_utils(clips, size):
+    frames, built = decode_sample_resize(clips[size], VideoOptions(family="qwen3_vl"))
+    ref, meta, sample_fps = reference(clips[size], QWEN3_PATCH)
+    assert frames.shape == ref.shape
+    assert torch.equal(frames, ref)
+    assert built["video"]["frame_indices"] == meta["frames_indices"] and built["video"]["sample_fps"] == sample_fps
+
+
+@pytest.mark.parametrize("size", SHAPES, ids=[f"{w}x{h}" for w, h in SHAPES])
+def test_stock_preset_equals_qwen_vl_utils_on_the_224_grid(clips, size):
+    """The opt-in 224 grid is qwen-vl-utils' arithmetic with only the rounding grid swapped."""
+    frames, _ = decode_sample_resize(clips[size], VideoOptions.for_stock_sglang("qwen3_vl"))
+    ref, _, _ = reference(clips[size], QWEN3_PATCH, grid=224)
+    assert torch.equal(frames, ref)
+
+
+def test_issue_example_720p_is_distorted_only_on_the_224_grid(clips):
+    src = clips[1280, 720]
+    stock, _ = decode_sample_resize(src, VideoOptions.for_stock_sglang("qwen3_vl"))
+    default, _ = decode_sample_resize(src, VideoOptions(family="qwen3_vl"))
+    sw, sh = stock.shape[3], stock.shape[2]
+    dw, dh = default.shape[3], default.shape[2]
+    assert (sw, sh) == (1120, 448)                       # the shape issue 10 reports: 2.5:1 from 16:9
+    assert aspect_distortion(1280, 720, sw, sh) == pytest.approx(2.5 / (16 / 9))
+    # The 32 grid cannot keep 16:9 exactly either, but its height is within one 32-pixel cell of what
+    # its width implies, so it is far less distorted than the 224 grid.
+    assert abs(dw * 720 / 1280 - dh) < 32
+    assert abs(aspect_distortion(1280, 720, dw, dh) - 1) < abs(aspect_distortion(1280, 720, sw, sh) - 1) / 10
+
+
+# --- aspect_distortion ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("w,h", [(1280, 720), (720, 1280), (176, 144), (640, 272), (200, 200)])
+def test_aspect_distortion_is_one_only_for_a_uniform_scale(w, h):
+    assert aspect_distortion(w, h, w, h) == 1.0
+    assert aspect_distortion(w, h, 2 * w, 2 * h) == 1.0
+    assert aspect_distortion(w, h, w, 2 * h) == pytest.approx(0.5)     # twice as tall: half the aspect
+    assert aspect_distortion(w, h, 3 * w, h) == pytest.approx(3.0)     # three times as wide
+
+
+def test_aspect_distortion_definition_and_symmetry():
+    # Definition: output aspect over source aspect.  16:9 on the 224 grid -> 1120x448 = 2.5:1.
+    d = aspect_distortion(1280, 720, 1120, 448)
+    assert d == pytest.approx(2.5 / (16 / 9)) and d > 1      # wider than the source
+    # Transposing source and output (9:16 portrait) inverts it: narrower by the same factor.
+    assert aspect_distortion(720, 1280, 448, 1120) == pytest.approx(1 / d)
+    with pytest.raises(ValueError, match="positive"):
+        aspect_distortion(1280, 0, 1120, 448)

@@ -1,0 +1,157 @@
+"""A node's cache configuration, and the store tiers it assembles.
+
+A node is configured by two settings, as environment variables, CLI flags or
+``VideoCache`` arguments:
+
+  ``VIDCACHE_DIR``     node-local: the LMDB tier and local frozen-file copies.  Never on NFS.
+  ``VIDCACHE_SHARED``  the cluster's shared tier: an NFS path, ``s3://bucket/prefix`` or any fsspec URL.
+
+Everything that crosses a node boundary (handles, plugin references, frozen
+URIs) names the shared tier by its *identity*, a random id stored in the tier
+itself (``meta/tier``), never by a node-local path: two nodes may mount one NFS
+export at different paths, or reach one bucket through different endpoints.
+A cache without a shared tier has a node-local identity, which no other node
+resolves.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import StoreError
+from .keys import LOCAL_ONLY, TIER as TIER_KEY
+from .loader.fetch import FetchLimits
+from .store.base import Store
+from .store.publish import publish_bytes
+
+ENV_DIR = "VIDCACHE_DIR"
+ENV_SHARED = "VIDCACHE_SHARED"
+ENCODINGS = ("raw", "zlib")
+VERIFY_READS = ("first", "always", "never")
+NODE_FILE = "config.json"
+_SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
+                "aws_session_token"}
+
+
+def default_cache_dir() -> str:
+    return os.environ.get(ENV_DIR) or os.path.join(os.path.expanduser("~"), ".cache", "vidcache")
+
+
+def _abs(path) -> str:
+    return str(Path(path).expanduser().absolute())
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Every setting of a ``VideoCache``; the cache is rebuilt from it in workers (it pickles as this)."""
+    path: str                                      # node-local directory
+    shared: str | None = None                      # shared tier URL
+    shared_storage_options: dict = field(default_factory=dict, compare=False, repr=False)   # may hold credentials
+    store: Store | None = field(default=None, compare=False)   # a custom store replaces the tiers
+    decoder: str = "decord"
+    limits: FetchLimits = field(default_factory=FetchLimits)
+    encoding: str = "raw"                          # LMDB values; "zlib" trades reads for size
+    max_decoded_bytes: int | None = None           # None: the pipeline's own estimate-based default
+    frozen_format: str = "ffv1"
+    decoder_threads: int = 0                       # 0: FFmpeg's choice; prewarm splits cores among workers
+    max_local_bytes: int | None = None             # local tier budget (LRU); the shared tier is never evicted
+    verify_reads: str = "first"                    # blob digests: on the first read of a key per process
+    read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}")
+        if self.verify_reads not in VERIFY_READS:
+            raise ValueError(f"verify_reads must be one of {VERIFY_READS}")
+
+    @classmethod
+    def resolve(cls, path=None, shared: str | None = None, **settings) -> "CacheConfig":
+        """Explicit arguments first, then ``$VIDCACHE_DIR`` / ``$VIDCACHE_SHARED``, then what this node
+        directory recorded (``config.json``), so later commands on the node find the same shared tier."""
+        p = _abs(path if path is not None else default_cache_dir())
+        if shared is None:
+            shared = os.environ.get(ENV_SHARED) or read_node_file(p).get("shared")
+        elif not settings.get("read_only"):
+            record_shared(p, shared, settings.get("shared_storage_options") or {})
+        return cls(path=p, shared=shared or None, **settings)
+
+    def replace(self, **changes) -> "CacheConfig":
+        return dataclasses.replace(self, **changes)
+
+    # --- tiers -----------------------------------------------------------------
+    def local_store(self) -> Store:
+        from .store.lmdb import LMDBStore
+        return LMDBStore(os.path.join(self.path, "lmdb"), read_only=self.read_only, max_bytes=self.max_local_bytes)
+
+    def shared_store(self) -> Store | None:
+        if not self.shared:
+            return None
+        from .store.fsspec_cas import FsspecStore
+        url = self.shared
+        if "://" not in url:
+            url = _abs(url)         # a plain shared path, e.g. an NFS mount
+        return FsspecStore(url, read_only=self.read_only, storage_options=dict(self.shared_storage_options))
+
+    def build_store(self, check) -> Store:
+        """The store this configuration describes: a custom one, LMDB alone, or LMDB in front of the shared tier."""
+        if self.store is not None:
+            return self.store
+        local, shared = self.local_store(), self.shared_store()
+        if shared is None:
+            return local
+        from .store.tiered import TieredStore
+        return TieredStore(local, shared, local_only=LOCAL_ONLY, check=check, read_only=self.read_only)
+
+
+# --- the node directory's small record ----------------------------------------------
+def read_node_file(path: str) -> dict:
+    try:
+        with open(os.path.join(path, NODE_FILE)) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else {}
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _write_node_file(path: str, record: dict) -> None:
+    publish_bytes(os.path.join(path, NODE_FILE), json.dumps(record, sort_keys=True).encode())
+
+
+def record_shared(path: str, shared: str, storage_options: dict) -> None:
+    """Remember the shared tier in the node directory.  Credentials are never written."""
+    rec = read_node_file(path)
+    clean = {k: v for k, v in storage_options.items() if k not in _SECRET_KEYS}
+    if rec.get("shared") != shared or rec.get("shared_storage_options") != clean:
+        _write_node_file(path, {**rec, "shared": shared, "shared_storage_options": clean})
+
+
+def local_identity(path: str, create: bool) -> str | None:
+    """The identity of a cache without a shared tier: node-local by construction."""
+    rec = read_node_file(path)
+    if "local_id" not in rec and create:
+        rec["local_id"] = "local-" + uuid.uuid4().hex
+        _write_node_file(path, rec)
+        rec = read_node_file(path)
+    return rec.get("local_id")
+
+
+def shared_identity(store: Store, create: bool) -> str:
+    """The shared tier's identity, created once (write-once, first writer wins) in the tier itself."""
+    raw = store.get(TIER_KEY)
+    if raw is None and create:
+        store.set_if_not_exists(TIER_KEY, json.dumps({"tier_id": "tier-" + uuid.uuid4().hex}).encode())
+        raw = store.get(TIER_KEY)
+    if raw is None:
+        raise StoreError(f"{store!r} is not an initialised vidcache shared tier (no {TIER_KEY}); "
+                         "open it writable once, e.g. `vidcache prewarm --shared URL`")
+    try:
+        tier_id = json.loads(raw)["tier_id"]
+    except (ValueError, KeyError, TypeError):
+        raise StoreError(f"{store!r} has a corrupt {TIER_KEY} record") from None
+    if not isinstance(tier_id, str) or not tier_id.startswith("tier-"):
+        raise StoreError(f"{store!r} has a corrupt {TIER_KEY} record")
+    return tier_id

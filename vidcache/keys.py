@@ -1,0 +1,88 @@
+"""Key formats and namespaces: the one module that knows what a store key means.
+
+Bazel's vocabulary:
+  ``cas/<digest>``          frame blobs, addressed by the xxh3-128 digest of their bytes (content-addressed)
+  ``ac/<key>``              manifests (the "action cache"), addressed by the cache key
+  ``src/<id>``              source records: source -> content digest, with fsspec's validators
+  ``frozen/<key><suffix>``  frozen files for SGLang (same frames, another encoding)
+  ``quarantine/...``        corrupt objects moved aside (never served, kept for inspection)
+  ``meta/tier``             a shared tier's identity
+
+Stores know bytes and keys only; tier policy is stated here as data (``LOCAL_ONLY``)
+and handed to the stores by the cache.  Every key that arrives from outside (a
+request, a CLI argument, a handle) passes :func:`check_key` before any store call.
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+import xxhash
+
+from .digest import ALGO, Digest
+from .errors import InvalidKeyError
+
+if TYPE_CHECKING:
+    from .options import VideoOptions
+
+CAS, AC, SRC, FROZEN, QUARANTINE, META = "cas/", "ac/", "src/", "frozen/", "quarantine/", "meta/"
+NAMESPACES = (AC, CAS, SRC, FROZEN, QUARANTINE, META)
+TIER = META + "tier"          # a shared tier's identity record (see vidcache.config)
+
+# Source records hold validators (mtime, inode) that mean something on one node only.
+LOCAL_ONLY = (SRC,)
+
+# <xxh3-128 of the source bytes>.<size>.<options digest>: hex, digits and dots, nothing else.
+_KEY = re.compile(r"[0-9a-f]{32}\.[0-9]{1,20}\.[0-9a-f]{32}")
+_BLOB = re.compile(re.escape(ALGO) + r":[0-9a-f]{32}:[0-9]{1,20}")
+
+
+def cache_key(source_digest: Digest, options: "VideoOptions") -> str:
+    """The action key: content digest plus options digest.  Paths, URLs and workers never enter it."""
+    return f"{source_digest.hash}.{source_digest.size_bytes}.{options.digest}"
+
+
+def check_key(key: object) -> str:
+    """``key`` if it is a well-formed cache key, else ``InvalidKeyError`` (no store is touched)."""
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        shown = repr(key)[:80]
+        raise InvalidKeyError(f"not a vidcache key: {shown} (expected <32 hex>.<size>.<32 hex>)")
+    return key
+
+
+def check_blob(blob: object) -> str:
+    if not isinstance(blob, str) or not _BLOB.fullmatch(blob):
+        raise InvalidKeyError(f"not a blob digest: {repr(blob)[:80]}")
+    return blob
+
+
+def source_digest_of(key: str) -> Digest:
+    h, size, _ = check_key(key).split(".")
+    return Digest(h, int(size))
+
+
+def ac(key: str) -> str:
+    return AC + check_key(key)
+
+
+def cas(blob: str) -> str:
+    return CAS + check_blob(blob)
+
+
+def src(source: str) -> str:
+    return SRC + xxhash.xxh3_128_hexdigest(source.encode("utf-8", "surrogatepass"))
+
+
+def frozen(key: str, suffix: str) -> str:
+    return FROZEN + check_key(key) + suffix
+
+
+def quarantined(store_key: str) -> str:
+    return QUARANTINE + store_key
+
+
+def entry_key(store_key: str) -> str:
+    """The cache key of an ``ac/`` store key."""
+    if not store_key.startswith(AC):
+        raise InvalidKeyError(f"not a manifest key: {store_key!r}")
+    return check_key(store_key[len(AC):])

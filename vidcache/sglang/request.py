@@ -1,0 +1,79 @@
+"""``prepare``: everything a rollout client sends SGLang for one prompt, and the divergence guard."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ParityError
+from ..processing import VIDEO_PLACEHOLDER, model_tensors, processor_kwargs
+from .transport import DEFAULT_URL_EXPIRY_S, video_uri
+
+
+def check_prompt_ids(expected_ids: list[int], response: dict) -> None:
+    """The divergence guard: SGLang's view of the prompt must equal ``expected_ids``.
+
+    ``response`` is SGLang's ``/generate`` response or its ``meta_info``.  SGLang 0.5.23 returns
+    ``prompt_token_ids`` at the top level (send ``return_prompt_token_ids: true``); without them
+    only ``meta_info.prompt_tokens`` is compared.
+    """
+    meta = dict(response.get("meta_info") or {}) if "meta_info" in response else dict(response)
+    if "prompt_token_ids" in response and "prompt_token_ids" not in meta:
+        meta["prompt_token_ids"] = response["prompt_token_ids"]
+    ids = meta.get("prompt_token_ids")
+    if ids is not None:
+        ids = list(ids[0] if ids and isinstance(ids[0], list) else ids)
+        if ids != list(expected_ids):
+            first = next((i for i, (a, b) in enumerate(zip(ids, expected_ids)) if a != b),
+                         min(len(ids), len(expected_ids)))
+            raise ParityError(f"SGLang expanded the prompt differently from the trainer: {len(ids)} vs "
+                              f"{len(expected_ids)} ids, first difference at position {first}. "
+                              "Check that the server runs with `vidcache sglang-config` for this mode.")
+    n = meta.get("prompt_tokens")
+    if n is not None and n != len(expected_ids):
+        raise ParityError(f"SGLang counted {n} prompt tokens, the trainer has {len(expected_ids)}. "
+                          "The server's video processing differs from the cache "
+                          "(run SGLang with the flags from `vidcache sglang-config`).")
+    if ids is None and n is None:
+        raise ParityError("meta_info has neither prompt_token_ids nor prompt_tokens; cannot check divergence")
+
+
+@dataclass
+class PreparedRequest:
+    """Everything a rollout client needs for one prompt; built from the cache, without decoding."""
+    compact_ids: list[int]           # for SGLang: one placeholder run per video
+    expanded_ids: list[int]          # for training: the processor's expansion
+    video_data: list[str]            # frozen-frames URIs or plugin references, one per video
+    train_inputs: dict[str, torch.Tensor]
+    mode: str
+    extra: dict = field(default_factory=dict)
+
+    def check(self, response: dict) -> None:
+        """Divergence guard (``check_prompt_ids``) against this request's expanded ids."""
+        check_prompt_ids(self.expanded_ids, response)
+
+
+def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str | None = None,
+            base_url: str | None = None, frozen_format: str | None = None,
+            url_expires_s: float = DEFAULT_URL_EXPIRY_S) -> PreparedRequest:
+    """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.
+
+    ``prompt`` is the chat-templated text with one ``<|vision_start|><|video_pad|><|vision_end|>``
+    per handle, in order.  ``transport``: see ``vidcache.sglang.transport`` (default: the shared
+    tier's URLs when the cache has one).
+    """
+    handles = list(handles)
+    n = prompt.count(VIDEO_PLACEHOLDER)
+    if n != len(handles):
+        raise ValueError(f"prompt has {n} video placeholder(s) but {len(handles)} handle(s) were given")
+    tok = processor.tokenizer
+    compact = tok(prompt, add_special_tokens=False)["input_ids"]
+    if handles:
+        out = processor(text=[prompt], videos=[h.frames() for h in handles], **processor_kwargs(handles, mode))
+        tensors = model_tensors(out)
+    else:
+        out = tok([prompt], add_special_tokens=False, return_tensors="pt")
+        tensors = {}
+    expanded = out["input_ids"][0].tolist()
+    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s) for h in handles]
+    return PreparedRequest(list(compact), expanded, uris, tensors, mode)
