@@ -63,3 +63,23 @@ def count_decodes(monkeypatch):
     real = build.open_reader
     monkeypatch.setattr(build, "open_reader", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     return calls
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """An S3 endpoint: moto's server on loopback, with a bucket "cache" (credentials are dummies)."""
+    from types import SimpleNamespace
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    srv.start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    endpoint = f"http://127.0.0.1:{srv._server.server_port}"
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket="cache")
+    try:
+        yield SimpleNamespace(endpoint=endpoint, client=client)
+    finally:
+        srv.stop()

@@ -1,68 +1,91 @@
-"""The shared tier (fsspec CAS on a directory, memory://, S3 on moto), read-through tiers, Ray prewarm."""
+"""The shared tier (fsspec on a directory, memory://, S3 on moto), read-through tiers, budgets, Ray prewarm."""
 import json
 import os
 import uuid
 
+import fsspec
 import pytest
 import torch
 
 from vidcache import VideoCache, VideoOptions
+from vidcache.errors import DigestMismatchError, InvalidKeyError
 from vidcache.store.fsspec_cas import FsspecStore
 from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore
 from vidcache.store.tiered import TieredStore
-from conftest import free_port
 from vidcache.testing.store import PicklableStoreContract, StoreContract
 
 
-class TestFsspecStoreLocalDir(PicklableStoreContract):
+class _FsspecMedium:
+    """Raw access through the filesystem itself, at the path layout the store documents."""
+
+    def _raw_path(self, store, key):
+        return store._path(key)
+
+    def raw_get(self, store, key):
+        fs = fsspec.core.url_to_fs(store.url)[0]
+        try:
+            return fs.cat_file(self._raw_path(store, key))
+        except FileNotFoundError:
+            return None
+
+    def raw_set(self, store, key, value):
+        fs = fsspec.core.url_to_fs(store.url)[0]
+        path = self._raw_path(store, key)
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(path, value)
+
+
+class TestFsspecStoreLocalDir(_FsspecMedium, PicklableStoreContract):
     @pytest.fixture
     def store(self, tmp_path):
         return FsspecStore(str(tmp_path / "shared"))
 
-    @pytest.fixture
-    def read_only_store(self):
-        return lambda s: FsspecStore(s.url, read_only=True)
-
-    def raw_get(self, store, key):
-        ns, name = key.split("/", 1)
-        with open(os.path.join(store.url, ns, name[:2], name), "rb") as f:
-            return f.read()
-
     def test_leftover_partial_files_are_invisible(self, store):
         store.set_many({"cas/abc": b"1"})
-        os.makedirs(os.path.join(store.url, "cas", "de"), exist_ok=True)
-        open(os.path.join(store.url, "cas", "de", "def.1234.partial"), "wb").write(b"half")
+        d = os.path.dirname(store._path("cas/def"))
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, ".def.1234.partial"), "wb").write(b"half")
         assert list(store.keys("cas/")) == ["cas/abc"] and store.get("cas/def") is None
 
-    def test_objects_are_immutable(self, store):
-        store.set_many({"ac/k": b"first"})
-        store.set_many({"ac/k": b"second"})
-        assert store.get("ac/k") == b"first"
+    @pytest.mark.parametrize("key", ["cas/../../etc/passwd", "ac/a/b", "/abs", "cas/", "ac/x\x00y", "cas/..",
+                                     "noslash"])
+    def test_keys_never_leave_the_root(self, store, key):
+        with pytest.raises(InvalidKeyError):
+            store.get(key)
+
+    def test_file_urls(self, store):
+        store.set_many({"frozen/k.nut": b"frames"})
+        url = store.url_for("frozen/k.nut")
+        assert store.supports_urls and url.startswith("file:///")
+        from urllib.parse import unquote, urlparse
+        assert open(unquote(urlparse(url).path), "rb").read() == b"frames"
 
 
-class TestFsspecStoreMemoryFS(StoreContract):
+class TestFsspecStoreMemoryFS(_FsspecMedium, StoreContract):
     @pytest.fixture
     def store(self):
         return FsspecStore(f"memory://vidcache-{uuid.uuid4().hex}")
 
-    @pytest.fixture
-    def read_only_store(self):
-        return lambda s: FsspecStore(s.url, read_only=True)
+    def test_no_urls(self, store):
+        assert not store.supports_urls
+        with pytest.raises(NotImplementedError):
+            store.url_for("frozen/x.nut")
 
 
 class TestTieredStore(StoreContract):
+    """Raw access: what is in the *shared* medium (writes must reach it; reads come through it)."""
+
     @pytest.fixture
     def store(self, tmp_path):
         return TieredStore(LMDBStore(tmp_path / "local"), MemoryStore())
 
-    @pytest.fixture
-    def read_only_store(self):
-        def make(s):
-            ro = MemoryStore(read_only=True)
-            ro._data = s.shared._data
-            return TieredStore(MemoryStore(), ro, read_only=True)
-        return make
+    def raw_get(self, store, key):
+        return store.shared._data.get(key)
+
+    def raw_set(self, store, key, value):
+        store.shared._data[key] = value
+        store.local.delete(key)
 
     def test_reads_backfill_the_local_tier(self, tmp_path):
         shared = MemoryStore()
@@ -74,60 +97,83 @@ class TestTieredStore(StoreContract):
         assert t.local.get("cas/x") == b"blob"
         assert t.exists_many(["ac/y", "ac/z"]) == [True, False]
 
+    def test_local_only_prefixes_never_reach_the_shared_tier(self, tmp_path):
+        shared = MemoryStore()
+        t = TieredStore(LMDBStore(tmp_path / "l"), shared, local_only=("src/",))
+        t.set_many({"src/a": b"node hint", "cas/b": b"blob"})
+        assert "src/a" not in shared._data and shared._data["cas/b"] == b"blob"
+        assert t.get("src/a") == b"node hint"
 
+    def test_checked_pulls_never_serve_or_backfill_bad_bytes(self, tmp_path):
+        def check(key, value):
+            if value == b"bad":
+                raise DigestMismatchError(key)
+        shared = MemoryStore({"cas/x": b"bad"})
+        t = TieredStore(LMDBStore(tmp_path / "l"), shared, check=check)
+        with pytest.raises(DigestMismatchError):
+            t.get("cas/x")
+        assert t.local.get("cas/x") is None
+
+
+# --- nodes ---------------------------------------------------------------------------------------------
 def test_second_node_reads_through_without_decoding(tmp_path, videos, count_decodes):
     shared = str(tmp_path / "nfs")
     node_a = VideoCache(tmp_path / "node_a", shared=shared)
     key = node_a.ensure(videos["h264_ntsc"], VideoOptions()).key
     decoded_before = len(count_decodes)
     node_b = VideoCache(tmp_path / "node_b", shared=shared)
+    assert node_b.identity == node_a.identity       # one cluster-wide identity: the shared tier's
     assert node_b.ensure(videos["h264_ntsc"], VideoOptions()).status == "hit"
     h = node_b.handle(videos["h264_ntsc"], VideoOptions())
     assert h.resolve(build=False) == key
     assert torch.equal(h.frames(), node_a.frames(key)) and len(count_decodes) == decoded_before
-    # the config is remembered: a handle opened later in this node finds the shared tier
+    # the node directory remembers its shared tier, for later commands on this node
     assert json.load(open(tmp_path / "node_b" / "config.json"))["shared"] == shared
+    assert not os.path.exists(os.path.join(shared, "lmdb"))   # never LMDB on the shared tier
 
 
-def test_shared_tier_on_s3(tmp_path, videos, monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
-    boto3 = pytest.importorskip("boto3")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    srv.start()
-    try:
-        endpoint = f"http://127.0.0.1:{srv._server.server_port}"
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="cache")
-        opts = {"endpoint_url": endpoint, "client_kwargs": {"region_name": "us-east-1"}}
-        a = VideoCache(tmp_path / "a", shared="s3://cache/vc", shared_storage_options=opts)
-        key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
-        objs = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").list_objects_v2(Bucket="cache")
-        names = [o["Key"] for o in objs["Contents"]]
-        assert any(n.startswith("vc/ac/") for n in names) and any(n.startswith("vc/cas/") for n in names)
-        b = VideoCache(tmp_path / "b", shared="s3://cache/vc", shared_storage_options=opts)
-        assert torch.equal(b.frames(key), a.frames(key))
-        assert "secret" not in open(tmp_path / "b" / "config.json").read()
-    finally:
-        srv.stop()
-
-
-def test_prewarm_over_ray_into_a_shared_tier(tmp_path, videos, count_decodes):
-    ray = pytest.importorskip("ray")
-    from vidcache.prewarm import prewarm_ray
-    names = ["h264_30", "mjpeg_24", "ffv1_10_small"]
-    ds = tmp_path / "d.jsonl"
-    ds.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n" for n in names)
-                  + json.dumps({"prompt": "<video>", "videos": [str(tmp_path / "missing.mp4")]}) + "\n")
+def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos):
     shared = str(tmp_path / "nfs")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        s = prewarm_ray(str(ds), VideoCache(tmp_path / "node", shared=shared), VideoOptions(), progress=False,
-                        failures_path=str(tmp_path / "f.jsonl"))
-    finally:
-        ray.shutdown()
-    assert (s.new, s.failed) == (3, 1) and s.failures[0]["kind"] == "not_found"
-    other = VideoCache(tmp_path / "other_node", shared=shared)
-    for n in names:
-        assert other.ensure(videos[n], VideoOptions()).status == "hit"
-    assert count_decodes == []          # the Ray workers decoded; this process never did
+    a = VideoCache(tmp_path / "a", shared=shared)
+    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    good = a.frames(key)
+    m = a.manifest(key)
+    blob_path = a.shared._path("cas/" + m.frames.blob)
+    raw = bytearray(open(blob_path, "rb").read())
+    raw[1000] ^= 0x01
+    open(blob_path, "wb").write(bytes(raw))
+    b = VideoCache(tmp_path / "b", shared=shared)
+    with pytest.raises(DigestMismatchError, match=key):
+        b.frames(key)                                # node B pulls, checks, refuses
+    assert b.local.get("cas/" + m.frames.blob) is None      # nothing bad was backfilled
+    assert b.shared.get("quarantine/cas~" + m.frames.blob) == bytes(raw)   # moved aside, not deleted
+    # node A still holds a sound copy: verify --repair publishes it back under its own digest
+    assert a.verify(key, repair=True) != [] and a.verify(key) == []
+    assert torch.equal(VideoCache(tmp_path / "c", shared=shared).frames(key), good)
+
+
+def test_local_budget_keeps_the_shared_tier_whole(tmp_path, videos):
+    shared = str(tmp_path / "nfs")
+    budget = 2 << 20
+    c = VideoCache(tmp_path / "node", shared=shared, max_local_bytes=budget)
+    opts = VideoOptions(min_pixels=3136)
+    names = ["h264_30", "h264_ntsc", "mpeg4_25_odd", "mjpeg_24", "hevc_25", "ffv1_10_small"]
+    keys = [c.ensure(videos[n], opts).key for n in names]
+    total = sum(c.manifest(k).frames.nbytes for k in keys)
+    assert total > 2 * budget                        # more than fits locally
+    assert c.local.used_bytes() <= budget
+    for n, k in zip(names, keys):                    # every entry still readable, through the shared tier
+        assert c.verify(k) == []
+        assert c.frames(k).shape[0] == c.manifest(k).num_frames
+    assert c.local.used_bytes() <= budget
+
+
+def test_shared_tier_on_s3(tmp_path, videos, s3):
+    opts = {"endpoint_url": s3.endpoint, "client_kwargs": {"region_name": "us-east-1"}}
+    a = VideoCache(tmp_path / "a", shared="s3://cache/vc", shared_storage_options=opts)
+    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    names = [o["Key"] for o in s3.client.list_objects_v2(Bucket="cache")["Contents"]]
+    assert any(n.startswith("vc/ac/") for n in names) and any(n.startswith("vc/cas/") for n in names)
+    b = VideoCache(tmp_path / "b", shared="s3://cache/vc", shared_storage_options=opts)
+    assert b.identity == a.identity and torch.equal(b.frames(key), a.frames(key))
+    assert "secret" not in open(tmp_path / "b" / "config.json").read()

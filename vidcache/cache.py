@@ -269,15 +269,18 @@ class VideoCache:
         if verify is None:
             verify = self.config.verify_reads == "always" or (
                 self.config.verify_reads == "first" and fr.blob not in self._verified)
+        why = None
         for attempt in range(2):
             with contextlib.ExitStack() as stack:
                 try:   # a pull from the shared tier is checked inside read(): it may raise too
                     view = stack.enter_context(self.store.read(blob_key))
                     if view is None:
+                        if why is not None:    # every copy was corrupt and is now quarantined
+                            raise why
                         raise NotCachedError(f"entry {m.key}: its blob {fr.blob} is not in {self!r}")
                     src = self._checked(m, view, verify)
                 except DigestMismatchError as e:
-                    why = e
+                    why = e if m.key in str(e) else DigestMismatchError(f"entry {m.key}: {e}")
                 else:
                     yield src
                     return

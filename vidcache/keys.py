@@ -78,7 +78,8 @@ def frozen(key: str, suffix: str) -> str:
 
 
 def quarantined(store_key: str) -> str:
-    return QUARANTINE + store_key
+    """Where a corrupt object is moved aside: one flat name (stores keep one level under a namespace)."""
+    return QUARANTINE + store_key.replace("/", "~", 1)
 
 
 def entry_key(store_key: str) -> str:
