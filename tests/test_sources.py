@@ -2,18 +2,28 @@
 import base64
 import functools
 import http.server
+import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import torch
+import xxhash
 
 import vidcache.cache as cache_mod
 from conftest import free_port
 from vidcache import VideoCache, VideoOptions
-from vidcache.errors import (SchemeNotAllowedError, SourceNotFoundError, SourceTooLargeError,
-                             SourceUnavailableError)
-from vidcache.loader.fetch import FetchLimits
+from vidcache.digest import Digest
+from vidcache.errors import (FetchTimeoutError, InvalidSourceError, SchemeNotAllowedError, SourceNotFoundError,
+                             SourceTooLargeError, SourceUnavailableError)
+from vidcache.loader.fetch import (FetchLimits, fetch, fingerprint, run_tmp_dir, scheme_of, sweep_stale,
+                                   tmp_bytes)
 
 
 @pytest.fixture(scope="module")
@@ -96,3 +106,260 @@ def test_s3_source_on_a_real_s3_server(tmp_path, videos, s3, monkeypatch):
     with pytest.raises(SourceNotFoundError):
         c.ensure("s3://videos/missing.mp4", VideoOptions())
     assert torch.equal(c.frames(r3.key), c.frames(c.ensure(videos["ffv1_10_small"], VideoOptions()).key))
+
+
+# --- HTTP servers that ignore Range, hang, or stall ----------------------------------------------------------
+BODY = os.urandom(5_000_000)            # clip-sized: several of fsspec's blocks; random bytes, so no guessing
+
+
+class _RawHandler(http.server.BaseHTTPRequestHandler):
+    """Serves BODY whole whatever Range says: /len/ with Content-Length, /nolen/ without (ends at close),
+    /stall/ sends headers and 64 KiB, then never finishes; /status/N answers HTTP N."""
+    release = threading.Event()
+
+    def log_message(self, *a):
+        pass
+
+    def _headers(self):
+        if self.path.startswith("/nolen/") or self.path.startswith("/len/") or self.path.startswith("/stall/"):
+            self.send_response(200)
+            if not self.path.startswith("/nolen/"):
+                self.send_header("Content-Length", str(len(BODY)))
+            self.end_headers()
+            return True
+        self.send_error(int(self.path.split("/")[2]) if self.path.startswith("/status/") else 404)
+        return False
+
+    def do_HEAD(self):
+        self._headers()
+
+    def do_GET(self):
+        if self._headers():
+            if self.path.startswith("/stall/"):
+                self.wfile.write(BODY[:65536])
+                self.wfile.flush()
+                self.release.wait(60)
+                return
+            self.wfile.write(BODY)
+
+
+@pytest.fixture(scope="module")
+def raw_http():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RawHandler)   # HTTP/1.0: a body may end at close
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    _RawHandler.release.set()
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hung_url():
+    """A port whose connections the kernel completes (listen backlog) but nobody ever answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    yield f"http://127.0.0.1:{s.getsockname()[1]}/clip.mp4"
+    s.close()
+
+
+@pytest.mark.parametrize("route", ["len", "nolen"])
+def test_http_without_range_support_streams_the_whole_body(raw_http, tmp_path, route):
+    f = fetch(f"{raw_http}/{route}/clip.bin", FetchLimits(), tmp_dir=str(tmp_path))
+    try:
+        assert f.temporary and f.digest == Digest(xxhash.xxh3_128_hexdigest(BODY), len(BODY))
+        assert open(f.path, "rb").read() == BODY
+    finally:
+        f.cleanup()
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("route", ["len", "nolen"])
+def test_http_size_cap_applies_while_streaming(raw_http, tmp_path, route):
+    with pytest.raises(SourceTooLargeError, match="cap"):
+        fetch(f"{raw_http}/{route}/clip.bin", FetchLimits(max_bytes=len(BODY) - 1), tmp_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == []        # the partial download is removed
+
+
+@pytest.mark.parametrize("call", [fingerprint, fetch])
+def test_hung_http_server_is_a_fetch_timeout(hung_url, tmp_path, call):
+    limits = FetchLimits(timeout_s=1.2)
+    t0 = time.monotonic()
+    with pytest.raises(FetchTimeoutError) as e:
+        call(hung_url, limits)
+    # A correctness bound, not a benchmark: fsspec's HEAD-then-GET (then open()'s GET) would each take a
+    # whole timeout, and a swallowed cancellation runs to the next whole second (fsspec's sync() polls
+    # once a second); under 1.5 timeouts proves the one deadline covers them all.
+    assert e.value.kind == "fetch_timeout" and time.monotonic() - t0 < 1.5 * limits.timeout_s
+
+
+def test_stalled_http_body_is_a_fetch_timeout(raw_http, tmp_path):
+    limits = FetchLimits(timeout_s=1.2)
+    t0 = time.monotonic()
+    with pytest.raises(FetchTimeoutError):
+        fetch(f"{raw_http}/stall/clip.bin", limits, tmp_dir=str(tmp_path))
+    assert time.monotonic() - t0 < 1.5 * limits.timeout_s and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("call", [fingerprint, fetch])
+@pytest.mark.parametrize("status,error", [(404, SourceNotFoundError), (410, SourceNotFoundError),
+                                          (403, SourceUnavailableError), (500, SourceUnavailableError)])
+def test_http_status_is_judged_under_fsspecs_file_not_found(raw_http, status, error, call):
+    # fsspec's info() wraps every failure in FileNotFoundError; a 500 is not "not found".
+    with pytest.raises(error, match=str(status)) as e:
+        call(f"{raw_http}/status/{status}/clip.mp4", FetchLimits(timeout_s=5.0))
+    assert e.value.kind == error.kind
+
+
+def test_cache_reports_a_hung_server_as_fetch_timeout(tmp_path, hung_url):
+    c = VideoCache(tmp_path / "c", limits=FetchLimits(timeout_s=1.0))
+    with pytest.raises(FetchTimeoutError):
+        c.ensure(hung_url, VideoOptions())
+    assert c.stats()["entries"] == 0
+
+
+# --- what a source may be ------------------------------------------------------------------------------------
+def _special_files(tmp_path):
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    os.mkdir(tmp_path / "dir")
+    os.mkfifo(tmp_path / "fifo")
+    return str(tmp_path)
+
+
+# name -> (source made from a directory holding a symlink loop, a directory and a FIFO; the expected error)
+BAD_SOURCES = {
+    "not a str": (lambda d: b"/a.mp4", InvalidSourceError),
+    "None": (lambda d: None, InvalidSourceError),
+    "empty": (lambda d: "", InvalidSourceError),
+    "blank": (lambda d: "  ", InvalidSourceError),
+    "tab in path": (lambda d: d + "/a\tb.mp4", InvalidSourceError),
+    "NUL in path": (lambda d: d + "/a\0b.mp4", InvalidSourceError),
+    "NUL in file URI": (lambda d: f"file://{d}/a%00b.mp4", InvalidSourceError),
+    "tab in URL": (lambda d: "http://127.0.0.1:1/a\tb.mp4", InvalidSourceError),
+    "lone surrogate": (lambda d: json.loads(f'"{d}/\\udcff.mp4"'), InvalidSourceError),
+    "symlink loop": (lambda d: d + "/loop", InvalidSourceError),
+    "name too long": (lambda d: d + "/" + "x" * 300 + ".mp4", InvalidSourceError),
+    "directory": (lambda d: d + "/dir", InvalidSourceError),
+    "directory URI": (lambda d: f"file://{d}/dir", InvalidSourceError),
+    "fifo": (lambda d: d + "/fifo", InvalidSourceError),          # a plain open() would wait for a writer
+    "file URI of another host": (lambda d: f"file://otherhost{d}/a.mp4", InvalidSourceError),
+    "missing": (lambda d: d + "/missing.mp4", SourceNotFoundError),
+    "bad IPv6 host": (lambda d: "http://[bad/x.mp4", InvalidSourceError),
+    "port out of range": (lambda d: "http://127.0.0.1:99999/x.mp4", InvalidSourceError),
+    "chained URL": (lambda d: "simplecache::http://127.0.0.1:1/x.mp4", SchemeNotAllowedError),
+    "unknown scheme": (lambda d: "ftp://example.invalid/x.mp4", SchemeNotAllowedError),
+}
+
+
+@pytest.mark.parametrize("call", [fingerprint, fetch])
+@pytest.mark.parametrize("name", BAD_SOURCES)
+def test_bad_sources_raise_specific_errors(tmp_path, name, call):
+    make, error = BAD_SOURCES[name]
+    with pytest.raises(error) as e:
+        call(make(_special_files(tmp_path)), FetchLimits(timeout_s=5.0))
+    assert e.value.kind == error.kind          # not a subclass with another kind
+
+
+def test_bad_source_is_a_row_error_in_the_cache(cache, tmp_path):
+    for source in (json.loads('"\\udcff.mp4"'), str(tmp_path), 7):
+        with pytest.raises(InvalidSourceError):
+            cache.ensure(source, VideoOptions())
+
+
+def test_allowlist_checks_what_fsspec_opens(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "http:clip.mp4").write_bytes(b"local bytes")     # fsspec reads "http:x" (no //) as a local path
+    web_only = FetchLimits(schemes=("http", "https"))
+    for call in (fingerprint, fetch):
+        with pytest.raises(SchemeNotAllowedError, match="'file'"):
+            call("http:clip.mp4", web_only)
+    assert [scheme_of(s) for s in ("http:clip.mp4", "HTTP://h/x", "DATA:,x", "file:///x", "/x", 7)] == \
+        ["file", "http", "data", "file", "file", ""]
+    assert fetch("http:clip.mp4").digest == Digest.of(b"local bytes")   # with file allowed, it is that file
+
+
+def test_scheme_is_case_insensitive(raw_http, tmp_path, cache, http_root):
+    upper = raw_http.replace("http://", "HTTP://") + "/len/clip.bin"
+    f = fetch(upper, FetchLimits(), tmp_dir=str(tmp_path))
+    f.cleanup()
+    assert f.digest == Digest.of(BODY)
+    assert fingerprint(upper) is None          # reached the server: no ETag there, so no validators
+    with pytest.raises(SchemeNotAllowedError):
+        fetch(upper, FetchLimits(schemes=("file",)))
+    url, _ = http_root
+    lower = cache.ensure(url + "/clip.mp4", VideoOptions())
+    assert cache.ensure(url.replace("http", "HTTP", 1) + "/clip.mp4", VideoOptions()).key == lower.key
+    data = base64.b64encode(b"some bytes").decode()
+    assert fetch("DATA:application/octet-stream;base64," + data).digest == Digest.of(b"some bytes")
+
+
+def test_ipv6_host_is_not_split_as_a_chain(tmp_path):
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 in this Python build")
+    class V6Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+    try:
+        srv = V6Server(("::1", 0), _RawHandler)
+    except OSError as e:
+        pytest.skip(f"cannot listen on ::1 here: {e}")
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        f = fetch(f"http://[::1]:{srv.server_address[1]}/len/clip.bin", FetchLimits(), tmp_dir=str(tmp_path))
+        f.cleanup()
+        assert f.digest == Digest.of(BODY)
+    finally:
+        srv.shutdown()
+
+
+# --- per-process temp areas ----------------------------------------------------------------------------------
+_CHILD = """
+import sys, time
+from vidcache.loader.fetch import run_tmp_dir
+d = run_tmp_dir(sys.argv[1])
+open(d + "/fetch-partial.video", "wb").write(b"x" * 12345)
+print(d, flush=True)
+time.sleep(600)
+"""
+
+
+def _child(base):
+    p = subprocess.Popen([sys.executable, "-c", _CHILD, str(base)], stdout=subprocess.PIPE, text=True)
+    return p, p.stdout.readline().strip()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="liveness is judged from /proc (Linux)")
+def test_sweep_removes_only_dead_processes_run_dirs(tmp_path):
+    base = tmp_path / "tmp"
+    killed, killed_dir = _child(base)
+    alive, alive_dir = _child(base)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        mine = run_tmp_dir(str(base))
+        open(os.path.join(mine, "x"), "wb").write(b"y" * 100)
+        pid, start, ns = os.path.basename(mine).split("-")
+        reused = base / f"{pid}-{int(start) + 1}-{ns}"           # this pid, but another process's start time
+        reused.mkdir()
+        (reused / "old").write_bytes(b"z" * 7)
+        foreign = base / f"{killed.pid}-1-{int(ns) + 1}"          # another pid namespace: cannot be judged
+        foreign.mkdir()
+        (base / "notes").mkdir()                                  # not a run directory: left alone
+        assert tmp_bytes(str(base)) == 2 * 12345 + 100 + 7
+        assert sweep_stale(str(base)) == 12345 + 7
+        assert sorted(os.listdir(base)) == sorted([os.path.basename(alive_dir), os.path.basename(mine),
+                                                   foreign.name, "notes"])
+        assert not os.path.exists(killed_dir) and os.path.exists(alive_dir)
+        assert sweep_stale(str(base)) == 0
+    finally:
+        alive.kill()
+        alive.wait()
+    assert sweep_stale(str(base)) == 12345 and not os.path.exists(alive_dir)
+
+
+def test_legacy_loose_temp_files_are_swept_when_old(tmp_path):
+    old, new = tmp_path / "fetch-abc.video", tmp_path / "fetch-def.video"
+    old.write_bytes(b"o" * 10)
+    new.write_bytes(b"n" * 3)
+    os.utime(old, (time.time() - 2 * 86400,) * 2)
+    if os.path.exists("/proc/self/stat"):
+        assert sweep_stale(str(tmp_path)) == 10 and os.listdir(tmp_path) == [new.name]
+    assert sweep_stale(str(tmp_path / "absent")) == 0 and tmp_bytes(str(tmp_path / "absent")) == 0

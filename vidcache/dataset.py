@@ -42,7 +42,7 @@ class Row:
 
 
 def _resolve(source: str, base_dir: str | None) -> str:
-    if base_dir and scheme_of(source) == "file" and not source.startswith("file:") and not os.path.isabs(source):
+    if base_dir and scheme_of(source) == "file" and source[:5].lower() != "file:" and not os.path.isabs(source):
         return os.path.normpath(os.path.join(base_dir, source))
     return source
 

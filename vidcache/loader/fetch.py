@@ -3,96 +3,227 @@
 A source's *fingerprint* (size, mtime, ETag: the validators fsspec exposes) is
 a cheap hint that lets an unchanged source skip the download; only the
 *digest* of the bytes ever enters a cache key.
+
+Which filesystem a source names is decided by fsspec's own parse
+(``fsspec.core.split_protocol``), never by urllib's, and the allowlist is checked
+against that, so no spelling of a local path (``http:clip.mp4``) passes as http.
+Every malformed source raises a ``SourceError`` subclass with its own ``kind``.
+
+Remote sources are copied into a temp file.  ``run_tmp_dir(base)`` gives each process
+its own directory for them, so what a killed process leaves behind can be recognised:
+``sweep_stale(base)`` removes the directories of dead processes and ``tmp_bytes(base)``
+reports what temp files hold.  A cache passes ``tmp_dir=run_tmp_dir(<cache>/tmp)`` to
+``fetch`` and sweeps ``<cache>/tmp`` when a prewarm starts.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import os
+import re
+import shutil
+import stat
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlsplit
 
 import fsspec
+import fsspec.asyn
 
 from ..digest import CHUNK, Digest, StreamingDigest
-from ..errors import (EmptySourceError, FetchTimeoutError, SchemeNotAllowedError, SourceNotFoundError,
-                      SourceTooLargeError, SourceUnavailableError)
+from ..errors import (EmptySourceError, FetchTimeoutError, InvalidSourceError, SchemeNotAllowedError,
+                      SourceError, SourceNotFoundError, SourceTooLargeError, SourceUnavailableError)
 
 DEFAULT_SCHEMES = ("file", "http", "https", "s3", "data")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
 class FetchLimits:
     max_bytes: int = 4 << 30          # refuse sources larger than this
-    timeout_s: float = 300.0          # wall-clock cap on one fetch
+    timeout_s: float = 300.0          # wall-clock cap on one fetch, and on one fingerprint
     schemes: tuple[str, ...] = DEFAULT_SCHEMES
     storage_options: dict = field(default_factory=dict, hash=False)   # per-protocol fsspec options
 
 
 def scheme_of(source: str) -> str:
-    if source.startswith("data:"):
+    """The protocol fsspec resolves ``source`` to, lower-cased; ``file`` for anything fsspec opens locally.
+
+    Total, so callers may branch on it before validation: a non-string has no scheme (``""``), and
+    ``fetch``/``fingerprint`` refuse it.
+    """
+    if not isinstance(source, str):
+        return ""
+    if source[:5].lower() == "data:":
         return "data"
-    p = urlparse(source)
-    return p.scheme if len(p.scheme) > 1 else "file"   # "C:\..." is not a scheme
+    protocol, _ = fsspec.core.split_protocol(source)
+    return protocol.lower() if protocol else "file"
 
 
-def local_path(source: str) -> str | None:
-    """The filesystem path for plain paths and file:// URIs (percent-decoded), else None."""
-    if scheme_of(source) != "file":
-        return None
-    return unquote(urlparse(source).path) if source.startswith("file:") else source
+def _checked(source, limits: FetchLimits) -> tuple[str, str]:
+    """(scheme, source with its scheme lower-cased), or the specific error for a source that cannot be read.
 
-
-def _filesystem(source: str, limits: FetchLimits):
+    Schemes are case-insensitive (RFC 3986 3.1) but fsspec's registry is not, so ``HTTP://`` is normalised
+    rather than refused.  Sources are stored as UTF-8 JSON, so lone surrogates (json's ``"\\udcff"``) are
+    refused, as are control characters: urllib silently drops tabs and newlines from URLs, and NUL cannot
+    be in a path.
+    """
+    if not isinstance(source, str):
+        raise InvalidSourceError(f"a source must be a string, got {type(source).__name__}")
+    if not source.strip():
+        raise InvalidSourceError(f"the source is empty: {source!r}")
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidSourceError(f"the source is not valid Unicode (lone surrogate): {source[:200]!r}") from None
+    if _CONTROL.search(source):
+        raise InvalidSourceError(f"the source contains a control character: {source[:200]!r}")
     scheme = scheme_of(source)
     if scheme not in limits.schemes:
-        raise SchemeNotAllowedError(f"scheme {scheme!r} of {source[:80]!r} is not allowed (allowed: {list(limits.schemes)})")
+        raise SchemeNotAllowedError(f"scheme {scheme!r} of {source[:80]!r} is not allowed "
+                                    f"(allowed: {list(limits.schemes)})")
+    if scheme == "data":
+        source = "data:" + source[5:]
+    elif fsspec.core.split_protocol(source)[0]:
+        source = scheme + source[len(scheme):]   # the scheme was cut at "://", so lengths match
+    return scheme, source
+
+
+def _local_path(source: str) -> str:
+    """The path of a source fsspec opens locally: ``file:`` URIs percent-decoded, plain paths verbatim."""
+    if not source.startswith("file:"):
+        return source
+    url = urlsplit(source)
+    if url.netloc not in ("", "localhost"):
+        raise InvalidSourceError(f"file URI names another host ({url.netloc!r}): {source[:200]}")
+    path = unquote(url.path)
+    if "\0" in path:
+        raise InvalidSourceError(f"the file URI decodes to a path with NUL: {source[:200]!r}")
+    return path
+
+
+@contextlib.contextmanager
+def _local_errors(source: str):
+    """Turn OS errors on a local source into vidcache's (ours pass through: some subclass OSError)."""
+    try:
+        yield
+    except SourceError:
+        raise
+    except (FileNotFoundError, NotADirectoryError):
+        raise SourceNotFoundError(f"source not found: {source[:200]}") from None
+    except PermissionError as e:
+        raise SourceUnavailableError(f"access denied to {source[:200]}: {e.strerror}") from None
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENAMETOOLONG, errno.EISDIR):
+            raise InvalidSourceError(f"cannot be a video file: {source[:200]}: {e.strerror}") from None
+        raise SourceUnavailableError(f"cannot read {source[:200]}: {e}") from None
+
+
+def _require_file(source: str, st: os.stat_result) -> None:
+    # A directory has no bytes to hash, and opening a FIFO would block forever.
+    if not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise InvalidSourceError(f"source is {what}, not a video file: {source[:200]}")
+
+
+def _filesystem(source: str, scheme: str, limits: FetchLimits):
+    """fsspec's filesystem for ``scheme``, and the path within it.
+
+    Resolved from the one protocol split_protocol found, never as a chain (``a::b``): the allowlist approved
+    exactly one protocol, and chain splitting would also break IPv6 hosts such as ``http://[::1]/``.
+    """
     opts = dict(limits.storage_options.get(scheme, {}))
     if scheme in ("http", "https"):
         import aiohttp
-        opts.setdefault("client_kwargs", {}).setdefault("timeout", aiohttp.ClientTimeout(total=limits.timeout_s))
-    fs, path = fsspec.core.url_to_fs(source, **opts)
-    return fs, path
+        # Only a backstop: each call is bounded by the deadline itself (``_info``, ``_open_remote``).  It
+        # must fire *after* the deadline: when aiohttp's timer and sync()'s cancellation coincide, aiohttp
+        # turns the cancellation into its own timeout, which fsspec's info() swallows to retry with GET.
+        timeout = aiohttp.ClientTimeout(total=limits.timeout_s + 1.0)
+        opts["client_kwargs"] = {"timeout": timeout, **opts.get("client_kwargs", {})}
+    try:
+        cls = fsspec.get_filesystem_class(scheme)
+        fs = cls(**{**cls._get_kwargs_from_urls(source), **opts})
+    except (ImportError, ValueError) as e:   # unknown protocol, or its package is not installed
+        raise SourceUnavailableError(f"no filesystem for scheme {scheme!r}: {e}") from None
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if scheme not in protocols:   # e.g. a plugin that maps the scheme onto another filesystem
+        raise SchemeNotAllowedError(f"scheme {scheme!r} resolves to a {type(fs).__name__} for {protocols}")
+    return fs, fs._strip_protocol(source)
 
 
-def _root_cause(e: BaseException) -> BaseException:
-    while e.__cause__ is not None or e.__context__ is not None:
-        e = e.__cause__ or e.__context__
-    return e
+def _remaining(source: str, deadline: float, limits: FetchLimits) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise FetchTimeoutError(f"timed out after {limits.timeout_s}s reading {source[:200]}")
+    return left
 
 
-def _translate(source: str, e: BaseException) -> Exception:
-    cause = _root_cause(e)
-    # fsspec's HTTP filesystem reports a refused connection as FileNotFoundError; look underneath.
-    if isinstance(cause, (ConnectionError, OSError)) and not isinstance(cause, FileNotFoundError) \
-            or type(cause).__module__.startswith("aiohttp") and "Connect" in type(cause).__name__:
+def _info(fs, path: str, source: str, deadline: float, limits: FetchLimits) -> dict:
+    """``fs.info(path)`` bounded by the deadline.
+
+    fsspec's HTTP info tries HEAD and then GET, each under aiohttp's per-request timeout, so a hung server
+    costs twice the timeout unless the whole call is bounded; fsspec's ``sync(timeout=)`` cancels it.
+    """
+    try:
+        if getattr(fs, "async_impl", False):
+            return fsspec.asyn.sync(fs.loop, fs._info, path, timeout=_remaining(source, deadline, limits))
+        return fs.info(path)
+    except Exception as e:
+        raise _translate(source, e, limits) from None
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out = [e]
+    while (nxt := out[-1].__cause__ or out[-1].__context__) is not None and nxt not in out:
+        out.append(nxt)
+    return out
+
+
+def _translate(source: str, e: BaseException, limits: FetchLimits) -> SourceError:
+    """A vidcache error for a remote failure, judged by its root causes.
+
+    fsspec's HTTP filesystem reports *any* failure of its info call (timeout, refused connection, HTTP 500)
+    as FileNotFoundError, so the wrapper alone says nothing; look underneath.
+    """
+    import aiohttp
+    if isinstance(e, SourceError):
+        return e
+    chain = _chain(e)
+    if any(isinstance(x, (TimeoutError, asyncio.TimeoutError)) for x in chain):
+        return FetchTimeoutError(f"timed out after {limits.timeout_s}s reading {source[:200]}")
+    status = next((x.status for x in chain if isinstance(x, aiohttp.ClientResponseError)), None)
+    if status in (404, 410):
+        return SourceNotFoundError(f"source not found (HTTP {status}): {source[:200]}")
+    if status is not None:
+        return SourceUnavailableError(f"cannot read {source[:200]}: HTTP {status}")
+    cause = chain[-1]
+    if isinstance(cause, ValueError):      # yarl's and aiohttp's bad URLs, a data: URI without a comma, ...
+        return InvalidSourceError(f"not a readable address: {source[:200]}: {cause}")
+    if any(isinstance(x, PermissionError) for x in chain):
+        return SourceUnavailableError(f"access denied to {source[:200]}: {e}")
+    if isinstance(cause, (aiohttp.ClientError, OSError)) and not isinstance(cause, FileNotFoundError):
         return SourceUnavailableError(f"cannot read {source[:200]}: connection failed: {cause}")
     if isinstance(e, FileNotFoundError):
         return SourceNotFoundError(f"source not found: {source[:200]}")
-    if isinstance(e, (TimeoutError,)) or type(e).__name__ in ("ServerTimeoutError", "ReadTimeoutError", "ConnectTimeoutError"):
-        return FetchTimeoutError(f"timed out reading {source[:200]}: {e}")
-    if isinstance(e, PermissionError):
-        return SourceUnavailableError(f"access denied to {source[:200]}: {e}")
-    return SourceUnavailableError(f"cannot read {source[:200]}: {type(e).__name__}: {e}")
+    return SourceUnavailableError(f"cannot read {source[:200]}: {type(cause).__name__}: {cause}")
 
 
 def fingerprint(source: str, limits: FetchLimits = FetchLimits()) -> dict | None:
     """Validators for ``source``, or None when the source offers none strong enough to trust."""
-    scheme = scheme_of(source)
+    deadline = time.monotonic() + limits.timeout_s
+    scheme, source = _checked(source, limits)
     if scheme == "data":
         return None  # the URI *is* the content; hashing it is as cheap as looking it up
-    path = local_path(source)
-    if path is not None:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise SourceNotFoundError(f"source not found: {source[:200]}") from None
+    if scheme == "file":
+        with _local_errors(source):
+            st = os.stat(_local_path(source))
+        _require_file(source, st)
         return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}
-    fs, p = _filesystem(source, limits)
-    try:
-        info = fs.info(p)
-    except Exception as e:
-        raise _translate(source, e) from None
+    fs, p = _filesystem(source, scheme, limits)
+    info = _info(fs, p, source, deadline, limits)
     fp = {"size": info.get("size")}
     for k in ("ETag", "etag", "LastModified", "last_modified", "mtime", "VersionId"):
         if info.get(k) is not None:
@@ -118,39 +249,57 @@ class Fetched:
 def fetch(source: str, limits: FetchLimits = FetchLimits(), tmp_dir: str | None = None) -> Fetched:
     """Digest ``source`` while streaming it; remote sources land in a temp file under ``tmp_dir``."""
     deadline = time.monotonic() + limits.timeout_s
-    path = local_path(source)
-    if path is not None:
-        if "file" not in limits.schemes:
-            raise SchemeNotAllowedError(f"local files are not allowed (allowed: {list(limits.schemes)})")
-        try:
-            size = os.path.getsize(path)
-            if os.path.isdir(path):
-                raise SourceNotFoundError(f"source is a directory, not a video: {path}")
-            _check_size(source, size, limits)
-            with open(path, "rb") as f:
+    scheme, source = _checked(source, limits)
+    if scheme == "file":
+        path = _local_path(source)
+        with _local_errors(source):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)   # a FIFO must not block the open
+            try:
+                st = os.fstat(fd)               # the file opened, not whatever the name points to now
+                _require_file(source, st)
+                _check_size(source, st.st_size, limits)
+            except BaseException:
+                os.close(fd)
+                raise
+            with open(fd, "rb") as f:
                 digest = _stream(f, None, source, limits, deadline)
-        except FileNotFoundError:
-            raise SourceNotFoundError(f"source not found: {source[:200]}") from None
         return Fetched(path, digest, temporary=False)
 
-    fs, p = _filesystem(source, limits)
+    fs, p = _filesystem(source, scheme, limits)
     fd, tmp = tempfile.mkstemp(prefix="fetch-", suffix=".video", dir=tmp_dir)
     try:
         with os.fdopen(fd, "wb") as out:
             try:
-                with fs.open(p, "rb", block_size=CHUNK) as f:
+                with _open_remote(fs, p, scheme, source, limits, deadline) as f:
                     size = getattr(f, "size", None)
                     if size is not None:
                         _check_size(source, size, limits)
                     digest = _stream(f, out, source, limits, deadline)
-            except (SourceTooLargeError, FetchTimeoutError, EmptySourceError):
+            except SourceError:
                 raise
             except Exception as e:
-                raise _translate(source, e) from None
+                raise _translate(source, e, limits) from None
         return Fetched(tmp, digest, temporary=True)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def _open_remote(fs, p: str, scheme: str, source: str, limits: FetchLimits, deadline: float):
+    if scheme not in ("http", "https"):
+        return fs.open(p, "rb", block_size=CHUNK)
+    # HTTP: one streaming GET of the whole body (fsspec's HTTPStreamFile, block_size=0).  fsspec's default
+    # ranged reads fail past the first blocks on servers that ignore Range, and a whole-file read gains
+    # nothing from ranges.  The deadline bounds the info call and, as aiohttp's per-request timeout, the
+    # GET with its body.
+    import aiohttp
+    size = _info(fs, p, source, deadline, limits).get("size")
+    if size is not None:
+        _check_size(source, size, limits)      # refuse before downloading
+    # ``size`` only spares open() a second, unbounded HEAD; a streaming file does not use it, so any
+    # positive value serves when the server sent no Content-Length.
+    return fs.open(p, "rb", block_size=0, size=size or 1,
+                   timeout=aiohttp.ClientTimeout(total=_remaining(source, deadline, limits)))
 
 
 def _check_size(source: str, size: int, limits: FetchLimits) -> None:
@@ -164,12 +313,97 @@ def _stream(f, out, source: str, limits: FetchLimits, deadline: float) -> Digest
     d = StreamingDigest()
     while chunk := f.read(CHUNK):
         d.update(chunk)
-        if out is not None:
-            out.write(chunk)
         if d.size_bytes > limits.max_bytes:
             raise SourceTooLargeError(f"source exceeds the {limits.max_bytes}-byte cap: {source[:200]}")
-        if time.monotonic() > deadline:
-            raise FetchTimeoutError(f"fetch of {source[:200]} exceeded {limits.timeout_s}s")
+        if out is not None:
+            out.write(chunk)
+        _remaining(source, deadline, limits)
     if d.size_bytes == 0:
         raise EmptySourceError(f"source is empty (0 bytes): {source[:200]}")
     return d.digest()
+
+
+# --- temp areas ----------------------------------------------------------------------------------------
+# Each process writes temp files only under its own run directory, base/<pid>-<start>-<pidns>: pid, the
+# process's start time (clock ticks after boot, /proc/<pid>/stat field 22) and its pid namespace's inode.
+# A directory whose (pid, start) no longer names a live process belonged to a dead one (SIGKILL, the OOM
+# killer, a worker timeout) and is swept; the start time tells a reused pid apart.  Directories of another
+# pid namespace (another container sharing the cache) are never judged: their pids mean nothing here.
+# Without /proc nothing is judged, so nothing is swept.
+
+_RUN_DIR = re.compile(r"(\d+)-(\d+)-(\d+)")
+_LEGACY = re.compile(r"fetch-.*\.video")     # loose temp files of versions before run directories
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of live process ``pid``; None if it is gone, a zombie, or /proc is missing."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()   # the name in (...) may hold spaces
+    except OSError:
+        return None
+    return None if fields[0] in (b"Z", b"X") else fields[19].decode()
+
+
+def _pid_ns() -> str | None:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return None
+
+
+def run_tmp_dir(base: str) -> str:
+    """This process's own temp directory under ``base`` (created if missing).
+
+    Call it in the process that writes (after any fork), not once up front: the name is the caller's.
+    """
+    start, ns = _proc_start(os.getpid()), _pid_ns()
+    # Without /proc the name cannot be judged later; a uuid keeps it unique and outside _RUN_DIR's pattern.
+    name = f"{os.getpid()}-{start}-{ns}" if start and ns else f"{os.getpid()}-{uuid.uuid4().hex}"
+    path = os.path.join(base, name)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def sweep_stale(base: str, legacy_age_s: float = 86400.0) -> int:
+    """Remove the run directories under ``base`` whose process is dead; returns the bytes freed.
+
+    Loose ``fetch-*.video`` files (from versions without run directories) are removed once older than
+    ``legacy_age_s``: their owner cannot be known, but no fetch and decode takes a day.
+    """
+    ns = _pid_ns()
+    if ns is None or _proc_start(os.getpid()) is None:
+        return 0
+    try:
+        entries = list(os.scandir(base))
+    except FileNotFoundError:
+        return 0
+    freed = 0
+    for e in entries:
+        m = _RUN_DIR.fullmatch(e.name)
+        if m and e.is_dir(follow_symlinks=False):
+            pid, start, owner_ns = m.groups()
+            if owner_ns != ns or _proc_start(int(pid)) == start:
+                continue                                    # another namespace's, or alive
+            before = tmp_bytes(e.path)
+            shutil.rmtree(e.path, ignore_errors=True)       # another sweeper may be removing it too
+            freed += before - tmp_bytes(e.path)             # what is left, we had no right to remove
+        elif _LEGACY.fullmatch(e.name) and e.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):                # gone meanwhile, or not ours to remove
+                st = e.stat(follow_symlinks=False)
+                if time.time() - st.st_mtime > legacy_age_s:
+                    os.unlink(e.path)
+                    freed += st.st_size
+    return freed
+
+
+def tmp_bytes(base: str) -> int:
+    """Bytes held by the regular files under ``base`` (0 when it does not exist)."""
+    total = 0
+    for root, _dirs, files in os.walk(base):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):     # a fetch may finish and remove it meanwhile
+                st = os.lstat(os.path.join(root, name))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+    return total
