@@ -1,41 +1,46 @@
-"""The ``--vidcache-*`` flags and what they build: ``VideoOptions``, the cache and the transfer settings.
+"""The ``--vidcache-*`` flags and what they build: ``VideoOptions``, the node's cache and the transfer settings.
 
 ``add_vidcache_arguments`` is what the Miles plugins' ``add_arguments`` hooks call; it is idempotent because
 Miles may call the hook of the rollout function and of the generate function on the same parser.
 ``VidcacheConfig.from_args`` tolerates a namespace where the flags were never registered (e.g. when only
 ``--data-source-path`` points at vidcache: Miles does not scan that path for ``add_arguments``) and then
 uses the defaults below.
+
+The node configuration is vidcache's own: ``--vidcache-cache`` / ``$VIDCACHE_DIR`` (node-local, never NFS) and
+``--vidcache-shared`` / ``$VIDCACHE_SHARED`` (the cluster's shared tier).  Set the two environment variables on
+every node (Ray runtime env) so that the rollout manager, SGLang servers (plugin mode) and train actors all
+resolve the same handles and references.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import typing
 from dataclasses import dataclass
 
 from vidcache import VideoOptions
-from vidcache.options import PATCH_SIZE
+from vidcache.options import PATCH_SIZE, STOCK_SGLANG_QWEN3_SIZE_FACTOR
+from vidcache.processing import MODES
+from vidcache.sglang.transport import TRANSPORTS
 
-MODES = ("stock", "plugin")
-TRANSPORTS = ("file", "http", "data")
 TRAIN_INPUTS = ("tensors", "handles")
 
-# (flag suffix, dest suffix, argparse kwargs); every dest is "vidcache_" + suffix.
-_OPTION_FLAGS = (
-    ("fps", dict(type=float)),
-    ("nframes", dict(type=int)),
-    ("min-frames", dict(type=int)),
-    ("max-frames", dict(type=int)),
-    ("min-pixels", dict(type=int)),
-    ("max-pixels", dict(type=int)),
-    ("total-pixels", dict(type=float)),
-    ("size-factor", dict(type=int)),
-)
-OPTION_NAMES = tuple(f.replace("-", "_") for f, _ in _OPTION_FLAGS)
+
+def _option_fields() -> list[tuple[str, type]]:
+    """(name, type) of every ``VideoOptions`` field but ``family``: the flags are generated from it."""
+    hints = typing.get_type_hints(VideoOptions)
+    return [(f.name, next(t for t in typing.get_args(hints[f.name]) if t is not type(None)))
+            for f in dataclasses.fields(VideoOptions) if f.name != "family"]
+
+
+OPTION_NAMES = tuple(n for n, _ in _option_fields())
 
 DEFAULTS = {
-    "vidcache_cache": None,             # None: $VIDCACHE_DIR or ~/.cache/vidcache (vidcache.cache.default_cache_dir)
+    "vidcache_cache": None,             # None: $VIDCACHE_DIR or ~/.cache/vidcache
+    "vidcache_shared": None,            # None: $VIDCACHE_SHARED, else what the cache directory recorded
     "vidcache_family": "qwen2_5_vl",
-    "vidcache_mode": "stock",
-    "vidcache_transport": "file",
+    "vidcache_mode": None,              # None: plugin for qwen3_vl (faithful frames), stock otherwise
+    "vidcache_transport": None,         # None: the shared tier's URLs when there is one, else file://
     "vidcache_base_url": None,
     "vidcache_train_inputs": "tensors",
     "vidcache_video_key": None,         # None: --multimodal-keys' "video" entry, else "videos"
@@ -45,23 +50,31 @@ DEFAULTS = {
 }
 
 
+def default_mode(family: str) -> str:
+    # Qwen3-VL's faithful (32-grid) frames only survive stock SGLang's double resize in plugin mode.
+    return "plugin" if family == "qwen3_vl" else "stock"
+
+
 def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Register the ``--vidcache-*`` flags on ``parser`` (a no-op if they are already there)."""
     if "--vidcache-cache" in getattr(parser, "_option_string_actions", {}):
         return parser
     g = parser.add_argument_group("vidcache (video cache for Qwen-VL video RL)")
-    g.add_argument("--vidcache-cache", default=DEFAULTS["vidcache_cache"],
-                   help="cache directory, shared by the rollout manager, SGLang nodes (stock/file) and, with "
-                        "--vidcache-train-inputs handles, the train actors (default: $VIDCACHE_DIR or ~/.cache/vidcache)")
+    g.add_argument("--vidcache-cache", default=None, metavar="DIR",
+                   help="this node's local cache directory, never on NFS (default: $VIDCACHE_DIR or ~/.cache/vidcache)")
+    g.add_argument("--vidcache-shared", default=None, metavar="URL",
+                   help="the cluster's shared tier: an NFS path or s3://bucket/prefix (default: $VIDCACHE_SHARED)")
     g.add_argument("--vidcache-family", default=DEFAULTS["vidcache_family"], choices=sorted(PATCH_SIZE))
-    for flag, kw in _OPTION_FLAGS:
-        g.add_argument(f"--vidcache-{flag}", default=None, **kw,
-                       help="video option, qwen-vl-utils semantics (same as `vidcache prewarm --%s`)" % flag)
-    g.add_argument("--vidcache-mode", default=DEFAULTS["vidcache_mode"], choices=MODES,
-                   help="stock: SGLang as shipped (frozen files); plugin: SGLang with vidcache's processor plugin")
-    g.add_argument("--vidcache-transport", default=DEFAULTS["vidcache_transport"], choices=TRANSPORTS,
-                   help="how video_data reaches SGLang: file:// on a shared filesystem, http (vidcache serve), data: inline")
-    g.add_argument("--vidcache-base-url", default=None, help="base URL serving the cache's frozen/ and refs/ directories, for --vidcache-transport http")
+    for name, typ in _option_fields():
+        flag = name.replace("_", "-")
+        g.add_argument(f"--vidcache-{flag}", default=None, type=typ,
+                       help=f"video option, qwen-vl-utils semantics (same as `vidcache prewarm --{flag}`)")
+    g.add_argument("--vidcache-mode", default=None, choices=MODES,
+                   help="stock: SGLang as shipped (frozen files); plugin: SGLang with vidcache's processor plugin "
+                        "(default: plugin for qwen3_vl, stock otherwise)")
+    g.add_argument("--vidcache-transport", default=None, choices=TRANSPORTS,
+                   help="stock mode: how frozen files reach SGLang (default: the shared tier's URLs, else file://)")
+    g.add_argument("--vidcache-base-url", default=None, help="address of `vidcache serve`, for --vidcache-transport http")
     g.add_argument("--vidcache-train-inputs", default=DEFAULTS["vidcache_train_inputs"], choices=TRAIN_INPUTS,
                    help="tensors: pixel tensors filled at rollout (no Miles change); handles: a small handle "
                         "travels and train actors rebuild the tensors (needs --custom-megatron-init-path "
@@ -76,7 +89,8 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
 
 
 def _get(args, name):
-    return getattr(args, name, DEFAULTS[name]) if args is not None else DEFAULTS[name]
+    v = getattr(args, name, DEFAULTS[name]) if args is not None else DEFAULTS[name]
+    return DEFAULTS[name] if v is None else v
 
 
 def video_options_from_args(args) -> VideoOptions:
@@ -93,34 +107,52 @@ def video_key_from_args(args) -> str:
 
 @dataclass(frozen=True)
 class VidcacheConfig:
-    cache: str
+    cache: str | None                 # node-local directory (None: $VIDCACHE_DIR)
     options: VideoOptions
     mode: str = "stock"
-    transport: str = "file"
+    transport: str | None = None
     base_url: str | None = None
     train_inputs: str = "tensors"
     video_key: str = "videos"
     require_cached: bool = False
     prepare_cache_size: int = 16
+    shared: str | None = None         # shared tier URL (None: $VIDCACHE_SHARED)
 
     def __post_init__(self) -> None:
-        for name, allowed in (("mode", MODES), ("transport", TRANSPORTS), ("train_inputs", TRAIN_INPUTS)):
+        for name, allowed in (("mode", MODES), ("train_inputs", TRAIN_INPUTS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"--vidcache-{name.replace('_', '-')} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.transport is not None and self.transport not in TRANSPORTS:
+            raise ValueError(f"--vidcache-transport must be one of {TRANSPORTS}, got {self.transport!r}")
         if self.transport == "http" and not self.base_url:
             raise ValueError("--vidcache-transport http needs --vidcache-base-url (the address of `vidcache serve`)")
+        grid = self.options.resolved().size_factor
+        if self.mode == "stock" and self.options.family == "qwen3_vl" and grid % STOCK_SGLANG_QWEN3_SIZE_FACTOR:
+            # Fail at startup, not at the first rollout: stock SGLang would resize these frames.
+            raise ValueError(f"qwen3_vl frames on the {grid}-pixel grid cannot go through stock SGLang: use "
+                             f"--vidcache-mode plugin (recommended, faithful frames), or --vidcache-size-factor "
+                             f"{STOCK_SGLANG_QWEN3_SIZE_FACTOR} (stock-safe, distorts aspect ratios; see README)")
 
     @classmethod
     def from_args(cls, args) -> "VidcacheConfig":
-        from vidcache.cache import default_cache_dir
-        import os
-        cache = _get(args, "vidcache_cache") or default_cache_dir()
-        return cls(cache=os.path.abspath(os.path.expanduser(cache)), options=video_options_from_args(args),
-                   mode=_get(args, "vidcache_mode"), transport=_get(args, "vidcache_transport"),
-                   base_url=_get(args, "vidcache_base_url"), train_inputs=_get(args, "vidcache_train_inputs"),
-                   video_key=video_key_from_args(args), require_cached=bool(_get(args, "vidcache_require_cached")),
-                   prepare_cache_size=int(_get(args, "vidcache_prepare_cache_size")))
+        options = video_options_from_args(args)
+        return cls(cache=_get(args, "vidcache_cache"), options=options,
+                   mode=_get(args, "vidcache_mode") or default_mode(options.family),
+                   transport=_get(args, "vidcache_transport"), base_url=_get(args, "vidcache_base_url"),
+                   train_inputs=_get(args, "vidcache_train_inputs"), video_key=video_key_from_args(args),
+                   require_cached=bool(_get(args, "vidcache_require_cached")),
+                   prepare_cache_size=int(_get(args, "vidcache_prepare_cache_size")),
+                   shared=_get(args, "vidcache_shared"))
 
     def open_cache(self):
-        from vidcache import open_cache
-        return open_cache(self.cache)
+        """This node's cache: the flags if given, else ``$VIDCACHE_DIR`` / ``$VIDCACHE_SHARED``; one per process."""
+        from vidcache import node_cache, open_cache
+        if self.cache is None and self.shared is None:
+            return node_cache()
+        k = (self.cache, self.shared)
+        if k not in _OPEN:
+            _OPEN[k] = open_cache(self.cache, shared=self.shared)
+        return _OPEN[k]
+
+
+_OPEN: dict = {}

@@ -17,23 +17,25 @@ function also uses it for eval datasets.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import logging
 import random
 import re
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
-from miles.rollout.data_source import RolloutDataSourceWithBuffer, pop_first
+import miles.rollout.data_source as miles_data_source
+from miles.rollout.data_source import RolloutDataSourceWithBuffer
 from miles.utils import chat_template_utils
 from miles.utils.data import _build_messages
-from miles.utils.misc import load_function
-from miles.utils.processing_utils import load_processor, load_tokenizer
 from miles.utils.types import Sample
 
 from vidcache import NotCachedError
-from vidcache.loader.dataset import VIDEO_TOKEN, LazyVideoDataset
+from vidcache.dataset import VIDEO_TOKEN, LazyVideoDataset
 from vidcache.processing import VIDEO_PLACEHOLDER, expanded_ids
 
 from .args import VidcacheConfig
@@ -98,9 +100,16 @@ class VidcacheDataset:
 
     def __init__(self, path, tokenizer, processor=None, max_length=None, *, prompt_key="text", multimodal_keys=None,
                  label_key=None, tool_key=None, metadata_key="metadata", seed=42, apply_chat_template=False,
-                 apply_chat_template_kwargs=None, config: VidcacheConfig | None = None):
+                 apply_chat_template_kwargs=None, config: VidcacheConfig | None = None, **miles_kwargs):
+        """``miles_kwargs``: arguments newer Miles versions pass (e.g. ``video_process_config``).  Video
+        processing is vidcache's (the ``--vidcache-*`` options, one record for rollout and training), so
+        they are accepted and ignored, with a warning when they would have changed the frames."""
         if config is None:
             raise ValueError("VidcacheDataset needs config= (a VidcacheConfig)")
+        ignored = {k: v for k, v in miles_kwargs.items() if v}
+        if ignored:
+            logger.warning("vidcache: ignoring Miles dataset arguments %s; video options come from --vidcache-*",
+                           sorted(ignored))
         path, row_slice = _parse_path(str(path))
         if not path.endswith(".jsonl"):
             raise ValueError(f"vidcache's lazy dataset reads JSONL only, got {path!r}")
@@ -115,7 +124,8 @@ class VidcacheDataset:
         self.video_key = self.multimodal_keys.get("video", config.video_key)
         self.apply_chat_template = apply_chat_template
         self.apply_chat_template_kwargs = apply_chat_template_kwargs or {}
-        self.rows = LazyVideoDataset(path, config.cache, config.options, input_key=prompt_key, video_key=self.video_key)
+        self.rows = LazyVideoDataset(path, config.open_cache(), config.options, input_key=prompt_key,
+                                     video_key=self.video_key)
         rows = np.arange(len(self.rows), dtype=np.int64)
         if row_slice is not None:
             rows = rows[row_slice]
@@ -198,7 +208,7 @@ class VidcacheDataset:
                 except NotCachedError:
                     missing.append(h.source)
         if missing:
-            raise NotCachedError(f"{len(missing)} video(s) are not in cache {self.config.cache} "
+            raise NotCachedError(f"{len(missing)} video(s) are not in cache {self.config.open_cache()!r} "
                                  f"(--vidcache-require-cached), e.g. {missing[:3]}; run `vidcache prewarm`")
 
     def _filter_long(self, rows, max_length: int):
@@ -228,38 +238,34 @@ class VidcacheDataset:
         return np.asarray(keep, dtype=np.int64)
 
 
+_SWAP_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _miles_builds(dataset_factory):
+    """Within the block, Miles' data source builds ``dataset_factory(...)`` where it would build its eager
+    ``Dataset`` (the name it calls, ``miles.rollout.data_source.Dataset``); restored afterwards."""
+    with _SWAP_LOCK:
+        saved = miles_data_source.Dataset
+        miles_data_source.Dataset = dataset_factory
+        try:
+            yield
+        finally:
+            miles_data_source.Dataset = saved
+
+
 class VidcacheDataSource(RolloutDataSourceWithBuffer):
-    """``--data-source-path miles_integration.data_source.VidcacheDataSource``."""
+    """``--data-source-path miles_integration.data_source.VidcacheDataSource``.
+
+    Built by Miles' own constructor, so every piece of state Miles sets up (offsets, buffer, filters, and
+    whatever later versions add) is Miles'; only the dataset it constructs is vidcache's lazy one.
+    """
 
     def __init__(self, args):
-        # RolloutDataSource.__init__ would build the eager Dataset; set the same state by hand instead.
-        self.args = args
-        self.epoch_id = 0
-        self.sample_group_index = 0
-        self.sample_index = 0
-        self.sample_offset = 0
-        self.metadata = {}
         self.config = VidcacheConfig.from_args(args)
-        if args.rollout_global_dataset:
-            tokenizer = load_tokenizer(args.hf_checkpoint, chat_template_path=args.chat_template_path,
-                                       trust_remote_code=True)
-            # The processor is needed only to measure long prompts exactly; without one the filter
-            # falls back to counts from the manifests (a lower bound for Qwen3-VL).
-            processor = load_processor(args.hf_checkpoint, trust_remote_code=True) \
-                if args.rollout_max_prompt_len is not None else None
-            self.dataset = VidcacheDataset(
-                args.prompt_data, tokenizer=tokenizer, processor=processor, max_length=args.rollout_max_prompt_len,
-                prompt_key=args.input_key, multimodal_keys=args.multimodal_keys, label_key=args.label_key,
-                metadata_key=args.metadata_key, tool_key=args.tool_key, apply_chat_template=args.apply_chat_template,
-                apply_chat_template_kwargs=args.apply_chat_template_kwargs, seed=args.rollout_seed,
-                config=self.config)
-            if args.rollout_shuffle:
-                self.dataset.shuffle(self.epoch_id)
-        else:
-            self.dataset = None
-        self.buffer = []
-        self.buffer_filter = pop_first if args.buffer_filter_path is None else load_function(args.buffer_filter_path)
+        with _miles_builds(functools.partial(VidcacheDataset, config=self.config)):
+            super().__init__(args)
 
     def close(self) -> None:
-        """Called by ``RolloutManager.dispose``.  The cache is vidcache's per-process shared handle
-        (``open_cache``), also used by the generate function in this process, so it is left open."""
+        """Called by ``RolloutManager.dispose``.  The cache is the node's per-process shared one,
+        also used by the generate function in this process, so it is left open."""

@@ -37,6 +37,7 @@ from miles.rollout.generate_utils.generate_endpoint_utils import (
 from miles.utils.http_utils import post
 from miles.utils.types import Sample
 from vidcache import PreparedRequest
+from vidcache.sglang.request import check_prompt_ids
 
 from .args import VidcacheConfig, add_vidcache_arguments
 from .meta import has_video, handles_from_metadata, request_state, set_request_state
@@ -104,14 +105,9 @@ def video_payload(args, sample: Sample, st: dict, sampling_params: dict):
 
 
 def check_divergence(st: dict, expected_ids, output: dict) -> None:
-    """Raise ``vidcache.ParityError`` unless SGLang's expanded prompt equals ``expected_ids``.
-
-    SGLang puts ``prompt_token_ids`` at the top level of the response (next to ``meta_info``).
-    """
-    meta = dict(output.get("meta_info") or {})
-    if "prompt_token_ids" in output and "prompt_token_ids" not in meta:
-        meta["prompt_token_ids"] = output["prompt_token_ids"]
-    PreparedRequest(list(st["compact_ids"]), list(expected_ids), list(st["video_data"]), {}, st["mode"]).check(meta)
+    """Raise ``vidcache.ParityError`` unless SGLang's expanded prompt equals ``expected_ids``
+    (vidcache's one divergence check, on the whole ``/generate`` response)."""
+    check_prompt_ids(list(expected_ids), output)
 
 
 async def _post_checked(args, sample, st, payload) -> dict:

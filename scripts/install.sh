@@ -2,7 +2,7 @@
 # Install vidcache into ./.venv on a fresh machine.
 #
 #   bash scripts/install.sh          # the library and CLI
-#   bash scripts/install.sh --test   # + test deps, SGLang 0.5.23's processor (test peer) and Miles (if a mirror exists)
+#   bash scripts/install.sh --test   # + test deps, SGLang 0.5.23's processor (test peer) and Miles (when MILES_SRC names a checkout)
 #
 # torch and torchvision must be a matched pair (both CPU or both CUDA builds): PyPI's torchvision
 # next to a CPU torch fails to import.  torch 2.14.1 + torchvision 0.29.1 is a matched pair that also
@@ -35,7 +35,7 @@ log "installing vidcache"
 if [[ $WITH_TESTS == 1 ]]; then
   "${PIP[@]}" install -e ".[test]"
   bash scripts/setup_peer_env.sh .venv/bin/python
-  bash scripts/setup_miles.sh .venv/bin/python || log "Miles setup skipped; Miles tests will skip"
+  bash scripts/setup_miles.sh .venv/bin/python      # a no-op without MILES_SRC; fails loudly when Miles is given but broken
 else
   "${PIP[@]}" install -e .
 fi

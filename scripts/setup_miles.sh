@@ -1,64 +1,34 @@
 #!/usr/bin/env bash
 # Make Miles (radixark/miles) importable on CPU for vidcache's miles_integration tests.
 #
-# Usage: scripts/setup_miles.sh [PYTHON]        (default: .venv/bin/python)
-#   env: MILES_SRC     checkout location            (default: third_party/miles, gitignored)
-#        MILES_COMMIT  commit to check out           (default: the audited one below, if the mirror has it)
-#        MILES_MIRROR  a git dir / repo to clone from (default: first of /work/.mirror/radixark+miles*)
+# Usage: scripts/setup_miles.sh [PYTHON] [MILES_CHECKOUT]      (default PYTHON: .venv/bin/python)
+#   The Miles checkout (a directory holding miles/__init__.py) is MILES_CHECKOUT, else $MILES_SRC.
+#   Neither given: print how to enable the Miles tests and exit 0 (they then skip, saying why).
+#   vidcache was tested against Miles 31f1ca961 (2026-08-21); CI uses that snapshot.
 #
 # Idempotent. Steps:
-#   1. If $MILES_SRC has no checkout, clone one from a local mirror (never from the network).
-#      No mirror -> print a message and exit 0, so Miles tests skip.
-#   2. Miles is NOT pip-installed; use it with PYTHONPATH=$MILES_SRC. Only the few extra PyPI packages
+#   1. Miles is NOT pip-installed; tests use it with PYTHONPATH=$MILES_SRC. Only the few extra PyPI packages
 #      its rollout-side modules import are installed, under a constraints file that pins the venv's
 #      torch / torchvision / transformers / tokenizers / numpy / sglang (pip fails rather than replace them).
 #      sglang itself comes from scripts/setup_peer_env.sh (sglang --no-deps + its small deps); it is run
 #      here if sglang is missing. sglang-router is installed --no-deps (its deps are listed explicitly).
-#   3. Verify that the Miles modules vidcache uses import (with the test-only encoding_dsv4 stub, see
-#      tests/miles_smoke_example.py::install_miles_test_shims).
+#   2. Verify that the Miles modules vidcache uses import (with the test-only encoding_dsv4 stub, see
+#      tests/miles_compat.py).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-REPO="$PWD"
 PY="${1:-.venv/bin/python}"
-MILES_SRC="${MILES_SRC:-third_party/miles}"
-MILES_COMMIT="${MILES_COMMIT:-31f1ca961a94cb860cec3b2dea34ec332bfa8f76}"   # 2026-08-21, audited in third_party/MILES_API.md
+MILES_SRC="${2:-${MILES_SRC:-}}"
 SGLANG_ROUTER_VERSION="${SGLANG_ROUTER_VERSION:-0.3.2}"
 
 log() { echo "[setup_miles] $*"; }
 
-# ---------------------------------------------------------------- 1. checkout
-if [[ -f "$MILES_SRC/miles/__init__.py" ]]; then
-  log "checkout present: $MILES_SRC ($(git -C "$MILES_SRC" log -1 --format='%h %cs' 2>/dev/null || echo 'not a git checkout'))"
-else
-  MIRROR="${MILES_MIRROR:-}"
-  if [[ -z "$MIRROR" ]]; then
-    for cand in /work/.mirror/radixark+miles*; do
-      [[ -e "$cand" ]] || continue
-      if [[ -d "$cand/repo" ]]; then MIRROR="$cand/repo"; else MIRROR="$cand"; fi
-      break
-    done
-  fi
-  mirror_ok() {
-    [[ -n "$MIRROR" ]] && { git --git-dir="$MIRROR" rev-parse --verify -q HEAD >/dev/null 2>&1 \
-      || git -C "$MIRROR" rev-parse --verify -q HEAD >/dev/null 2>&1; }
-  }
-  if ! mirror_ok; then
-    log "no Miles checkout at $MILES_SRC and no local mirror (/work/.mirror/radixark+miles*)."
-    log "Miles tests will be skipped. To enable them, put a checkout at \$MILES_SRC."
-    exit 0
-  fi
-  log "cloning $MIRROR -> $MILES_SRC"
-  mkdir -p "$(dirname "$MILES_SRC")"
-  git clone -q --shared --no-checkout "$MIRROR" "$MILES_SRC"
-  if git -C "$MILES_SRC" cat-file -e "${MILES_COMMIT}^{commit}" 2>/dev/null; then
-    git -C "$MILES_SRC" checkout -q --detach "$MILES_COMMIT"
-  else
-    log "commit $MILES_COMMIT not in mirror; using the mirror's HEAD (API may differ from MILES_API.md)"
-    git -C "$MILES_SRC" checkout -q --detach HEAD
-  fi
-  log "checked out $(git -C "$MILES_SRC" log -1 --format='%H %ci')"
+if [[ -z "$MILES_SRC" || ! -f "$MILES_SRC/miles/__init__.py" ]]; then
+  log "no Miles checkout given (MILES_SRC='${MILES_SRC}'); Miles tests will skip."
+  log "To run them: MILES_SRC=/path/to/miles-checkout bash scripts/setup_miles.sh, and keep MILES_SRC set for pytest."
+  exit 0
 fi
+log "Miles checkout: $MILES_SRC"
 MILES_ABS="$(cd "$MILES_SRC" && pwd)"
 
 if [[ ! -x "$PY" ]]; then
@@ -74,7 +44,7 @@ probe() {
 import importlib, importlib.util, sys, types, logging, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
-name = "sglang.srt.entrypoints.openai.encoding_dsv4"   # TEST-ONLY stub, see tests/miles_smoke_example.py
+name = "sglang.srt.entrypoints.openai.encoding_dsv4"   # TEST-ONLY stub, see tests/miles_compat.py
 try:
     have = importlib.util.find_spec(name) is not None
 except ModuleNotFoundError:
@@ -153,7 +123,7 @@ fi
 
 # ---------------------------------------------------------------- 3. verify
 if probe -v; then
-  log "OK. Use: PYTHONPATH=$MILES_SRC (commit $(git -C "$MILES_SRC" log -1 --format=%h 2>/dev/null || echo '?'))"
+  log "OK. Use: MILES_SRC=$MILES_ABS for the tests (PYTHONPATH=$MILES_ABS to import Miles)"
 else
   log "some Miles modules still fail to import (see above)"
   exit 1

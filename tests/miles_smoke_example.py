@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from miles_integration.compat import ENV, install_test_shims, miles_src  # noqa: E402
+from miles_compat import ENV, install_test_shims, miles_src  # noqa: E402
 from toy_processors import SPECIAL_TOKENS as TOY_SPECIAL_TOKENS  # noqa: E402
 
 

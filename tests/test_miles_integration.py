@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from miles_integration.compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
+from miles_compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
 
 REPO = Path(__file__).resolve().parents[1]
 MILES = miles_src(REPO)
@@ -29,9 +29,10 @@ if MILES is None:
 add_miles_to_path(MILES)
 install_test_shims()
 
-sglang_peer = pytest.importorskip("sglang_peer", reason="SGLang peer unavailable; run scripts/setup_peer_env.sh")
-if not sglang_peer.peer_available():
-    pytest.skip("SGLang 0.5.23 peer does not import; run scripts/setup_peer_env.sh", allow_module_level=True)
+# Miles is present: from here on a missing peer is a failure, never a skip.
+import sglang_peer  # noqa: E402
+
+assert sglang_peer.peer_available(), "SGLang 0.5.23's Qwen-VL processor does not import: run scripts/setup_peer_env.sh"
 
 from miles.rollout.base_types import GenerateFnInput, RolloutFnConstructorInput, RolloutFnTrainInput  # noqa: E402
 from miles.rollout.inference_rollout.inference_rollout_common import GenerateState  # noqa: E402
@@ -552,7 +553,7 @@ def test_add_arguments_through_miles_loader():
 
 def test_plugin_mode_matches_the_sglang_plugin(env):
     """--vidcache-mode plugin against SGLang's processor replaced by vidcache's plugin class (if present)."""
-    plugin = pytest.importorskip("vidcache.sglang.plugin.qwen_vl", reason="vidcache SGLang plugin not written yet")
+    import vidcache.sglang.plugin.qwen_vl as plugin
     srv = env.server
     stock_peer = srv.peer
     srv.peer = sglang_peer.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"],

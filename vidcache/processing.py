@@ -38,8 +38,14 @@ def video_metadata(manifest, mode: str) -> dict | None:
     return None                # SGLang passes none for Qwen2/2.5-VL
 
 
-def processor_kwargs(handles, mode: str) -> dict:
+def processor_kwargs(processor, handles, mode: str) -> dict:
+    """The HF processor kwargs for cached frames: sampling and resizing off (both were done once)."""
     kw = {"do_sample_frames": False, "do_resize": False, "return_tensors": "pt"}
+    vp = getattr(processor, "video_processor", processor)
+    if hasattr(type(vp), "cap_pixels_per_frame"):
+        # transformers >= 5.2x warns on every call unless this is explicit.  False is what it does
+        # when unset (so what SGLang gets), and with do_resize=False the cap touches nothing anyway.
+        kw["cap_pixels_per_frame"] = False
     metas = [video_metadata(h.manifest, mode) for h in handles]
     if any(m is not None for m in metas):
         kw["video_metadata"] = metas
@@ -106,7 +112,8 @@ def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True) ->
     if memo_key is not None and (hit := MEMO.get(memo_key)) is not None:
         return dict(hit)
     text = VIDEO_PLACEHOLDER * len(handles)
-    out = processor(text=[text], videos=[h.frames() for h in handles], **processor_kwargs(handles, mode))
+    kw = processor_kwargs(processor, handles, mode)
+    out = processor(text=[text], videos=[h.frames() for h in handles], **kw)
     result = model_tensors(out)
     if memo_key is not None:
         MEMO.put(memo_key, result)

@@ -69,7 +69,8 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     tok = processor.tokenizer
     compact = tok(prompt, add_special_tokens=False)["input_ids"]
     if handles:
-        out = processor(text=[prompt], videos=[h.frames() for h in handles], **processor_kwargs(handles, mode))
+        kw = processor_kwargs(processor, handles, mode)
+        out = processor(text=[prompt], videos=[h.frames() for h in handles], **kw)
         tensors = model_tensors(out)
     else:
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")

@@ -1,7 +1,7 @@
-"""Finding Miles, and the TEST-ONLY import shim for running it next to PyPI sglang 0.5.23.
+"""TEST-ONLY: finding Miles for the tests, and the import shim for running it next to PyPI sglang 0.5.23.
 
 Production Miles runs against its ``sglang-miles`` fork, which has every module Miles imports; nothing in
-``miles_integration`` calls ``install_test_shims``.  Tests (and CPU-only dev boxes with the 0.5.23 peer) do.
+``miles_integration`` needs this module.
 """
 from __future__ import annotations
 

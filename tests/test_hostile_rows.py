@@ -1,0 +1,124 @@
+"""Every row is its own fate: one JSONL full of hostile rows, with good rows between them."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from vidcache import VideoCache, VideoOptions
+from vidcache.loader.fetch import FetchLimits
+from vidcache.prewarm import prewarm
+
+
+def _hostile_rows(tmp_path, good):
+    d = tmp_path / "bad"
+    d.mkdir()
+    os.symlink(d / "loop_a", d / "loop_b")
+    os.symlink(d / "loop_b", d / "loop_a")
+    (d / "adir.mp4").mkdir()
+    lines = [
+        ("good", json.dumps({"prompt": "<video>", "videos": [good[0]]})),
+        ("bad_row", "this is not json"),
+        ("bad_row", json.dumps([1, 2, 3])),
+        ("bad_row", json.dumps("a string")),
+        ("bad_row", "null"),
+        ("bad_row", json.dumps({"prompt": "<video>", "videos": [None]})),
+        ("bad_row", json.dumps({"prompt": "<video>", "videos": {"a": 1}})),
+        ("bad_row", json.dumps({"prompt": "<video>", "videos": [{"video": 5}]})),
+        ("bad_row", json.dumps({"prompt": "<video>", "videos": [""]})),
+        ("bad_row", json.dumps({"prompt": "<video> <video>", "videos": [good[1]]})),
+        ("bad_row", json.dumps({"prompt": "<video>", "videos": [{"video": good[1], "fps": "fast"}]})),
+        ("bad_row", b'{"prompt": "<video>", "videos": ["\xff\xfe.mp4"]}'),                 # not UTF-8
+        ("bad_row", "[" * 100000),                                                          # nests too deep
+        ("good", json.dumps({"prompt": "<video>", "videos": [good[1]]})),
+        ("invalid_source", json.dumps({"prompt": "<video>", "videos": ["clip\twith tab.mp4"]})),
+        ("invalid_source", json.dumps({"prompt": "<video>", "videos": ["clip\u0000nul.mp4"]})),
+        ("invalid_source", json.dumps({"prompt": "<video>", "videos": [str(d / "loop_a")]})),
+        ("invalid_source", json.dumps({"prompt": "<video>", "videos": [str(d / ("x" * 300 + ".mp4"))]})),
+        ("invalid_source", json.dumps({"prompt": "<video>", "videos": ["bad\udcffsurrogate.mp4"]})),
+        ("invalid_source", json.dumps({"prompt": "<video>", "videos": [str(d / "adir.mp4")]})),
+        ("not_found", json.dumps({"prompt": "<video>", "videos": ["http:file.mp4"]})),
+        ("scheme_not_allowed", json.dumps({"prompt": "<video>", "videos": ["ftp://example.invalid/x.mp4"]})),
+        ("good", json.dumps({"prompt": [{"role": "user", "content": [{"type": "video", "video": good[2]}]}]})),
+    ]
+    path = tmp_path / "hostile.jsonl"
+    with open(path, "wb") as f:
+        for _, line in lines:
+            f.write((line if isinstance(line, bytes) else line.encode()) + b"\n")
+    return str(path), [kind for kind, _ in lines]
+
+
+def test_every_good_row_lands_and_every_bad_row_has_its_own_record(tmp_path, videos):
+    good = [videos["h264_30"], videos["mjpeg_24"], videos["ffv1_10_small"]]
+    ds, kinds = _hostile_rows(tmp_path, good)
+    fails = tmp_path / "failures.jsonl"
+    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", ds, "--cache", str(tmp_path / "c"), "--workers", "2",
+           "--no-progress", "--failures", str(fails)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    got = {rec["row"]: rec for rec in map(json.loads, open(fails))}
+    want = {i: k for i, k in enumerate(kinds) if k != "good"}
+    assert {i: got[i]["kind"] for i in got} == want
+    assert all(got[i]["error"] for i in got)
+    assert "3 new" in r.stdout
+    c = VideoCache(tmp_path / "c")
+    assert len(c.entries()) == 3 and all(c.verify(k) == [] for k in c.entries())
+    r = subprocess.run(cmd + ["--allow-failures"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr and "3 hit" in r.stdout
+
+
+def test_an_unwritable_failures_path_is_refused_before_any_work(tmp_path, videos, count_decodes):
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--cache", str(tmp_path / "c"),
+                        "--failures", str(tmp_path / "no" / "such" / "dir" / "f.jsonl"), "--no-progress"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "[config]" in r.stderr and "Traceback" not in r.stderr
+    assert not os.path.exists(tmp_path / "c" / "lmdb")        # refused at start: nothing was built
+
+
+@pytest.fixture
+def hung_server():
+    """Accepts connections and never answers."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(64)
+    held, stop = [], threading.Event()
+
+    def accept():
+        s.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(s.accept()[0])
+            except OSError:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{s.getsockname()[1]}"
+    stop.set()
+    t.join(5)
+    for c in held:
+        c.close()
+    s.close()
+
+
+def test_hung_servers_cost_their_rows_within_the_timeout(tmp_path, videos, hung_server):
+    rows = [{"prompt": "<video>", "videos": [f"{hung_server}/clip{i}.mp4"]} for i in range(4)]
+    rows.append({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]})
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    timeout = 2.0
+    cache = VideoCache(tmp_path / "c", limits=FetchLimits(timeout_s=timeout))
+    t0 = time.monotonic()
+    s = prewarm(str(ds), cache, VideoOptions(), workers=2, timeout_s=timeout * 2, progress=False)
+    elapsed = time.monotonic() - t0
+    assert (s.new, s.failed) == (1, 4)
+    assert {f["kind"] for f in s.failures} <= {"fetch_timeout", "timeout"}
+    # Fingerprinting happens in the workers, in parallel, under the timeout: the driver never stalls on
+    # a hung server.  A correctness bound (rows x timeout / workers, plus worker start-up), not a benchmark.
+    assert elapsed < 4 * timeout / 2 + 15
