@@ -14,8 +14,6 @@ resolve the same handles and references.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from dataclasses import dataclass
 
 from vidcache import VideoOptions
@@ -26,14 +24,7 @@ from vidcache.sglang.transport import TRANSPORTS
 TRAIN_INPUTS = ("tensors", "handles")
 
 
-def _option_fields() -> list[tuple[str, type]]:
-    """(name, type) of every ``VideoOptions`` field but ``family``: the flags are generated from it."""
-    hints = typing.get_type_hints(VideoOptions)
-    return [(f.name, next(t for t in typing.get_args(hints[f.name]) if t is not type(None)))
-            for f in dataclasses.fields(VideoOptions) if f.name != "family"]
-
-
-OPTION_NAMES = tuple(n for n, _ in _option_fields())
+OPTION_NAMES = tuple(n for n, _ in VideoOptions.flag_fields())
 
 DEFAULTS = {
     "vidcache_cache": None,             # None: $VIDCACHE_DIR or ~/.cache/vidcache
@@ -65,7 +56,7 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     g.add_argument("--vidcache-shared", default=None, metavar="URL",
                    help="the cluster's shared tier: an NFS path or s3://bucket/prefix (default: $VIDCACHE_SHARED)")
     g.add_argument("--vidcache-family", default=DEFAULTS["vidcache_family"], choices=sorted(PATCH_SIZE))
-    for name, typ in _option_fields():
+    for name, typ in VideoOptions.flag_fields():
         flag = name.replace("_", "-")
         g.add_argument(f"--vidcache-{flag}", default=None, type=typ,
                        help=f"video option, qwen-vl-utils semantics (same as `vidcache prewarm --{flag}`)")

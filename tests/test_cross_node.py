@@ -22,6 +22,7 @@ import sglang_peer as sp  # noqa: E402
 
 from toy_processors import build_processor  # noqa: E402
 
+import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions, prepare  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.prewarm import prewarm  # noqa: E402
@@ -54,7 +55,7 @@ def _node_a(tmp_path, videos, shared, storage_options, workdir):
         for mode in ("stock", "plugin"):
             for vname, path in private.items():
                 name = f"{family}-{mode}-{vname}"
-                h = a.get(path, _options(family, mode))
+                h = vidcache.get(path, _options(family, mode), a)
                 prep = prepare(proc, PROMPT, [h], mode=mode)
                 if mode == "stock" and shared.startswith("s3://"):
                     assert prep.video_data[0].startswith("http://127.0.0.1")        # a presigned URL

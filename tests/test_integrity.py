@@ -5,6 +5,8 @@ import json
 import pytest
 import torch
 
+import vidcache
+
 from vidcache import VideoCache, VideoOptions
 from vidcache.cli import main as cli
 from vidcache.errors import CorruptManifestError, DigestMismatchError, NotCachedError, StoreError
@@ -43,7 +45,7 @@ def test_flipped_blob_bytes_are_never_served(built, videos):
     with pytest.raises(NotCachedError):           # gone from the read path: a miss now, never the bad bytes
         c.frames(key)
     assert any(k.startswith("quarantine/cas~") for k in c.local.keys("quarantine/"))   # moved aside
-    h = c.handle(videos["h264_30"], VideoOptions())
+    h = vidcache.lazy(videos["h264_30"], VideoOptions(), c)
     assert torch.equal(h.frames(), frames["h264_30"])           # rebuilt from the reachable source
 
 

@@ -8,6 +8,7 @@ import pytest
 pytest.importorskip("sglang", reason="SGLang peer not installed: run scripts/setup_peer_env.sh")
 import sglang_peer as sp  # noqa: E402
 
+import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 from vidcache.errors import InvalidKeyError, TierMismatchError  # noqa: E402
 from vidcache.sglang.transport import REF_PREFIX, parse_ref, ref_uri  # noqa: E402
@@ -29,7 +30,7 @@ def node(tmp_path, videos, monkeypatch):
     monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "node"))
     monkeypatch.setenv("VIDCACHE_SHARED", shared)
     c = VideoCache()
-    h = c.get(videos["ffv1_10_small"], VideoOptions())
+    h = vidcache.get(videos["ffv1_10_small"], VideoOptions(), c)
     (tmp_path / "secret.json").write_text('{"TOPSECRET": 1}')
     return c, h, load_ref, VidcacheQwenVLProcessor
 
@@ -43,7 +44,7 @@ def test_a_good_reference_loads_from_the_node(node):
 def test_reference_to_another_tier_is_refused(node, tmp_path):
     c, h, load_ref, _ = node
     other = VideoCache(tmp_path / "elsewhere", shared=str(tmp_path / "other_shared"))
-    foreign = other.get(h.source, VideoOptions())
+    foreign = vidcache.get(h.source, VideoOptions(), other)
     with pytest.raises(TierMismatchError, match="VIDCACHE_SHARED"):
         load_ref(parse_ref(ref_uri(foreign)))
 

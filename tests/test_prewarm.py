@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+import vidcache
+
 from vidcache import VideoCache, VideoOptions
 from vidcache.cli import main as cli
 from vidcache.prewarm import prewarm
@@ -98,7 +100,7 @@ def test_resume_skips_present_entries_and_cli_exit_codes(tmp_path, videos, capsy
     # Frames built in worker processes (one intra-op thread) equal an in-process build.
     from vidcache.loader.build import decode_sample_resize
     import torch
-    h = VideoCache(c).handle(videos["h264_30"], VideoOptions())
+    h = vidcache.lazy(videos["h264_30"], VideoOptions(), VideoCache(c))
     assert torch.equal(h.frames(), decode_sample_resize(videos["h264_30"], VideoOptions())[0])
     bad = _write(tmp_path / "bad.jsonl", [{"prompt": "<video>", "videos": [str(tmp_path / "nope.mp4")]},
                                           {"prompt": "<video>", "videos": [videos["h264_30"]]}])

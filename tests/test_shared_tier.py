@@ -7,6 +7,8 @@ import fsspec
 import pytest
 import torch
 
+import vidcache
+
 from vidcache import VideoCache, VideoOptions
 from vidcache.errors import DigestMismatchError, InvalidKeyError
 from vidcache.store.fsspec_cas import FsspecStore
@@ -124,7 +126,7 @@ def test_second_node_reads_through_without_decoding(tmp_path, videos, count_deco
     node_b = VideoCache(tmp_path / "node_b", shared=shared)
     assert node_b.identity == node_a.identity       # one cluster-wide identity: the shared tier's
     assert node_b.ensure(videos["h264_ntsc"], VideoOptions()).status == "hit"
-    h = node_b.handle(videos["h264_ntsc"], VideoOptions())
+    h = vidcache.lazy(videos["h264_ntsc"], VideoOptions(), node_b)
     assert h.resolve(build=False) == key
     assert torch.equal(h.frames(), node_a.frames(key)) and len(count_decodes) == decoded_before
     # the node directory remembers its shared tier, for later commands on this node

@@ -19,7 +19,8 @@ from importlib import import_module
 _EXPORTS = {
     "VideoCache": "vidcache.cache", "open_cache": "vidcache.cache", "node_cache": "vidcache.cache",
     "cache_key": "vidcache.keys", "CacheConfig": "vidcache.config",
-    "VideoHandle": "vidcache.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
+    "VideoHandle": "vidcache.handle", "get": "vidcache.handle", "lazy": "vidcache.handle",
+    "from_key": "vidcache.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
     "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
     "train_inputs": "vidcache.processing", "LazyVideoDataset": "vidcache.dataset",
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",

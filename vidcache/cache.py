@@ -214,23 +214,6 @@ class VideoCache:
         except (CorruptEntryError, NotCachedError):
             return None
 
-    def get(self, source: str, options: VideoOptions):
-        """A handle to (source, options), processing the video first on a miss."""
-        from .handle import VideoHandle
-        res = self.ensure(source, options)
-        return VideoHandle(source, options, self.identity, key=res.key)._bind(self)
-
-    def handle(self, source: str, options: VideoOptions):
-        """A lazy handle: nothing is fetched or decoded until it is used."""
-        from .handle import VideoHandle
-        return VideoHandle(source, options, self.identity)._bind(self)
-
-    def handle_for_key(self, key: str):
-        """A handle to an entry known by key alone (the source is not needed while the entry exists)."""
-        from .handle import VideoHandle
-        m = self.require_manifest(keys.check_key(key))
-        return VideoHandle(None, m.video_options(), self.identity, key=key)._bind(self)
-
     # --- read ---------------------------------------------------------------
     def manifest(self, key: str) -> Manifest | None:
         """The checked manifest of ``key``, or None when absent (or found corrupt and quarantined)."""

@@ -7,7 +7,7 @@ import torch
 from PIL import Image, ImageDraw
 
 
-def contact_sheet(frames: torch.Tensor, manifest: dict, max_frames: int = 32, thumb_width: int = 240) -> Image.Image:
+def contact_sheet(frames: torch.Tensor, manifest, max_frames: int = 32, thumb_width: int = 240) -> Image.Image:
     n = min(len(frames), max_frames)
     step = len(frames) / n
     picks = [int(i * step) for i in range(n)]
@@ -17,8 +17,8 @@ def contact_sheet(frames: torch.Tensor, manifest: dict, max_frames: int = 32, th
     rows = math.ceil(n / cols)
     sheet = Image.new("RGB", (cols * tw, rows * (th + 14)), "black")
     draw = ImageDraw.Draw(sheet)
-    idx = manifest["video"]["frame_indices"]
-    fps = manifest["video"]["fps"]
+    idx = manifest.sampling.frame_indices
+    fps = manifest.source.average_fps_from_decoder
     for j, i in enumerate(picks):
         img = Image.fromarray(frames[i].permute(1, 2, 0).numpy()).resize((tw, th), Image.BILINEAR)
         x, y = (j % cols) * tw, (j // cols) * (th + 14)

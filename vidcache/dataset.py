@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .errors import BadRowError, OptionsError
-from .handle import VideoHandle
+from .handle import VideoHandle, lazy
 from .loader.fetch import scheme_of
 from .options import VideoOptions
 
@@ -156,7 +156,7 @@ class LazyVideoDataset(Sequence[Row]):
     def _handle(self, source: str, options: VideoOptions) -> VideoHandle:
         if isinstance(self.cache, str):
             return VideoHandle(source, options, self.cache)
-        return self.cache.handle(source, options)
+        return lazy(source, options, self.cache)
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):

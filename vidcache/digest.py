@@ -6,8 +6,6 @@ check a blob's length without a second lookup.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO
-
 import xxhash
 
 ALGO = "xxh3_128"
@@ -52,10 +50,3 @@ class StreamingDigest:
 
     def digest(self) -> Digest:
         return Digest(self._h.hexdigest(), self.size_bytes)
-
-
-def digest_file(f: BinaryIO) -> Digest:
-    d = StreamingDigest()
-    while chunk := f.read(CHUNK):
-        d.update(chunk)
-    return d.digest()

@@ -11,6 +11,9 @@ silent rebuild into some other directory.
 
 Properties never build: on a miss they raise ``NotCachedError``.  ``resolve``,
 ``frames`` and ``train_inputs`` build on a miss unless told not to.
+
+Handles are made by :func:`get` (pinned: built first on a miss), :func:`lazy` (nothing
+happens until use) and :func:`from_key`; the cache itself knows nothing of handles.
 """
 from __future__ import annotations
 
@@ -117,6 +120,35 @@ class VideoHandle:
 
     def __reduce__(self):
         return (_rebuild, (self.source, self.options.to_dict(), self.tier, self.key))
+
+
+def _cache_or_node(cache):
+    if cache is not None:
+        return cache
+    from .cache import node_cache
+    return node_cache()
+
+
+def get(source: str, options: VideoOptions, cache: "VideoCache | None" = None) -> VideoHandle:
+    """A pinned handle to (source, options), fetched, decoded and cached first on a miss.
+    ``cache``: a ``VideoCache``; default: this node's (``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``)."""
+    c = _cache_or_node(cache)
+    res = c.ensure(source, options)
+    return VideoHandle(source, options, c.identity, key=res.key)._bind(c)
+
+
+def lazy(source: str, options: VideoOptions, cache: "VideoCache | None" = None) -> VideoHandle:
+    """A lazy handle: nothing is fetched or decoded until it is used."""
+    c = _cache_or_node(cache)
+    return VideoHandle(source, options, c.identity)._bind(c)
+
+
+def from_key(key: str, cache: "VideoCache | None" = None) -> VideoHandle:
+    """A handle to an entry known by key alone (no source: it must stay cached)."""
+    from .keys import check_key
+    c = _cache_or_node(cache)
+    m = c.require_manifest(check_key(key))
+    return VideoHandle(None, m.video_options(), c.identity, key=key)._bind(c)
 
 
 def _rebuild(source, options, tier, key):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -129,6 +130,13 @@ class VideoOptions:
             raise OptionsError(f"size_factor {opts.size_factor} is not a multiple of "
                                f"{STOCK_SGLANG_QWEN3_SIZE_FACTOR}: stock SGLang would resize those frames again")
         return opts
+
+    @classmethod
+    def flag_fields(cls) -> list[tuple[str, type]]:
+        """(name, type) of every option but ``family``: what the CLI and Miles generate their flags from."""
+        hints = typing.get_type_hints(cls)
+        return [(f.name, next(t for t in typing.get_args(hints[f.name]) if t is not type(None)))
+                for f in dataclasses.fields(cls) if f.name != "family"]
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
