@@ -23,7 +23,7 @@ import torch
 from . import keys
 from .config import CacheConfig, local_identity, shared_identity
 from .digest import Digest
-from .errors import (CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError, StoreError,
+from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError, StoreError,
                      VidcacheError)
 from .loader.build import decode_sample_resize
 from .loader.fetch import fetch, fingerprint, run_tmp_dir
@@ -82,7 +82,8 @@ class VideoCache:
         self._verified: set[str] = set()        # blob digests checked in this process
         self._identity: str | None = None
         self._lock = threading.Lock()
-        _register(self)
+        if self.config.store is None and not self.read_only and not self.config.shared:
+            self.identity          # a local cache is named once, at creation (nothing else writes the name)
 
     @classmethod
     def from_config(cls, config: CacheConfig) -> "VideoCache":
@@ -113,9 +114,14 @@ class VideoCache:
         """The cluster-wide name of this cache: the shared tier's id, or a node-local id without one."""
         if self._identity is None:
             shared = self.shared
-            self._identity = (shared_identity(shared, create=not self.read_only) if shared is not None
-                              else local_identity(self.path, create=not self.read_only)
-                              or "local-" + self.path)
+            if shared is not None:
+                self._identity = shared_identity(shared, create=not self.read_only)
+            else:
+                ident = local_identity(self.path, create=not self.read_only)
+                if ident is None:
+                    raise ConfigError(f"{self!r} has no identity yet (made by an older vidcache?): open it "
+                                      "writable once")
+                self._identity = ident
             _register(self)
         return self._identity
 
