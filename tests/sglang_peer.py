@@ -1,7 +1,9 @@
 """SGLang 0.5.23's own Qwen-VL video preprocessing, run in-process on CPU, as a test peer.
 
-Not a test module. Install the peer into the venv first with ``scripts/setup_peer_env.sh``; tests that use it
-should start with ``sglang_peer = pytest.importorskip("tests.sglang_peer")`` or check ``peer_available()``.
+Not a test module. Install the peer into the venv first with ``scripts/setup_peer_env.sh``. Tests that use it
+skip only where SGLang is not installed at all (``peer_installed()``); where it is, they call ``require_peer()``,
+which raises if the peer cannot work (an import error, another SGLang version), so a broken peer or plugin
+fails instead of skipping.
 
     from tests.toy_processors import build_processor
     from tests.sglang_peer import build_peer, run_peer
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
@@ -53,13 +56,33 @@ _imported = False
 _PREPROCESS_LOG: contextvars.ContextVar = contextvars.ContextVar("sglang_peer_preprocess_log", default=None)
 
 
+class PeerError(RuntimeError):
+    """SGLang is installed but cannot serve as the peer (wrong version, a CPU set-up SGLang rejects)."""
+
+
+def peer_installed() -> bool:
+    """True if an ``sglang`` distribution is importable at all (nothing is imported)."""
+    return importlib.util.find_spec("sglang") is not None
+
+
 def peer_available() -> bool:
-    """True if SGLang's qwen_vl processor module imports in this interpreter."""
+    """True if SGLang's qwen_vl processor imports in this interpreter; False only if it is not installed or
+    one of its modules is missing (``ImportError``).  A wrong SGLang version raises ``PeerError``."""
     try:
         _import_sglang()
-    except Exception:
+    except ImportError:
         return False
     return True
+
+
+def require_peer():
+    """Import the peer or raise: for tests, where an installed SGLang that does not work is a failure."""
+    if not peer_installed():
+        raise PeerError("SGLang is not installed: run scripts/setup_peer_env.sh")
+    try:
+        return _import_sglang()
+    except ImportError as e:
+        raise PeerError(f"SGLang is installed but its Qwen-VL processor does not import: {e!r}") from e
 
 
 def _import_sglang():
@@ -79,7 +102,7 @@ def _import_sglang():
     if not _imported:
         ver = md.version("sglang")
         if ver != PINNED_SGLANG_VERSION:
-            raise RuntimeError(
+            raise PeerError(
                 f"tests/sglang_peer.py is written against sglang {PINNED_SGLANG_VERSION}, found {ver}; "
                 "re-check the attribute list in build_peer()"
             )
@@ -87,7 +110,8 @@ def _import_sglang():
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         try:
             common.is_cpu.cache_clear()
-            assert common.is_cpu(), "SGLang does not recognise this host CPU"
+            if not common.is_cpu():
+                raise PeerError("SGLang does not recognise this host as a CPU engine")
         finally:
             if old is None:
                 del os.environ["SGLANG_USE_CPU_ENGINE"]
@@ -184,9 +208,11 @@ def build_peer(
     obj.trust_mm_content_hashes = False
     obj.processor_fingerprint = None
     obj._tokenizer = tokenizer
+    # Verbatim from BaseMultimodalProcessor.__init__ (SGLang 0.5.23 catches every exception here); the peer
+    # reproduces it rather than narrowing it, or it would diverge from the server for odd tokenizers.
     try:
         obj._tokenizer_auto_adds_specials = len(tokenizer.encode("")) > 0
-    except Exception:
+    except Exception:  # noqa: BLE001 -- SGLang's own guard, kept as SGLang has it
         obj._tokenizer_auto_adds_specials = False
     obj.NUM_TOKEN_PER_FRAME = 330
     obj.mm_io_worker_num = 4

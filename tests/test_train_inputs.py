@@ -1,8 +1,9 @@
 """train_inputs() equals the HF processor bitwise, for all three families (offline toy processors)."""
 import pytest
 import torch
-
 from toy_processors import build_processor
+
+import vidcache
 from vidcache import VideoOptions
 from vidcache.processing import VIDEO_PLACEHOLDER, video_metadata
 
@@ -18,10 +19,10 @@ def processors():
 @pytest.mark.parametrize("name,kw", [("h264_30", {}), ("h264_ntsc", {"fps": 1.0}), ("mpeg4_25_odd", {"nframes": 6})])
 def test_train_inputs_equal_the_hf_processor(cache, videos, processors, family, name, kw):
     proc = processors[family]
-    h = cache.get(videos[name], VideoOptions(family=family, **kw))
+    h = vidcache.get(videos[name], VideoOptions(family=family, **kw), cache)
     m = h.manifest
-    meta = {"fps": m["video"]["fps"], "frames_indices": m["video"]["frame_indices"],
-            "total_num_frames": m["video"]["total_num_frames"]}
+    meta = {"fps": m.source.average_fps_from_decoder, "frames_indices": list(m.sampling.frame_indices),
+            "total_num_frames": m.sampling.total_num_frames}
     ref = proc(text=[VIDEO_PLACEHOLDER], videos=[h.frames()], video_metadata=[meta], do_sample_frames=False,
                do_resize=False, return_tensors="pt")
     got = h.train_inputs(proc)
@@ -30,9 +31,9 @@ def test_train_inputs_equal_the_hf_processor(cache, videos, processors, family, 
     assert torch.equal(got["pixel_values_videos"], ref["pixel_values_videos"])
     assert got["video_grid_thw"].dtype == torch.int64
     assert torch.equal(got["video_grid_thw"], ref["video_grid_thw"])
-    assert got["video_grid_thw"].tolist() == [m["tokens"]["video_grid_thw"]]
+    assert got["video_grid_thw"].tolist() == [list(m.tokens.video_grid_thw)]
     if family == "qwen2_5_vl":
-        sfps = m["video"]["sample_fps"]
+        sfps = m.sampling.sample_fps
         assert torch.equal(got["second_per_grid_ts"], torch.as_tensor(ref["second_per_grid_ts"], dtype=torch.float32))
         assert got["second_per_grid_ts"].item() == torch.tensor(2 / sfps, dtype=torch.float32).item()
     else:
@@ -43,18 +44,27 @@ def test_train_inputs_equal_the_hf_processor(cache, videos, processors, family, 
 
 
 def test_stock_mode_reproduces_sglang_metadata(cache, videos, processors):
-    h = cache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl"))
-    assert video_metadata(h.manifest, "qwen2_5_vl", "stock") is None
+    h = vidcache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl"), cache)
+    assert video_metadata(h.manifest, "stock") is None
     stock = h.train_inputs(processors["qwen2_5_vl"], mode="stock")
     assert stock["second_per_grid_ts"].item() == torch.tensor(2 / 24, dtype=torch.float32).item()
-    q3 = cache.get(videos["h264_30"], VideoOptions(family="qwen3_vl"))
-    meta = video_metadata(q3.manifest, "qwen3_vl", "stock")
-    assert meta["fps"] == 2.0 and meta["frames_indices"] == list(range(q3.frames().shape[0]))
+    q3 = vidcache.get(videos["h264_30"], VideoOptions.for_stock_sglang("qwen3_vl"), cache)
+    assert q3.manifest.options["size_factor"] == 224
+    meta = video_metadata(q3.manifest, "stock")
+    n = q3.frames().shape[0]
+    assert meta == {"fps": 2.0, "frames_indices": list(range(n)), "total_num_frames": n}
+    m = q3.manifest
+    assert video_metadata(m, "plugin") == {"fps": m.source.average_fps_from_decoder, "total_num_frames": 120,
+                                           "frames_indices": list(m.sampling.frame_indices)}
+    with pytest.raises(ValueError, match="mode"):
+        video_metadata(m, "server")
 
 
 def test_prepare_counts_placeholders(cache, videos, processors):
+    import vidcache.sglang.request as request
     from vidcache import prepare
-    h = cache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl"))
+    assert prepare is request.prepare                       # prepare lives on the sglang floor now
+    h = vidcache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl"), cache)
     with pytest.raises(ValueError, match="placeholder"):
         prepare(processors["qwen2_5_vl"], "no video here", [h])
     r = prepare(processors["qwen2_5_vl"], f"a {VIDEO_PLACEHOLDER} b", [h], mode="stock")
@@ -65,8 +75,9 @@ def test_prepare_counts_placeholders(cache, videos, processors):
 
 def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, processors):
     from toy_processors import build_processor
+
     from vidcache.processing import MEMO
-    h = cache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_vl"))
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_vl"), cache)
     calls = []
 
     class Counting:
@@ -93,8 +104,10 @@ def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, proc
 def test_expanded_ids_without_frames_equal_the_processors(cache, videos, processors, family, mode, count_decodes):
     from vidcache import prepare
     from vidcache.processing import expanded_ids
-    hs = [cache.get(videos["h264_ntsc"], VideoOptions(family=family)),
-          cache.get(videos["mjpeg_24"], VideoOptions(family=family, fps=1.0))]
+    # Stock mode serves only what stock SGLang reproduces: Qwen3-VL on the 224 grid (for_stock_sglang).
+    opts = VideoOptions.for_stock_sglang if mode == "stock" else VideoOptions
+    hs = [vidcache.get(videos["h264_ntsc"], opts(family=family), cache),
+          vidcache.get(videos["mjpeg_24"], opts(family=family, fps=1.0), cache)]
     prompt = f"<|im_start|>user\n{VIDEO_PLACEHOLDER} then {VIDEO_PLACEHOLDER} what?<|im_end|>\n"
     want = prepare(processors[family], prompt, hs, mode=mode).expanded_ids
     decoded = len(count_decodes)

@@ -1,21 +1,26 @@
-"""Reachability: file URIs, HTTP from `vidcache serve`, data: URIs; plugin references."""
+"""Reachability: the shared tier's URLs, file URIs, HTTP from `vidcache serve`, data: URIs; plugin references."""
 import base64
+import json
 import threading
 import urllib.error
 import urllib.request
+from urllib.parse import unquote, urlparse
 
 import pytest
 import torch
 
-from vidcache import VideoOptions
-from vidcache.loader.frozen import decode_all
-from vidcache.server import make_server
-from vidcache.transport import parse_ref, video_uri
+import vidcache
+from vidcache import VideoCache, VideoOptions
+from vidcache import keys as K
+from vidcache.errors import InvalidKeyError
+from vidcache.sglang.frozen import decode_all, local_frozen_path
+from vidcache.sglang.server import make_server
+from vidcache.sglang.transport import REF_PREFIX, TRANSPORTS, parse_ref, video_uri
 
 
 @pytest.fixture
 def handle(cache, videos):
-    return cache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_5_vl"))
+    return vidcache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_5_vl"), cache)
 
 
 @pytest.fixture
@@ -33,37 +38,120 @@ def _decodes_to(data: bytes, frames, tmp_path):
     return torch.equal(got, frames) and fps == 2.0
 
 
+def test_transports_are_the_documented_four():
+    assert TRANSPORTS == ("shared", "file", "http", "data")
+
+
 def test_http_transport_serves_exact_immutable_frozen_files(handle, server, tmp_path):
     url = video_uri(handle, "stock", "http", base_url=server)
     assert url == f"{server}/frozen/{handle.resolve()}.nut"
     with urllib.request.urlopen(url) as r:
         body = r.read()
         assert r.headers["ETag"] == f'"{handle.resolve()}"' and "immutable" in r.headers["Cache-Control"]
+        assert r.headers["Content-Type"] == "video/x-nut"
     assert _decodes_to(body, handle.frames(), tmp_path)
+    ffv1 = video_uri(handle, "stock", "http", base_url=server, frozen_format="ffv1")
+    assert ffv1.endswith(".mkv")
+    with urllib.request.urlopen(ffv1) as r:
+        assert _decodes_to(r.read(), handle.frames(), tmp_path)
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(f"{server}/frozen/{'0' * 32}.1.{'0' * 32}.mkv")
     assert e.value.code == 404
-    with pytest.raises(urllib.error.HTTPError):
-        urllib.request.urlopen(f"{server}/../../etc/passwd")
+    for bad in ("/../../etc/passwd", "/frozen/../../etc/passwd", f"/frozen/{handle.resolve()}.txt"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(server + bad)
+        assert e.value.code == 404
+    with pytest.raises(ValueError, match="base_url"):
+        video_uri(handle, "stock", "http")
+
+
+def test_file_transport(handle, tmp_path):
+    uri = video_uri(handle, "stock", "file")
+    path = unquote(urlparse(uri).path)
+    assert uri.startswith("file:///") and path == local_frozen_path(handle._cache(), handle.key, "utvideo")
+    assert _decodes_to(open(path, "rb").read(), handle.frames(), tmp_path)
 
 
 def test_data_transport_and_its_cap(handle, tmp_path, monkeypatch):
     uri = video_uri(handle, "stock", "data")
     assert uri.startswith("data:video/x-nut;base64,")
     assert _decodes_to(base64.b64decode(uri.split(",", 1)[1]), handle.frames(), tmp_path)
-    import vidcache.transport as tr
-    monkeypatch.setattr(tr, "SGLANG_DATA_CAP", 1000)
+    import vidcache.sglang.transport as tr
+    monkeypatch.setattr(tr, "SGLANG_URL_CAP", 1000)      # raising=True: a renamed cap fails here
     with pytest.raises(ValueError, match="cap"):
         video_uri(handle, "stock", "data")
 
 
-def test_plugin_references(handle):
-    for transport in ("file", "data"):
+def test_unknown_transport_is_refused(handle):
+    with pytest.raises(ValueError, match="transport must be one of"):
+        video_uri(handle, "stock", "ftp")
+
+
+def test_shared_transport_is_the_default_with_a_shared_tier(tmp_path, videos):
+    shared = tmp_path / "shared #1"
+    c = VideoCache(tmp_path / "node", shared=str(shared))
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(), c)
+    uri = video_uri(h, "stock")                           # default: the shared tier's own URL
+    assert uri == video_uri(h, "stock", "shared") and uri.startswith("file:///") and "#" not in uri
+    path = unquote(urlparse(uri).path)
+    assert path.startswith(str(shared) + "/")             # under the shared root, readable by every node
+    assert not path.startswith(c.path)
+    assert _decodes_to(open(path, "rb").read(), h.frames(), tmp_path)
+    assert c.shared.exists_many([K.frozen(h.key, ".nut")]) == [True]           # published once
+    # A second node on the same shared tier hands out the same URL without writing it again.
+    other = VideoCache(tmp_path / "node2", shared=str(shared))
+    h2 = vidcache.from_key(h.key, other)
+    assert h2.tier == h.tier and video_uri(h2, "stock") == uri
+    c.close()
+    other.close()
+
+
+def test_shared_transport_needs_a_tier_that_hands_out_urls(cache, tmp_path, videos):
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(), cache)
+    with pytest.raises(ValueError, match="no shared tier"):
+        video_uri(h, "stock", "shared")
+    c = VideoCache(tmp_path / "m", shared="memory://vidcache-transport-test")
+    hm = vidcache.get(videos["mjpeg_24"], VideoOptions(), c)
+    for transport in (None, "shared"):                 # "shared" is the default with any shared tier...
+        with pytest.raises(ValueError, match="hands out URLs"):
+            video_uri(hm, "stock", transport)
+    assert video_uri(hm, "stock", "file").startswith("file:///")     # ...and memory:// cannot: say so
+    c.close()
+
+
+def test_plugin_references(handle, cache):
+    for transport in (None, "data"):
         uri = video_uri(handle, "plugin", transport)
+        assert uri.startswith(REF_PREFIX)
         rec = parse_ref(uri)
-        assert rec == {"vidcache_ref": 1, "cache": handle.cache, "key": handle.resolve()}
+        assert rec == {"vidcache_ref": 2, "tier": handle.tier, "key": handle.resolve()}
+        assert rec["tier"] == cache.identity
+        assert cache.path not in base64.b64decode(uri[len(REF_PREFIX):]).decode()   # never a node path
     assert parse_ref(video_uri(handle, "stock", "file")) is None
-    with pytest.raises(ValueError, match="plugin mode"):
-        video_uri(handle, "plugin", "http", base_url="http://x")
-    with pytest.raises(ValueError, match="not a vidcache reference"):
-        parse_ref("data:application/vnd.vidcache.ref+json;base64," + base64.b64encode(b'{"a": 1}').decode())
+    assert parse_ref("file:///x/y.vidcache") is None                      # reference files are gone
+    for transport in ("file", "http", "shared"):
+        with pytest.raises(ValueError, match="plugin mode"):
+            video_uri(handle, "plugin", transport, base_url="http://x")
+
+
+def _ref(obj) -> str:
+    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return REF_PREFIX + base64.b64encode(raw).decode()
+
+
+@pytest.mark.parametrize("uri,why", [
+    (REF_PREFIX + "!!not base64!!", "malformed"),
+    (_ref(b"\xff\xfe"), "malformed"),
+    (_ref(b"{not json"), "malformed"),
+    (_ref({"a": 1}), "not a version-2"),
+    (_ref([1, 2]), "not a version-2"),
+    (_ref({"vidcache_ref": 1, "cache": "/some/path", "key": "0" * 32 + ".1." + "0" * 32}), "not a version-2"),
+    (_ref({"vidcache_ref": 2, "key": "0" * 32 + ".1." + "0" * 32}), "not a version-2"),
+    (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": "../../etc/passwd"}), "not a vidcache key"),
+    (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": "0" * 32 + ".1.nope"}), "not a vidcache key"),
+    (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": 7}), "not a vidcache key"),
+    (_ref({"vidcache_ref": 2, "tier": "tier-x"}), "not a vidcache key"),
+])
+def test_malformed_references_are_invalid_key_errors(uri, why):
+    with pytest.raises(InvalidKeyError, match=why):
+        parse_ref(uri)

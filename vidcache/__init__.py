@@ -9,8 +9,8 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, config        what an entry records; the one video writer; node settings and tiers
   cache                           VideoCache: build, read, check, repair
+  processing                      the trainer side: tensors from cached frames (of any handle-like object)
   handle, dataset                 lazy references above the cache
-  processing                      the trainer side: tensors from cached frames
   sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
   prewarm, cli                    the jobs
 """

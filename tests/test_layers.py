@@ -1,0 +1,366 @@
+"""The floors of ``vidcache/__init__.py``'s docstring are true: every import goes down (or sideways within a
+floor), never up, and no modules import each other in a cycle.
+
+Plain Python: the imports are read from each module's ``ast`` (module-level and function-level ones,
+absolute ``vidcache.x`` and relative ``.x`` / ``..x``), nothing is imported.  Imports under
+``if TYPE_CHECKING:`` are annotations only and never run, so they are not edges.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "vidcache"
+
+# The floors, bottom up, as vidcache/__init__.py's docstring states them (a dotted name covers its
+# submodules: "store" is vidcache/store/ and everything in it).
+FLOORS = [
+    ("facts", ["errors", "digest", "keys", "options"]),
+    ("store", ["store"]),
+    ("loader", ["loader"]),
+    ("entries", ["manifest", "encode", "config"]),
+    ("cache", ["cache"]),
+    ("trainer", ["processing"]),
+    ("references", ["handle", "dataset"]),
+    ("rollout", ["sglang"]),
+    ("jobs", ["prewarm", "cli", "contact_sheet", "testing", ""]),   # "": the lazy facade, vidcache/__init__
+]
+# Stricter rules for the two bottom packages (their own modules are always allowed).
+STORE_MAY_IMPORT = {"vidcache.errors"}
+LOADER_MAY_IMPORT = {"vidcache.errors", "vidcache.digest", "vidcache.options"}
+
+
+# --- reading imports -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Import:
+    source: str        # the importing module
+    target: str        # the vidcache module (or other top-level module) it imports
+    line: int
+    function_level: bool
+
+    def where(self) -> str:
+        kind = "function-level" if self.function_level else "module-level"
+        return f"{self.source} (line {self.line}, {kind}) imports {self.target}"
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the package at ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _facade_exports(modules: dict[str, Path], pkg: str) -> dict[str, str]:
+    """``from vidcache import Name`` runs the facade's lazy ``__getattr__``: resolve Name through its
+    ``_EXPORTS`` table to the module that really gets imported."""
+    tree = ast.parse(modules[pkg].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path], exports: dict[str, str]) -> list[Import]:
+    """Every runtime import in ``path`` (module ``name``), resolved to module names."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    out: list[Import] = []
+
+    def add(target: str, node: ast.AST, in_function: bool) -> None:
+        out.append(Import(name, target, node.lineno, in_function))
+
+    def resolve_from(node: ast.ImportFrom) -> list[str]:
+        if node.level:
+            base = name.split(".") if is_pkg else name.split(".")[:-1]
+            if node.level - 1 > len(base) - 1:
+                raise AssertionError(f"{name} line {node.lineno}: relative import above the package")
+            base = base[: len(base) - (node.level - 1)]
+            mod = ".".join(base + ([node.module] if node.module else []))
+        else:
+            mod = node.module
+        targets = []
+        for alias in node.names:
+            sub = f"{mod}.{alias.name}"
+            if sub in modules:                          # from . import keys: the submodule itself
+                targets.append(sub)
+            elif mod == ROOT.name and alias.name in exports:
+                targets.append(exports[alias.name])      # from vidcache import X: the lazy facade's target
+            else:
+                targets.append(mod)
+        return targets
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:                   # the else branch does run
+                visit(child, in_function)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node, in_function)
+        elif isinstance(node, ast.ImportFrom):
+            for t in resolve_from(node):
+                add(t, node, in_function)
+        inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, False)
+    return out
+
+
+def all_imports(root: Path) -> tuple[dict[str, Path], list[Import]]:
+    modules = module_names(root)
+    exports = _facade_exports(modules, root.name)
+    edges = [imp for name, path in modules.items() for imp in imports_of(name, path, modules, exports)]
+    return modules, edges
+
+
+def internal(edges: list[Import], pkg: str) -> list[Import]:
+    return [e for e in edges if e.target == pkg or e.target.startswith(pkg + ".")]
+
+
+# --- the rules -------------------------------------------------------------------------------------
+def floor_of(module: str, pkg: str = "vidcache") -> int:
+    rel = module[len(pkg) + 1:] if module != pkg else ""
+    best = None
+    for i, (_, names) in enumerate(FLOORS):
+        for n in names:
+            if (n == "" and rel == "") or (n and (rel == n or rel.startswith(n + "."))):
+                best = i
+    if best is None:
+        raise AssertionError(f"{module} is on no floor: add it to vidcache/__init__.py's docstring and to "
+                             "tests/test_layers.py FLOORS")
+    return best
+
+
+def floor_violations(edges: list[Import], pkg: str = "vidcache") -> list[str]:
+    out = []
+    for e in internal(edges, pkg):
+        src, dst = floor_of(e.source, pkg), floor_of(e.target, pkg)
+        if dst > src:
+            out.append(f"{e.where()}: floor '{FLOORS[src][0]}' imports up to floor '{FLOORS[dst][0]}'")
+    return out
+
+
+def package_violations(edges: list[Import], sub: str, allowed: set[str], pkg: str = "vidcache") -> list[str]:
+    own = f"{pkg}.{sub}"
+    return [f"{e.where()}: {own}/ may import only {sorted(allowed)} and its own modules"
+            for e in internal(edges, pkg)
+            if (e.source == own or e.source.startswith(own + "."))
+            and not (e.target == own or e.target.startswith(own + ".")) and e.target not in allowed]
+
+
+def miles_violations(edges: list[Import]) -> list[str]:
+    return [f"{e.where()}: vidcache must not depend on the Miles integration"
+            for e in edges if e.target.split(".")[0] in ("miles_integration", "miles")]
+
+
+def cycles(edges: list[Import], pkg: str = "vidcache") -> list[list[Import]]:
+    """One cycle per strongly connected component of the module graph (Tarjan), as its edges."""
+    graph: dict[str, dict[str, Import]] = {}
+    for e in internal(edges, pkg):
+        if e.target != e.source:
+            graph.setdefault(e.source, {}).setdefault(e.target, e)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    comps: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    out = []
+    for comp in comps:             # walk one concrete cycle inside the component
+        members, start = set(comp), min(comp)
+        path, seen, v = [], {start: 0}, start
+        while True:
+            w = next(t for t in sorted(graph[v]) if t in members)
+            path.append(graph[v][w])
+            if w in seen:
+                out.append(path[seen[w]:])
+                break
+            seen[w] = len(path)
+            v = w
+    return out
+
+
+def _report(title: str, problems: list[str]) -> str:
+    return f"{title} ({len(problems)}):\n  " + "\n  ".join(problems)
+
+
+# --- the tests on vidcache/ ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def graph():
+    return all_imports(ROOT)
+
+
+def test_every_module_is_on_a_floor(graph):
+    modules, _ = graph
+    for name in modules:
+        floor_of(name)
+
+
+def test_no_import_runs_up_a_floor(graph):
+    problems = floor_violations(graph[1])
+    assert not problems, _report("imports that run back up a floor", problems)
+
+
+def test_store_imports_only_errors(graph):
+    problems = package_violations(graph[1], "store", STORE_MAY_IMPORT)
+    assert not problems, _report("vidcache/store/ imports", problems)
+
+
+def test_loader_imports_only_options_digest_errors(graph):
+    problems = package_violations(graph[1], "loader", LOADER_MAY_IMPORT)
+    assert not problems, _report("vidcache/loader/ imports", problems)
+
+
+def test_nothing_imports_miles(graph):
+    problems = miles_violations(graph[1])
+    assert not problems, _report("imports of the Miles integration", problems)
+
+
+def test_no_import_cycles(graph):
+    found = cycles(graph[1])
+    assert not found, _report("import cycles", [" -> ".join([c[0].source] + [e.target for e in c]) + "\n    " +
+                                                "\n    ".join(e.where() for e in c) for c in found])
+
+
+def test_the_docstring_states_these_floors():
+    """FLOORS above is the docstring's list; a floor added there must be added here (and vice versa)."""
+    import re
+
+    import vidcache
+    doc = vidcache.__doc__
+    lines = doc[doc.index("Floors"):].splitlines()[1:]
+    stated = []
+    for line in lines:
+        if not line.startswith("  "):
+            break
+        stated.append([n.strip().rstrip("/") for n in re.split(r"\s{3,}", line.strip())[0].split(",")])
+    ours = [[n for n in names if n not in ("contact_sheet", "testing", "")] for _, names in FLOORS]
+    assert stated == ours, f"vidcache/__init__.py states {stated}, tests/test_layers.py has {ours}"
+
+
+# --- the public names --------------------------------------------------------------------------------
+def test_every_public_name_imports():
+    import vidcache
+    from vidcache import _EXPORTS
+
+    assert vidcache.__all__ == sorted(_EXPORTS) and vidcache.__all__
+    for name in vidcache.__all__:
+        obj = getattr(vidcache, name)
+        assert obj is getattr(importlib.import_module(_EXPORTS[name]), name), name
+    with pytest.raises(AttributeError, match="no attribute"):
+        vidcache.NoSuchName  # noqa: B018
+
+
+def test_star_import_in_a_fresh_interpreter():
+    """``from vidcache import *`` in a clean process (no test has imported anything yet) binds every name."""
+    code = ("import vidcache\nns = {}\nexec('from vidcache import *', ns)\n"
+            "missing = [n for n in vidcache.__all__ if n not in ns]\nassert not missing, missing\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT.parent, timeout=120)
+
+
+# --- the checker catches what it should (so a green run means something) ------------------------------
+def _fake(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "vidcache"
+    for rel, text in {"__init__.py": '_EXPORTS = {"VideoCache": "vidcache.cache"}\n', **files}.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    for d in [p for p in root.rglob("*") if p.is_dir()]:
+        (d / "__init__.py").touch()
+    return root
+
+
+def test_checker_resolves_relative_function_level_and_type_checking_imports(tmp_path):
+    root = _fake(tmp_path, {
+        "errors.py": "",
+        "keys.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .cache import VideoCache\n"
+                   "else:\n    from . import errors\n",
+        "cache.py": "from . import keys\nfrom .store.base import Store\n"
+                    "def get():\n    from .handle import VideoHandle\n",
+        "handle.py": "import vidcache.cache\n",
+        "store/base.py": "from ..errors import X\nfrom ..options import Y\n",
+        "loader/build.py": "from .. import keys\nfrom vidcache import VideoCache\nimport miles_integration.x\n",
+        "sglang/plugin/qwen_vl.py": "from ...cache import node_cache\nfrom ..transport import parse_ref\n",
+    })
+    _, edges = all_imports(root)
+    got = {(e.source, e.target, e.function_level) for e in edges}
+    assert ("vidcache.keys", "vidcache.cache", False) not in got            # TYPE_CHECKING: not an edge
+    assert ("vidcache.keys", "vidcache.errors", False) in got               # ...but its else branch is
+    assert ("vidcache.cache", "vidcache.handle", True) in got               # function-level, relative
+    assert ("vidcache.cache", "vidcache.store.base", False) in got
+    assert ("vidcache.store.base", "vidcache.options", False) in got        # ..x from a subpackage
+    assert ("vidcache.loader.build", "vidcache.keys", False) in got         # from .. import submodule
+    assert ("vidcache.loader.build", "vidcache.cache", False) in got        # through the facade's table
+    assert ("vidcache.sglang.plugin.qwen_vl", "vidcache.cache", False) in got
+    assert ("vidcache.sglang.plugin.qwen_vl", "vidcache.sglang.transport", False) in got
+    ups = "\n".join(floor_violations(edges))
+    assert "vidcache.cache (line 4, function-level) imports vidcache.handle" in ups
+    assert "vidcache.loader.build (line 2, module-level) imports vidcache.cache" in ups
+    assert "vidcache.store.base" not in ups                                 # options is below store
+    assert "imports vidcache.options" in "\n".join(package_violations(edges, "store", STORE_MAY_IMPORT))
+    assert "imports vidcache.keys" in "\n".join(package_violations(edges, "loader", LOADER_MAY_IMPORT))
+    assert "miles_integration.x" in "\n".join(miles_violations(edges))
+    (cycle,) = cycles(edges)
+    assert {(e.source, e.target) for e in cycle} == {("vidcache.cache", "vidcache.handle"),
+                                                      ("vidcache.handle", "vidcache.cache")}
+
+
+def test_checker_passes_a_clean_tree(tmp_path):
+    root = _fake(tmp_path, {
+        "errors.py": "", "options.py": "from .errors import E\n",
+        "store/base.py": "from ..errors import E\n", "store/memory.py": "from .base import S\n",
+        "loader/build.py": "from ..options import O\nfrom .decode import open_reader\n", "loader/decode.py": "",
+        "cache.py": "from .loader.build import b\nfrom typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from .handle import VideoHandle\n",
+        "handle.py": "def f():\n    from .cache import cache_for\n",
+    })
+    _, edges = all_imports(root)
+    assert not floor_violations(edges) and not cycles(edges) and not miles_violations(edges)
+    assert not package_violations(edges, "store", STORE_MAY_IMPORT)
+    assert not package_violations(edges, "loader", LOADER_MAY_IMPORT)
+    # store/base <-> store/memory is a cycle within a floor, which the cycle check must still see.
+    (root / "store" / "memory.py").write_text("from .base import S\n")
+    (root / "store" / "base.py").write_text("from .memory import M\n")
+    _, edges = all_imports(root)
+    assert [sorted({e.source for e in c}) for c in cycles(edges)] == [["vidcache.store.base", "vidcache.store.memory"]]
