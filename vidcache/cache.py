@@ -477,6 +477,12 @@ def cache_for(identity: str) -> VideoCache:
     c = _REGISTRY.get(identity)
     if c is not None:
         return c
+    from .config import NODE_FILE, CacheConfig
+    cfg = CacheConfig.resolve(read_only=True)
+    if not cfg.shared and not os.path.exists(os.path.join(cfg.path, NODE_FILE)):
+        # No shared tier and no local cache here yet: nothing can match, and nothing is created to say so.
+        raise TierMismatchError(f"this names cache {identity!r}, but this node has no cache at {cfg.path} and "
+                                "no VIDCACHE_SHARED: set it to the shared tier that made it")
     node = node_cache()
     if node.identity == identity:
         return node

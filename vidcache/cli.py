@@ -17,31 +17,17 @@ EXAMPLES = """examples:
 """
 
 
-def _option_fields():
-    """(name, type) of every ``VideoOptions`` field but ``family``: the flags are generated from it."""
-    import dataclasses
-    import typing
-
-    from .options import VideoOptions
-    hints = typing.get_type_hints(VideoOptions)
-    out = []
-    for f in dataclasses.fields(VideoOptions):
-        if f.name != "family":
-            out.append((f.name, next(t for t in typing.get_args(hints[f.name]) if t is not type(None))))
-    return out
-
-
 def _add_option_flags(p: argparse.ArgumentParser) -> None:
-    from .options import PATCH_SIZE
+    from .options import PATCH_SIZE, VideoOptions
     g = p.add_argument_group("video options (qwen-vl-utils semantics; defaults resolved explicitly)")
     g.add_argument("--family", default="qwen2_5_vl", choices=sorted(PATCH_SIZE))
-    for name, typ in _option_fields():
+    for name, typ in VideoOptions.flag_fields():
         g.add_argument("--" + name.replace("_", "-"), type=typ, dest=name)
 
 
 def _options(args):
     from .options import VideoOptions
-    names = ["family"] + [n for n, _ in _option_fields()]
+    names = ["family"] + [n for n, _ in VideoOptions.flag_fields()]
     return VideoOptions(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
 
 
@@ -104,12 +90,15 @@ def cmd_stats(args) -> int:
 
 def cmd_verify(args) -> int:
     from .errors import VidcacheError
+    whole_shared = args.shared is not None
+    if args.shared is True:
+        args.shared = None              # bare --shared: the configured tier
     cache = _cache(args, read_only=not args.repair)
     if args.keys:
         todo = args.keys
     else:
-        tier = cache.shared if args.shared else cache.local
-        if args.shared and tier is None:
+        tier = cache.shared if whole_shared else cache.local
+        if whole_shared and tier is None:
             from .errors import ConfigError
             raise ConfigError("--shared: this cache has no shared tier (give --shared URL or set VIDCACHE_SHARED)")
         from . import keys as k
@@ -193,14 +182,17 @@ def cmd_sglang_config(args) -> int:
 
 def cmd_serve(args) -> int:
     from .sglang.server import make_server
-    srv = make_server(_cache(args), args.host, args.port)
+    limits = {k: v for k, v in (("workers", args.workers), ("timeout_s", args.timeout)) if v is not None}
+    srv = make_server(_cache(args), args.host, args.port, **limits)
     host, port = srv.server_address[:2]
-    print(f"serving frozen files of {args.cache or 'the default cache'} at http://{host}:{port}/frozen/<key>.mkv",
-          flush=True)
+    print(f"serving frozen files of {args.cache or 'the default cache'} at http://{host}:{port}/frozen/<key>.mkv "
+          f"({srv.workers} workers, {srv.timeout_s:g} s timeout)", flush=True)
     try:
         srv.serve_forever()
     except KeyboardInterrupt:
         pass
+    finally:
+        srv.server_close()
     return 0
 
 
@@ -246,8 +238,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("verify", help="check manifests and re-hash frames in every tier; OK/BAD per key")
     p.add_argument("keys", nargs="*", metavar="KEY", help="default: every entry of the local tier")
-    _add_cache_flags(p)
-    p.add_argument("--shared", dest="shared_keys", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
+    p.add_argument("--shared", nargs="?", const=True, metavar="URL",
+                   help="check every entry of the shared tier (URL, or the configured $VIDCACHE_SHARED)")
     p.add_argument("--repair", action="store_true", help="quarantine bad copies; restore from a sound tier or "
                                                          "rebuild from the source")
     p.set_defaults(fn=cmd_verify)
@@ -279,6 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_flags(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
+    # Defaults live in vidcache.sglang.server (not imported here: the CLI imports lazily).
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="threads handling requests; idle connections hold none (default 16)")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help="close a connection idle or stalled this many seconds (default 30)")
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("demo", help="generate a small demo dataset of synthetic videos")

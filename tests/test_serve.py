@@ -1,0 +1,267 @@
+"""`vidcache serve`: exact bytes, per-file freeze locks, a bounded pool with timeouts, regular files only."""
+import contextlib
+import http.client
+import os
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from vidcache import VideoCache, VideoOptions
+from vidcache.cli import build_parser, main
+from vidcache.sglang import frozen, server
+from vidcache.sglang.frozen import decode_all, local_frozen_path
+
+UNCACHED = "0" * 32 + ".1." + "f" * 32          # well-formed, never cached
+SECRET = b"SECRET BYTES outside the cache " * 8
+
+
+@pytest.fixture
+def cache(tmp_path, videos):
+    c = VideoCache(tmp_path / "c")
+    c.key1 = c.ensure(videos["ffv1_10_small"], VideoOptions()).key
+    c.key2 = c.ensure(videos["ffv1_10_small"], VideoOptions(nframes=4)).key   # same source, another entry
+    assert c.key1 != c.key2
+    yield c
+    c.close()
+
+
+@contextlib.contextmanager
+def serving(cache, **limits):
+    srv = server.make_server(cache, **limits)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv, f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(10)
+
+
+def request(srv, method, path, timeout=30):
+    """(status, headers, body) of one raw request: http.client sends the path as given (no normalisation)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=timeout)
+    try:
+        conn.request(method, path)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def frozen_dir(cache):
+    return os.path.join(cache.path, "frozen")
+
+
+def file_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_get_and_head_serve_the_exact_frozen_file(cache, tmp_path):
+    key = cache.key1
+    with serving(cache) as (srv, _):
+        for suffix, fmt, media_type in ((".mkv", "ffv1", "video/x-matroska"), (".nut", "utvideo", "video/x-nut")):
+            status, headers, body = request(srv, "GET", f"/frozen/{key}{suffix}")
+            assert status == 200
+            # The server froze it on this first request; the body is that file, byte for byte...
+            assert body == file_bytes(local_frozen_path(cache, key, fmt))
+            # ...and re-decodes to exactly the cached frames.
+            p = tmp_path / f"got{suffix}"
+            p.write_bytes(body)
+            got, _ = decode_all(str(p), "pyav")
+            assert torch.equal(got, cache.frames(key))
+            assert headers["Content-Type"] == media_type
+            assert headers["Content-Length"] == str(len(body))
+            assert headers["ETag"] == f'"{key}"'                      # strong: the content address
+            assert "immutable" in headers["Cache-Control"]
+            # HEAD: the same headers, no body.
+            h_status, h_headers, h_body = request(srv, "HEAD", f"/frozen/{key}{suffix}")
+            assert (h_status, h_body) == (200, b"")
+            assert {k: h_headers[k] for k in ("Content-Type", "Content-Length", "ETag", "Cache-Control")} == \
+                {k: headers[k] for k in ("Content-Type", "Content-Length", "ETag", "Cache-Control")}
+
+
+def test_reader_of_an_existing_file_does_not_wait_for_another_keys_freeze(cache, monkeypatch):
+    local_frozen_path(cache, cache.key1, "ffv1")   # key1.mkv exists; key1.nut and key2.mkv are frozen on request
+    started, release = threading.Event(), threading.Event()
+    real = frozen.write_frozen
+
+    def slow_write(frames, path, *a, **k):
+        if os.path.basename(path).startswith(cache.key2):
+            started.set()
+            release.wait(60)          # the freeze of key2 stays in progress until the test says so
+        return real(frames, path, *a, **k)
+    monkeypatch.setattr(frozen, "write_frozen", slow_write)   # local_frozen_path looks it up at call time
+
+    with serving(cache) as (srv, _):
+        second = {}
+        t = threading.Thread(target=lambda: second.update(r=request(srv, "GET", f"/frozen/{cache.key2}.mkv", 90)))
+        t.start()
+        try:
+            assert started.wait(30), "the freeze of key2 never started"
+            # One global lock (the old server) would hold this GET until key2's freeze ends: it would time out.
+            status, _, body = request(srv, "GET", f"/frozen/{cache.key1}.mkv", timeout=20)
+            assert status == 200 and body == file_bytes(local_frozen_path(cache, cache.key1, "ffv1"))
+            # Another file's first freeze proceeds too: the lock is per file, not one for all freezes.
+            status, _, body = request(srv, "GET", f"/frozen/{cache.key1}.nut", timeout=60)
+            assert status == 200 and body == file_bytes(os.path.join(frozen_dir(cache), cache.key1 + ".nut"))
+            assert t.is_alive() and not release.is_set()    # key2's request was still blocked meanwhile
+        finally:
+            release.set()
+            t.join(90)
+        assert second["r"][0] == 200
+        assert second["r"][2] == file_bytes(os.path.join(frozen_dir(cache), cache.key2 + ".mkv"))
+
+
+def test_concurrent_first_requests_of_one_file_freeze_it_once(cache, monkeypatch):
+    started, release, both_in = threading.Event(), threading.Event(), threading.Event()
+    writes, arrivals = [], []
+    real = frozen.write_frozen
+
+    def slow_write(frames, path, *a, **k):
+        writes.append(path)
+        started.set()
+        release.wait(60)
+        return real(frames, path, *a, **k)
+    monkeypatch.setattr(frozen, "write_frozen", slow_write)
+
+    class SpyLocks(server._FileLocks):
+        # Records each request that reaches the per-file lock, so the test knows the second one is
+        # waiting there (and not, say, still on its way) before it lets the first freeze finish.
+        def __call__(self, name):
+            arrivals.append(name)
+            if len(arrivals) == 2:
+                both_in.set()
+            return super().__call__(name)
+    monkeypatch.setattr(server, "_FileLocks", SpyLocks)
+
+    with serving(cache) as (srv, _):
+        results = []
+        ts = [threading.Thread(target=lambda: results.append(request(srv, "GET", f"/frozen/{cache.key1}.nut", 90)))
+              for _ in range(2)]
+        for t in ts:
+            t.start()
+        try:
+            assert started.wait(30) and both_in.wait(30)
+        finally:
+            release.set()
+            for t in ts:
+                t.join(90)
+    assert [r[0] for r in results] == [200, 200] and results[0][2] == results[1][2]
+    assert len(writes) == 1           # the second request found the file its lock-holder wrote
+
+
+def test_idle_connections_hold_no_thread_and_are_closed(cache):
+    local_frozen_path(cache, cache.key1, "ffv1")
+    workers, timeout = 4, 1.0
+    baseline = threading.active_count()
+    with serving(cache, workers=workers, timeout_s=timeout) as (srv, _):
+        idle = [socket.create_connection(srv.server_address[:2]) for _ in range(50)]
+        # A client that sends half a request line and stalls: a worker takes it, its read times out.
+        stalled = socket.create_connection(srv.server_address[:2])
+        stalled.sendall(b"GET /frozen/")
+        try:
+            # A normal request is served while 50 idle connections are open (they do not occupy the workers).
+            status, _, body = request(srv, "GET", f"/frozen/{cache.key1}.mkv", timeout=20)
+            assert status == 200 and len(body) > 0
+            # Bounded: the serve_forever thread plus at most `workers` pool threads (+1 slack). A thread per
+            # connection (the old ThreadingHTTPServer) would add ~51 here.
+            assert threading.active_count() <= baseline + 1 + workers + 1
+            # The server closes idle and stalled connections after its timeout (generous margin: no timing claim).
+            for s in idle + [stalled]:
+                s.settimeout(timeout * 3 + 2)
+                try:
+                    assert s.recv(1) == b""           # EOF: closed by the server, nothing sent
+                except ConnectionResetError:
+                    pass
+            # The pool is free again afterwards.
+            assert request(srv, "GET", f"/frozen/{cache.key1}.mkv", timeout=20)[2] == body
+        finally:
+            for s in idle + [stalled]:
+                s.close()
+
+
+def test_symlinks_are_never_followed(cache, tmp_path):
+    secret = tmp_path / "secret.mkv"
+    secret.write_bytes(SECRET)
+    d = frozen_dir(cache)
+    os.makedirs(d, exist_ok=True)
+    # A link at a key-shaped name whose key is not cached: 404 (the old server served the secret).
+    os.symlink(secret, os.path.join(d, UNCACHED + ".mkv"))
+    with serving(cache) as (srv, _):
+        for method in ("GET", "HEAD"):
+            status, _, body = request(srv, method, f"/frozen/{UNCACHED}.mkv")
+            assert status == 404 and SECRET not in body
+        # The key is cached, but its frozen file was replaced by a link to the secret: refused, not followed.
+        real = local_frozen_path(cache, cache.key1, "ffv1")
+        os.symlink(secret, real + ".link")
+        os.replace(real + ".link", real)
+        status, _, body = request(srv, "GET", f"/frozen/{cache.key1}.mkv")
+        assert status == 500 and SECRET not in body
+        # Nor a FIFO (O_NONBLOCK: the open does not hang waiting for a writer) or a directory.
+        os.mkfifo(os.path.join(d, cache.key1 + ".nut"))
+        os.mkdir(os.path.join(d, cache.key2 + ".mkv"))
+        for name in (cache.key1 + ".nut", cache.key2 + ".mkv"):
+            assert request(srv, "GET", f"/frozen/{name}", timeout=20)[0] == 500
+        # Traversal: only /frozen/<key><suffix> matches, so encoded or plain dot-dots are unknown paths.
+        for path in ("/frozen/../../secret.mkv", "/frozen/%2e%2e/%2e%2e/secret.mkv", "/frozen/..%2f..%2fsecret.mkv",
+                     f"/frozen/{cache.key1}.mkv/../../../secret.mkv", f"/frozen/{UNCACHED}.mkv/..",
+                     "/../secret.mkv", f"/frozen/{cache.key1.upper()}.mkv", f"/frozen/{cache.key1}.MKV"):
+            status, _, body = request(srv, "GET", path)
+            assert status == 404 and SECRET not in body, path
+
+
+def test_unknown_key_is_404_and_creates_nothing(cache, monkeypatch):
+    writes = []
+    monkeypatch.setattr(frozen, "write_frozen", lambda *a, **k: writes.append(a[1]))
+    with serving(cache) as (srv, base):
+        for method in ("GET", "HEAD"):
+            for suffix in (".mkv", ".nut"):
+                assert request(srv, method, f"/frozen/{UNCACHED}{suffix}")[0] == 404
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{base}/nothing")
+        assert e.value.code == 404
+    assert writes == []
+    assert not os.path.exists(frozen_dir(cache)) or os.listdir(frozen_dir(cache)) == []
+
+
+def test_limits_are_checked():
+    with pytest.raises(ValueError):
+        server.FrozenFileServer(("127.0.0.1", 0), None, workers=0, timeout_s=1)
+    with pytest.raises(ValueError):
+        server.FrozenFileServer(("127.0.0.1", 0), None, workers=1, timeout_s=0)
+
+
+def test_cli_serve_passes_workers_and_timeout(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    class Fake:
+        server_address, workers, timeout_s = ("127.0.0.1", 1), 3, 2.5
+
+        def serve_forever(self):
+            raise KeyboardInterrupt      # what Ctrl-C does
+
+        def server_close(self):
+            calls.append("closed")
+
+    def fake_make_server(cache, host, port, **limits):
+        calls.append(limits)
+        return Fake()
+    monkeypatch.setattr(server, "make_server", fake_make_server)   # cmd_serve imports it at call time
+    base = ["serve", "--cache", str(tmp_path / "c"), "--port", "0"]
+    assert main(base + ["--workers", "3", "--timeout", "2.5"]) == 0
+    assert calls == [{"workers": 3, "timeout_s": 2.5}, "closed"]
+    calls.clear()
+    assert main(base) == 0
+    assert calls == [{}, "closed"]       # make_server's defaults apply
+    # The help text states the defaults that make_server applies.
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"default {server.DEFAULT_WORKERS})" in help_text
+    assert f"default {server.DEFAULT_TIMEOUT_S:g})" in help_text
