@@ -14,9 +14,11 @@ resolve the same handles and references.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from vidcache import VideoOptions
+from vidcache.config import ENV_DIR
 from vidcache.options import PATCH_SIZE, STOCK_SGLANG_QWEN3_SIZE_FACTOR
 from vidcache.processing import MODES
 from vidcache.sglang.transport import TRANSPORTS
@@ -136,14 +138,20 @@ class VidcacheConfig:
                    shared=_get(args, "vidcache_shared"))
 
     def open_cache(self):
-        """This node's cache: the flags if given, else ``$VIDCACHE_DIR`` / ``$VIDCACHE_SHARED``; one per process."""
+        """This node's cache: the flags if given, else ``$VIDCACHE_DIR`` / ``$VIDCACHE_SHARED``; one per process.
+
+        Its identity is read here, which registers it in the process: handles that name it (rebuilt from
+        ``sample.metadata`` or a handle tensor) resolve to this cache even when it was configured by flags."""
         from vidcache import node_cache, open_cache
         if self.cache is None and self.shared is None:
-            return node_cache()
-        k = (self.cache, self.shared)
-        if k not in _OPEN:
-            _OPEN[k] = open_cache(self.cache, shared=self.shared)
-        return _OPEN[k]
+            cache = node_cache()
+        else:
+            k = (self.cache or os.environ.get(ENV_DIR), self.shared)     # an unset directory means $VIDCACHE_DIR
+            if k not in _OPEN:
+                _OPEN[k] = open_cache(self.cache, shared=self.shared)
+            cache = _OPEN[k]
+        cache.identity  # noqa: B018 -- registers the cache for handle resolution in this process
+        return cache
 
 
 _OPEN: dict = {}

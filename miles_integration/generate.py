@@ -8,6 +8,8 @@ video sent on every turn).  For a sample whose ``metadata["vidcache"]`` names vi
   (``--vidcache-prepare-cache-size``) and runs off the event loop;
 * SGLang receives ``compact ids + response tail`` and ``video_data``; ``max_new_tokens`` / context truncation are
   computed by Miles' ``compute_request_payload`` on the *expanded* ids, which is what ``sample.tokens`` holds;
+* every handle is pinned first (resolved to its key; a video not cached yet is built here, on first use), so
+  the handle tensor of ``--vidcache-train-inputs handles`` resolves on train nodes that cannot see the source;
 * ``sample.multimodal_train_inputs`` is tensors only: the model tensors, or with ``--vidcache-train-inputs
   handles`` a small handle tensor (train_hooks.py);
 * the divergence guard: every request sends ``return_prompt_token_ids: true`` and the response must show that
@@ -52,6 +54,13 @@ def _url(args) -> str:
 
 
 # --- preparation ------------------------------------------------------------------------------------
+def _pin_and_prepare(processor, prompt: str, handles, cfg: VidcacheConfig) -> PreparedRequest:
+    """In the worker thread: pin every handle first (a video not prewarmed is fetched, decoded and cached
+    here, on first use; ``prepare`` reads manifests, which never build), then ``vidcache.prepare``."""
+    pinned = [h.pinned() for h in handles]
+    return vidcache.prepare(processor, prompt, pinned, cfg.mode, cfg.transport, cfg.base_url)
+
+
 async def prepare_sample(state, sample: Sample, cfg: VidcacheConfig) -> PreparedRequest:
     """``vidcache.prepare`` for ``sample``, shared by identical prompts (a group) and run in a worker thread."""
     processor = state.processor
@@ -65,8 +74,7 @@ async def prepare_sample(state, sample: Sample, cfg: VidcacheConfig) -> Prepared
            cfg.mode, cfg.transport, cfg.base_url)
     fut = _PREPARED.get(key)
     if fut is None:
-        fut = _EXECUTOR.submit(vidcache.prepare, processor, sample.prompt, handles, cfg.mode, cfg.transport,
-                               cfg.base_url)
+        fut = _EXECUTOR.submit(_pin_and_prepare, processor, sample.prompt, handles, cfg)
         _PREPARED[key] = fut
         while len(_PREPARED) > max(cfg.prepare_cache_size, 1):
             _PREPARED.popitem(last=False)

@@ -129,10 +129,16 @@ def install_train_hooks(args) -> list[str]:
     """``--custom-megatron-init-path miles_integration.train_hooks.install_train_hooks`` (called as ``f(args)``).
 
     A no-op unless ``--vidcache-train-inputs handles``.  The processor is loaded from ``--hf-checkpoint`` on
-    first use, once per actor.
+    first use, once per actor.  The handles arrive pinned (with their keys) and name the shared tier, so
+    the train node needs only its cache configuration, never the source videos.
     """
     if getattr(args, "vidcache_train_inputs", "tensors") != "handles":
         return []
+    from .args import VidcacheConfig
+
+    # The node's cache (--vidcache-cache / --vidcache-shared, else $VIDCACHE_DIR / $VIDCACHE_SHARED), opened
+    # now: a misconfigured node fails at init, and handles naming this cache resolve to it.
+    cache = VidcacheConfig.from_args(args).open_cache()
 
     @functools.lru_cache(maxsize=1)
     def processor():
@@ -143,5 +149,5 @@ def install_train_hooks(args) -> list[str]:
         return p
 
     patched = patch_get_batch(processor)
-    logger.info("vidcache: train-side tensor rebuild installed in %s", patched)
+    logger.info("vidcache: train-side tensor rebuild from %r installed in %s", cache, patched)
     return patched

@@ -43,12 +43,12 @@ from toy_processors import SPECIAL_TOKENS as TOY_SPECIAL_TOKENS  # noqa: E402
 # Locating Miles
 # --------------------------------------------------------------------------------------------------
 def find_miles_src() -> Path | None:
-    """``$MILES_SRC``, defaulting to scripts/setup_miles.sh's checkout (same locator as miles_integration)."""
+    """``$MILES_SRC``, defaulting to scripts/setup_miles.sh's checkout (same locator as the Miles tests: tests/miles_compat.py)."""
     os.environ.setdefault(ENV, str(REPO / "third_party" / "miles"))
     return miles_src(REPO)
 
 
-# TEST-ONLY stub for the sglang module Miles imports but PyPI sglang 0.5.23 lacks (see miles_integration.compat).
+# TEST-ONLY stub for the sglang module Miles imports but PyPI sglang 0.5.23 lacks (see tests/miles_compat.py).
 install_miles_test_shims = install_test_shims
 
 

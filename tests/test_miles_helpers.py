@@ -1,6 +1,7 @@
 """miles_integration pieces that need no Miles checkout: flags, handle<->metadata, train-side rebuild."""
 import argparse
 import copy
+import json
 import pickle
 import sys
 import types
@@ -8,7 +9,8 @@ import types
 import pytest
 import torch
 
-from miles_integration.args import VidcacheConfig, add_vidcache_arguments, video_options_from_args
+import vidcache
+from miles_integration.args import OPTION_NAMES, VidcacheConfig, add_vidcache_arguments, video_options_from_args
 from miles_integration.meta import KEY, handles_from_metadata, has_video, metadata_entry, set_request_state
 from miles_integration.train_hooks import (
     HANDLE_KEY,
@@ -21,56 +23,165 @@ from miles_integration.train_hooks import (
     patch_get_batch,
 )
 from toy_processors import build_processor
-from vidcache import PreparedRequest, VideoHandle, VideoOptions
+from vidcache import Digest, PreparedRequest, VideoHandle, VideoOptions
+from vidcache.errors import InvalidKeyError, TierMismatchError
+from vidcache.keys import cache_key
+from vidcache.options import STOCK_SGLANG_QWEN3_SIZE_FACTOR
+
+
+def _parser():
+    p = argparse.ArgumentParser()
+    add_vidcache_arguments(p)
+    return p
+
+
+def _key(content: bytes, options: VideoOptions) -> str:
+    """A well-formed cache key (the real key format), for entries that need not exist."""
+    return cache_key(Digest.of(content), options)
+
+
+@pytest.fixture
+def node_env(tmp_path, monkeypatch):
+    """This process's node configuration: its own VIDCACHE_DIR, no shared tier."""
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.delenv("VIDCACHE_SHARED", raising=False)
+    return tmp_path / "node"
 
 
 def test_flags_parse_into_options_and_config(tmp_path):
-    p = argparse.ArgumentParser()
-    add_vidcache_arguments(p)
+    p = _parser()
     add_vidcache_arguments(p)            # rollout fn and generate fn both register: must not conflict
-    a = p.parse_args(["--vidcache-cache", str(tmp_path), "--vidcache-family", "qwen3_vl", "--vidcache-fps", "1",
-                      "--vidcache-max-pixels", "200704", "--vidcache-mode", "plugin", "--vidcache-transport", "data",
-                      "--vidcache-train-inputs", "handles"])
+    a = p.parse_args(["--vidcache-cache", str(tmp_path), "--vidcache-shared", str(tmp_path / "tier"),
+                      "--vidcache-family", "qwen3_vl", "--vidcache-fps", "1", "--vidcache-max-pixels", "200704",
+                      "--vidcache-mode", "plugin", "--vidcache-transport", "data", "--vidcache-train-inputs", "handles"])
     cfg = VidcacheConfig.from_args(a)
     assert cfg.options == VideoOptions(family="qwen3_vl", fps=1.0, max_pixels=200704)
-    assert (cfg.mode, cfg.transport, cfg.train_inputs, cfg.cache) == ("plugin", "data", "handles", str(tmp_path))
+    assert (cfg.mode, cfg.transport, cfg.train_inputs, cfg.cache, cfg.shared) == (
+        "plugin", "data", "handles", str(tmp_path), str(tmp_path / "tier"))
     d = VidcacheConfig.from_args(p.parse_args([]))
-    assert (d.mode, d.transport, d.train_inputs) == ("stock", "file", "tensors")      # stock unless asked
+    # qwen2_5_vl by default: stock mode; the transport is chosen from the cache (None); the node's cache.
+    assert (d.options.family, d.mode, d.transport, d.train_inputs, d.cache, d.shared) == (
+        "qwen2_5_vl", "stock", None, "tensors", None, None)
     with pytest.raises(SystemExit):
         p.parse_args(["--vidcache-mode", "fast"])
+    with pytest.raises(SystemExit):
+        p.parse_args(["--vidcache-transport", "nfs"])
 
 
-def test_config_without_registered_flags_uses_defaults(monkeypatch, tmp_path):
-    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path))
-    ns = argparse.Namespace(multimodal_keys={"video": "clips"})       # only Miles' own args
-    cfg = VidcacheConfig.from_args(ns)
-    assert cfg.cache == str(tmp_path) and cfg.video_key == "clips" and cfg.mode == "stock"
-    assert video_options_from_args(ns) == VideoOptions()
+def test_option_flags_are_generated_from_every_video_option():
+    p = _parser()
+    flags = set(p._option_string_actions)
+    fields = VideoOptions.flag_fields()
+    assert OPTION_NAMES == tuple(n for n, _ in fields) and "size_factor" in OPTION_NAMES
+    for name, typ in fields:
+        flag = "--vidcache-" + name.replace("_", "-")
+        assert flag in flags, flag
+        assert p._option_string_actions[flag].type is typ
+    a = p.parse_args(["--vidcache-family", "qwen3_vl", "--vidcache-size-factor", "224", "--vidcache-nframes", "8",
+                      "--vidcache-video-start", "0.5"])
+    assert video_options_from_args(a) == VideoOptions(family="qwen3_vl", size_factor=224, nframes=8, video_start=0.5)
+
+
+def test_mode_defaults_by_family():
+    p = _parser()
+    assert VidcacheConfig.from_args(p.parse_args(["--vidcache-family", "qwen3_vl"])).mode == "plugin"
+    for family in ("qwen2_vl", "qwen2_5_vl"):
+        assert VidcacheConfig.from_args(p.parse_args(["--vidcache-family", family])).mode == "stock"
+    # an explicit mode always wins
+    assert VidcacheConfig.from_args(p.parse_args(["--vidcache-family", "qwen2_5_vl", "--vidcache-mode",
+                                                  "plugin"])).mode == "plugin"
+    # a namespace without the flags (only --data-source-path points at vidcache) follows the same rule
+    assert VidcacheConfig.from_args(argparse.Namespace(vidcache_family="qwen3_vl")).mode == "plugin"
+
+
+def test_qwen3_stock_off_the_224_grid_fails_at_startup_naming_both_fixes():
+    p = _parser()
+    with pytest.raises(ValueError) as e:
+        VidcacheConfig.from_args(p.parse_args(["--vidcache-family", "qwen3_vl", "--vidcache-mode", "stock"]))
+    msg = str(e.value)
+    assert "--vidcache-mode plugin" in msg
+    assert f"--vidcache-size-factor {STOCK_SGLANG_QWEN3_SIZE_FACTOR}" in msg
+    assert "32" in msg                                    # names the grid the frames are on
+    with pytest.raises(ValueError, match="--vidcache-mode plugin"):
+        VidcacheConfig(cache=None, options=VideoOptions(family="qwen3_vl", size_factor=64), mode="stock")
+    # the stock-safe grid, and the same options as VideoOptions.for_stock_sglang, are accepted
+    ok = VidcacheConfig.from_args(p.parse_args(["--vidcache-family", "qwen3_vl", "--vidcache-mode", "stock",
+                                                "--vidcache-size-factor", str(STOCK_SGLANG_QWEN3_SIZE_FACTOR)]))
+    assert ok.mode == "stock" and ok.options == VideoOptions.for_stock_sglang("qwen3_vl")
+    # Qwen2/2.5-VL frames are on SGLang's own grid: stock is fine
+    assert VidcacheConfig(cache=None, options=VideoOptions(family="qwen2_5_vl"), mode="stock").mode == "stock"
+
+
+def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="base-url"):
         VidcacheConfig.from_args(argparse.Namespace(vidcache_transport="http"))
+    with pytest.raises(ValueError, match="transport"):
+        VidcacheConfig(cache=None, options=VideoOptions(), transport="nfs")
+    with pytest.raises(ValueError, match="mode"):
+        VidcacheConfig(cache=None, options=VideoOptions(), mode="fast")
+    with pytest.raises(ValueError, match="train-inputs"):
+        VidcacheConfig(cache=None, options=VideoOptions(), train_inputs="pixels")
 
 
-def test_handles_metadata_round_trip(tmp_path):
-    hs = [VideoHandle("/data/a.mp4", VideoOptions(fps=1.0), str(tmp_path)),
-          VideoHandle("/data/b #1.mp4", VideoOptions(family="qwen3_vl", nframes=8), str(tmp_path), key="k.1.x")]
+def test_config_without_registered_flags_uses_the_node_cache(node_env):
+    ns = argparse.Namespace(multimodal_keys={"video": "clips"})       # only Miles' own args
+    cfg = VidcacheConfig.from_args(ns)
+    assert cfg.cache is None and cfg.shared is None and cfg.video_key == "clips" and cfg.mode == "stock"
+    assert video_options_from_args(ns) == VideoOptions()
+    c = cfg.open_cache()
+    assert c is vidcache.node_cache() and c.path == str(node_env)      # $VIDCACHE_DIR, not a default path
+    assert c.shared is None
+
+
+def test_open_cache_with_a_shared_tier_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.delenv("VIDCACHE_SHARED", raising=False)
+    cfg = VidcacheConfig(cache=None, options=VideoOptions(), shared=str(tmp_path / "tier"))
+    c = cfg.open_cache()
+    assert c is cfg.open_cache()                                        # one per process
+    assert c.path == str(tmp_path / "node") and c.shared is not None
+    assert c.identity.startswith("tier-")                               # the shared tier's id, not a path
+    explicit = VidcacheConfig(cache=str(tmp_path / "other"), options=VideoOptions(), shared=str(tmp_path / "tier"))
+    c2 = explicit.open_cache()
+    assert c2.path == str(tmp_path / "other") and c2.identity == c.identity   # same tier, same identity
+
+
+def test_handles_metadata_round_trip(cache):
+    o1, o2 = VideoOptions(fps=1.0), VideoOptions(family="qwen3_vl", nframes=8)
+    k2 = _key(b"clip b", o2)
+    hs = [VideoHandle("/data/a.mp4", o1, cache.identity),
+          VideoHandle("/data/b #1.mp4", o2, cache.identity, key=k2)]
     md = {"row": 3, KEY: metadata_entry(hs)}
     assert has_video(md) and not has_video({"row": 3}) and not has_video(None)
-    for clone in (copy.deepcopy(md), pickle.loads(pickle.dumps(md)), __import__("json").loads(__import__("json").dumps(md))):
+    assert md[KEY]["videos"][0] == {"source": "/data/a.mp4", "options": o1.to_dict(), "tier": cache.identity}
+    for clone in (copy.deepcopy(md), pickle.loads(pickle.dumps(md)), json.loads(json.dumps(md))):
         assert clone == md                                           # plain dicts: merge_samples' == works
-        assert handles_from_metadata(clone) == hs
-        assert handles_from_metadata(clone)[1].key == "k.1.x"
+        back = handles_from_metadata(clone)
+        assert back == hs
+        assert back[0].key is None and back[1].key == k2 and back[1].tier == cache.identity
+    bad = copy.deepcopy(md)
+    bad[KEY]["videos"][1]["key"] = "../../etc/passwd"
+    with pytest.raises(InvalidKeyError):
+        handles_from_metadata(bad)                                   # a key from outside is checked first
     prep = PreparedRequest([1, 2], [1, 9, 9, 2], ["file:///x.mkv"], {}, "stock")
     set_request_state(md, prep)
     assert md[KEY]["request"] == {"compact_ids": [1, 2], "prompt_len": 4, "video_data": ["file:///x.mkv"], "mode": "stock"}
 
 
-def test_handle_tensor_encoding(tmp_path):
-    hs = [VideoHandle("/v.mp4", VideoOptions(fps=2.0), str(tmp_path), key="abc")]
+def test_handle_tensor_encoding(cache):
+    o = VideoOptions(fps=2.0)
+    hs = [VideoHandle("/v.mp4", o, cache.identity, key=_key(b"v", o)), VideoHandle("/w.mp4", o, cache.identity)]
     t = encode_handles(hs, "plugin")
     assert t.dtype == torch.uint8 and t.ndim == 1
     mode, back = decode_handles(t.clone())
-    assert mode == "plugin" and back == hs and back[0].key == "abc"
+    assert mode == "plugin" and back == hs and back[0].key == hs[0].key and back[1].key is None
+    assert [h.tier for h in back] == [cache.identity] * 2
+    assert torch.equal(encode_handles([h.to_dict() for h in hs], "plugin"), t)     # dicts or handles: same bytes
     assert set(handle_train_inputs(hs, "stock")) == {HANDLE_KEY}
+    bad = json.loads(bytes(t.numpy()).decode())
+    bad["v"] = 9
+    with pytest.raises(ValueError, match="encoding"):
+        decode_handles(torch.frombuffer(bytearray(json.dumps(bad).encode()), dtype=torch.uint8))
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +191,10 @@ def q25():
 
 @pytest.mark.parametrize("mode", ["stock", "plugin"])
 def test_train_side_rebuild_equals_rollout_tensors(cache, videos, q25, mode):
-    h = cache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl", fps=1.0))
-    h2 = cache.get(videos["mpeg4_25_odd"], VideoOptions(family="qwen2_5_vl", nframes=4))
-    want = __import__("vidcache").train_inputs(q25, [h, h2], mode=mode)
+    h = vidcache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl", fps=1.0), cache)
+    h2 = vidcache.get(videos["mpeg4_25_odd"], VideoOptions(family="qwen2_5_vl", nframes=4), cache)
+    want = vidcache.train_inputs(q25, [h, h2], mode=mode, memo=False)
+    # Unpickled elsewhere, a handle finds its cache by identity (this process made it: the same object).
     got = hydrate({HANDLE_KEY: encode_handles([h.to_dict(), h2.to_dict()], mode)}, q25)
     assert set(got) == set(want)
     for k in want:
@@ -90,6 +202,17 @@ def test_train_side_rebuild_equals_rollout_tensors(cache, videos, q25, mode):
     assert hydrate(None, q25) is None
     plain = {"pixel_values": torch.zeros(2)}
     assert hydrate(plain, q25) is plain
+
+
+def test_hydrate_refuses_a_foreign_tier(node_env, cache, videos, q25):
+    """A handle names its cache by identity; a process that has no cache with that identity (and whose
+    node cache is another) refuses it rather than rebuilding into some other directory."""
+    o = VideoOptions(family="qwen2_5_vl", fps=1.0)
+    real = vidcache.get(videos["h264_30"], o, cache)
+    foreign = VideoHandle(real.source, o, "tier-" + "0" * 32, key=real.key)
+    with pytest.raises(TierMismatchError, match="VIDCACHE_SHARED"):
+        hydrate({HANDLE_KEY: encode_handles([foreign], "stock")}, q25)
+    assert vidcache.node_cache().entries() == []                     # nothing was built in the node cache
 
 
 class _FakeIterator:
@@ -101,7 +224,7 @@ class _FakeIterator:
 
 
 def test_get_batch_is_patched_in_every_by_name_importer(cache, videos, q25, monkeypatch):
-    h = cache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl", fps=1.0))
+    h = vidcache.get(videos["h264_30"], VideoOptions(family="qwen2_5_vl", fps=1.0), cache)
     seen = []
 
     def get_batch(data_iterator, keys, pad_multiplier=128):
@@ -126,14 +249,33 @@ def test_get_batch_is_patched_in_every_by_name_importer(cache, videos, q25, monk
     assert sys.modules["_vc_fake.model"].get_batch.__wrapped__ is get_batch
     it = _FakeIterator({"tokens": [[1], [2]], "multimodal_train_inputs": [{HANDLE_KEY: encode_handles([h], "stock")}, None]})
     out = sys.modules["_vc_fake.model"].get_batch(it, ["tokens", "multimodal_train_inputs"])
-    want = h.train_inputs(q25, mode="stock")
+    want = h.train_inputs(q25, mode="stock", memo=False)
     assert out["multimodal_train_inputs"][1] is None
+    assert set(out["multimodal_train_inputs"][0]) == set(want)
     assert all(torch.equal(out["multimodal_train_inputs"][0][k], want[k]) for k in want)
     assert HANDLE_KEY not in out["multimodal_train_inputs"][0]
+    assert calls == [1]
     # keys without multimodal inputs pass the iterator through untouched
     sys.modules["_vc_fake.actor"].get_batch(it, ["tokens"])
     assert seen[-1] == {"tokens": [[1], [2]]}
     assert isinstance(HydratingIterator(it, q25).rollout_data, dict)
+
+
+def test_install_train_hooks_opens_the_configured_cache(tmp_path, monkeypatch, node_env):
+    """With handles, the hook opens the train node's cache from Miles' args (flags here; the environment
+    otherwise) at init, so handles naming that cache resolve to it; the node's own cache is another one."""
+    from miles_integration import train_hooks
+    from vidcache.cache import cache_for
+
+    factories = []
+    monkeypatch.setattr(train_hooks, "patch_get_batch", lambda factory: factories.append(factory) or ["fake"])
+    ns = argparse.Namespace(vidcache_train_inputs="handles", vidcache_cache=str(tmp_path / "train"),
+                            vidcache_shared=str(tmp_path / "tier"), hf_checkpoint=str(tmp_path / "no-ckpt"))
+    assert install_train_hooks(ns) == ["fake"] and len(factories) == 1
+    c = VidcacheConfig.from_args(ns).open_cache()
+    assert c.path == str(tmp_path / "train") and c.identity.startswith("tier-")
+    assert cache_for(c.identity) is c
+    assert vidcache.node_cache().identity != c.identity                  # not the env's (node_env: no tier)
 
 
 def test_install_train_hooks_is_a_noop_for_tensors():

@@ -6,16 +6,26 @@ The SGLang stand-in is Miles' MockSGLangServer (HTTP on 127.0.0.1) whose /genera
 length, top-level ``prompt_token_ids`` when requested, ``output_token_logprobs``, ``finish_reason``, and
 ``input_token_logprobs`` from ``logprob_start_len`` (counted on the expanded sequence) for prefill scoring.
 Stock mode throughout; plugin mode (vidcache.sglang.plugin.qwen_vl.VidcacheQwenVLProcessor as the peer class) in one test.
+Miles across nodes: a train actor in a separate process, configured only by VIDCACHE_DIR + VIDCACHE_SHARED,
+hydrates the rollout node's handle tensor after the sources are deleted.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
 import copy
+import functools
 import json
+import logging
+import os
 import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import torch
@@ -45,12 +55,14 @@ from miles_smoke_example import make_miles_args, make_mock_server_cls  # noqa: E
 from toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
-from miles_integration.data_source import VidcacheDataSource  # noqa: E402
+from miles_integration.args import VidcacheConfig  # noqa: E402
+from miles_integration.data_source import VidcacheDataSource, VidcacheDataset  # noqa: E402
 from miles_integration.generate import generate, generate_multi_turn  # noqa: E402
 from miles_integration.meta import KEY, handles_from_metadata, request_state  # noqa: E402
 from miles_integration.rollout import VidcacheRolloutFn  # noqa: E402
-from miles_integration.train_hooks import HANDLE_KEY, HydratingIterator  # noqa: E402
+from miles_integration.train_hooks import HANDLE_KEY, HydratingIterator, decode_handles  # noqa: E402
 from vidcache import ParityError, VideoOptions  # noqa: E402
+from vidcache.sglang.transport import parse_ref  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import mm_process_config  # noqa: E402
 from vidcache.testing.videos import make_video  # noqa: E402
@@ -318,6 +330,65 @@ def test_data_source_state_round_trip_matches_miles(env, tmp_path):
     assert rows(restored.get_samples(3)) == after
     with pytest.raises(AssertionError):
         ours.add_samples([[pending[0][0]]])                     # group size must be n_samples_per_prompt
+    # Miles' constructor built ours: every attribute Miles sets up, ours has (plus its config)
+    assert set(vars(theirs)) <= set(vars(ours)) and set(vars(ours)) - set(vars(theirs)) == {"config"}
+
+
+def test_data_source_is_built_by_miles_constructor(env, monkeypatch, tmp_path):
+    """State a future Miles adds in its constructors reaches VidcacheDataSource, and Miles' module-global
+    ``Dataset`` is swapped only while Miles' constructor runs (restored afterwards, also on failure)."""
+    import miles.rollout.data_source as mds
+    from miles.utils.data import Dataset
+
+    seen = []
+    base_init, buffer_init = mds.RolloutDataSource.__init__, mds.RolloutDataSourceWithBuffer.__init__
+
+    def future_base_init(self, args):
+        seen.append(mds.Dataset)                      # what Miles' constructor will call to build its dataset
+        base_init(self, args)
+        self.future_state = {"tokens_seen": 0}
+
+    def future_buffer_init(self, args):
+        buffer_init(self, args)
+        self.future_buffer_state = ["x"]
+
+    monkeypatch.setattr(mds.RolloutDataSource, "__init__", future_base_init)
+    monkeypatch.setattr(mds.RolloutDataSourceWithBuffer, "__init__", future_buffer_init)
+    ds = VidcacheDataSource(env.args())
+    assert ds.future_state == {"tokens_seen": 0} and ds.future_buffer_state == ["x"]
+    assert isinstance(seen[0], functools.partial) and seen[0].func is VidcacheDataset
+    assert seen[0].keywords == {"config": ds.config}
+    assert isinstance(ds.dataset, VidcacheDataset) and ds.dataset.config is ds.config
+    assert ds.buffer == [] and ds.sample_offset == 0 and ds.epoch_id == 0
+    assert mds.Dataset is Dataset                                     # restored after init
+    fresh = tmp_path / "fresh.mp4"                                   # never cached anywhere
+    make_video(str(fresh), codec="h264", width=64, height=48, fps=10, n_frames=10, seed=9)
+    (tmp_path / "fresh.jsonl").write_text(json.dumps({"prompt": "<video>", "videos": [str(fresh)]}) + "\n")
+    with pytest.raises(vidcache.NotCachedError, match="require-cached"):
+        VidcacheDataSource(env.args(prompt_data=str(tmp_path / "fresh.jsonl"), vidcache_require_cached=True))
+    assert mds.Dataset is Dataset                                     # restored when init fails, too
+
+
+def test_dataset_accepts_and_ignores_newer_miles_kwargs(env, caplog):
+    """A newer Miles may pass dataset arguments vidcache does not take (e.g. video_process_config): they are
+    accepted, ignored (video options come from --vidcache-*) and named in a warning."""
+    from miles.utils.processing_utils import load_tokenizer
+
+    cfg = VidcacheConfig.from_args(env.args())
+    tok = load_tokenizer(str(env.ckpt), chat_template_path=None, trust_remote_code=True)
+    kw = dict(tokenizer=tok, prompt_key="prompt", multimodal_keys={"video": "videos"}, label_key="label",
+              apply_chat_template=True, config=cfg)
+    plain = VidcacheDataset(str(env.data), **kw)
+    with caplog.at_level(logging.WARNING, logger="miles_integration.data_source"):
+        newer = VidcacheDataset(str(env.data), video_process_config={"fps": 4.0, "max_pixels": 1 << 20},
+                                image_max_pixels=None, **kw)
+    warned = [r.getMessage() for r in caplog.records if r.name == "miles_integration.data_source"]
+    assert len(warned) == 1 and "video_process_config" in warned[0] and "image_max_pixels" not in warned[0]
+    assert len(newer) == len(plain) == len(env.rows)
+    for i in range(len(plain)):
+        a, b = plain.samples[i], newer.samples[i]
+        assert (a.prompt, a.label, a.metadata) == (b.prompt, b.label, b.metadata)   # same options, same handles
+    assert handles_from_metadata(newer.samples[0].metadata)[0].options == cfg.options
 
 
 # --------------------------------------------------------------------------------------------------
@@ -501,6 +572,92 @@ def test_handles_mode_rebuilds_the_same_tensors_train_side(env):
     assert_matches_sglang(ref, env.server.log[-1])
 
 
+# The train actor of "Miles across nodes": its own process, configured by its environment only.
+TRAIN_NODE = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import vidcache.cache
+    import vidcache.loader.build as build
+
+    def no_decoding(*a, **k):
+        raise AssertionError("the train node decoded a video: the shared tier should have served it")
+
+    build.open_reader = no_decoding                   # every decode opens a reader here
+    vidcache.cache.decode_sample_resize = no_decoding
+    from transformers import AutoProcessor
+    from miles_integration.train_hooks import HANDLE_KEY, decode_handles, hydrate
+
+    workdir, ckpt = sys.argv[1], sys.argv[2]
+    enc = torch.load(os.path.join(workdir, "handles.pt"), weights_only=True)
+    _, handles = decode_handles(enc)
+    assert not any(os.path.exists(h.source) for h in handles), "the sources must be gone"
+    out = hydrate({HANDLE_KEY: enc, "extra": torch.tensor([7])}, AutoProcessor.from_pretrained(ckpt))
+    torch.save(out, os.path.join(workdir, "hydrated.pt"))
+    node = vidcache.node_cache()
+    json.dump({"identity": node.identity, "path": node.path}, open(os.path.join(workdir, "node.json"), "w"))
+""")
+
+
+def _train_node(workdir, ckpt, env_vars: dict) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDCACHE_")}
+    env.update(env_vars)
+    return subprocess.run([sys.executable, "-c", TRAIN_NODE, str(workdir), str(ckpt)], check=False, cwd=str(REPO),
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_miles_across_nodes_handles_hydrate_on_a_train_node(env, tmp_path, decode_counter):
+    """Rollout node A (its own cache dir + a shared tier) runs the data source and the generate function with
+    --vidcache-train-inputs handles; a train actor on node B -- a separate process whose only vidcache
+    configuration is VIDCACHE_DIR (its own, empty) + VIDCACHE_SHARED -- rebuilds the tensors from the handle
+    tensor after the sources are deleted: bit-identical, zero decodes."""
+    node_a, tier, src, work = tmp_path / "node_a", tmp_path / "tier", tmp_path / "src", tmp_path / "work"
+    src.mkdir()
+    work.mkdir()
+    for name, seed in (("x", 11), ("y", 12)):
+        make_video(str(src / f"{name}.mp4"), codec="h264", width=160, height=120, fps=10, n_frames=30, seed=seed)
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"prompt": "<video> then <video>: same clip?", "videos": ["src/x.mp4", "src/y.mp4"],
+                                "label": "no", "metadata": {"row": 0}}) + "\n")
+    args = env.args(prompt_data=str(data), n_samples_per_prompt=1, vidcache_cache=str(node_a),
+                    vidcache_shared=str(tier), vidcache_train_inputs="handles")
+    [[s]] = VidcacheDataSource(args).get_samples(1)
+    assert decode_counter == []
+    env.server.log.clear()
+    s = call_generate(env, s, args=args, state=GenerateState(args))
+    assert s.status == Sample.Status.COMPLETED
+    assert decode_counter.count("decode_sample_resize") == 2            # built on node A, on first use
+    st = request_state(s.metadata)
+    # stock mode, transport unset: the shared tier's URLs, readable from every SGLang node
+    assert len(st["video_data"]) == 2
+    assert all(u.startswith("file://" + quote(str(tier))) for u in st["video_data"])
+    enc = s.multimodal_train_inputs[HANDLE_KEY]
+    mode, handles = decode_handles(enc)
+    cache_a = VidcacheConfig.from_args(args).open_cache()
+    assert mode == "stock" and cache_a.identity.startswith("tier-")
+    assert all(h.key is not None and h.tier == cache_a.identity for h in handles)   # pinned; named by the tier
+    from transformers import AutoProcessor
+    want = vidcache.train_inputs(AutoProcessor.from_pretrained(str(env.ckpt)), handles, mode=mode, memo=False)
+    torch.save(enc, work / "handles.pt")
+    shutil.rmtree(src)
+
+    # Without the shared tier the train node cannot resolve A's handles: refused, not rebuilt elsewhere.
+    r = _train_node(work, env.ckpt, {"VIDCACHE_DIR": str(tmp_path / "node_alone")})
+    assert r.returncode != 0 and "TierMismatchError" in r.stderr, r.stderr[-3000:]
+    assert not (work / "hydrated.pt").exists()
+
+    r = _train_node(work, env.ckpt, {"VIDCACHE_DIR": str(tmp_path / "node_b"), "VIDCACHE_SHARED": str(tier)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    node_b = json.loads((work / "node.json").read_text())
+    assert node_b == {"identity": cache_a.identity, "path": str(tmp_path / "node_b")}
+    got = torch.load(work / "hydrated.pt", weights_only=True)
+    assert set(got) == set(want) | {"extra"} and torch.equal(got["extra"], torch.tensor([7]))
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+    ref = copy.deepcopy(s)
+    ref.multimodal_train_inputs = {k: got[k] for k in want}
+    assert_matches_sglang(ref, env.server.log[-1])                      # = what SGLang's processor computed
+
+
 def test_merge_samples_and_ray_transport_keep_handles(env):
     from miles.rollout.generate_utils.sample_utils import merge_samples
 
@@ -549,11 +706,20 @@ def test_add_arguments_through_miles_loader():
         fn.add_arguments(p)                                      # all three on one parser: no conflict
     a = p.parse_args(["--vidcache-mode", "plugin", "--vidcache-fps", "2", "--generate-max-turns", "3"])
     assert a.vidcache_mode == "plugin" and a.vidcache_fps == 2.0 and a.generate_max_turns == 3
+    # --vidcache-mode unset: plugin for qwen3_vl (its 32-grid frames only survive SGLang through the plugin)
+    q3 = p.parse_args(["--vidcache-family", "qwen3_vl"])
+    assert q3.vidcache_mode is None and VidcacheConfig.from_args(q3).mode == "plugin"
+    assert VidcacheConfig.from_args(p.parse_args([])).mode == "stock"
+    with pytest.raises(ValueError, match="--vidcache-mode plugin"):
+        VidcacheConfig.from_args(p.parse_args(["--vidcache-family", "qwen3_vl", "--vidcache-mode", "stock"]))
 
 
-def test_plugin_mode_matches_the_sglang_plugin(env):
-    """--vidcache-mode plugin against SGLang's processor replaced by vidcache's plugin class (if present)."""
+def test_plugin_mode_matches_the_sglang_plugin(env, monkeypatch):
+    """--vidcache-mode plugin against SGLang's processor replaced by vidcache's plugin class."""
     import vidcache.sglang.plugin.qwen_vl as plugin
+    # The SGLang node's only vidcache configuration is its environment; here it shares the rollout's node.
+    monkeypatch.setenv("VIDCACHE_DIR", str(env.cache))
+    monkeypatch.delenv("VIDCACHE_SHARED", raising=False)
     srv = env.server
     stock_peer = srv.peer
     srv.peer = sglang_peer.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"],
@@ -566,9 +732,13 @@ def test_plugin_mode_matches_the_sglang_plugin(env):
         srv.peer = stock_peer
     st = request_state(s.metadata)
     assert st["mode"] == "plugin" and srv.log[-1]["payload"]["video_data"] == st["video_data"]
-    assert all(u.endswith(".vidcache") for u in st["video_data"])           # a reference, not a frozen file
+    # a reference (a data: URI naming the cache by identity and the entry by key), not a frozen file
+    h = handles_from_metadata(s.metadata)[0]
+    refs = [parse_ref(u) for u in st["video_data"]]
+    assert refs == [{"vidcache_ref": 2, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False)}]
+    assert refs[0]["tier"] == h.tier
     assert_matches_sglang(s, srv.log[-1])
-    sfps = handles_from_metadata(s.metadata)[0].metadata["sample_fps"]
+    sfps = h.metadata["sample_fps"]
     assert s.multimodal_train_inputs["second_per_grid_ts"].item() == torch.tensor(2 / sfps).item()
 
 

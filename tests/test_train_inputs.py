@@ -120,3 +120,20 @@ def test_expanded_ids_without_frames_equal_the_processors(cache, videos, process
     finally:
         cache_mod.VideoCache.frames = real
     assert got == want and frames_read == [] and len(count_decodes) == decoded
+
+
+def test_lazy_uncached_handles_are_built_by_train_inputs_and_prepare(tmp_path, videos):
+    """A lazy handle whose entry is not cached yet is built on first use, not refused."""
+    import vidcache
+    from vidcache import VideoCache, prepare
+    from vidcache.processing import train_inputs
+    proc = build_processor("qwen2_5_vl")
+    for memo in (False, True):
+        c = VideoCache(tmp_path / f"c{memo}")
+        h = vidcache.lazy(videos["ffv1_10_small"], VideoOptions(), c)
+        ti = train_inputs(proc, [h], mode="plugin", memo=memo)
+        assert torch.equal(ti["video_grid_thw"], torch.tensor([list(h.manifest.tokens.video_grid_thw)]))
+    c = VideoCache(tmp_path / "p")
+    h = vidcache.lazy(videos["ffv1_10_small"], VideoOptions(), c)
+    req = prepare(proc, VIDEO_PLACEHOLDER, [h], mode="plugin")
+    assert torch.equal(req.train_inputs["pixel_values_videos"], ti["pixel_values_videos"])

@@ -112,8 +112,8 @@ def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True) ->
     if memo_key is not None and (hit := MEMO.get(memo_key)) is not None:
         return dict(hit)
     text = VIDEO_PLACEHOLDER * len(handles)
-    kw = processor_kwargs(processor, handles, mode)
-    out = processor(text=[text], videos=[h.frames() for h in handles], **kw)
+    videos = [h.frames() for h in handles]          # builds a lazy handle's entry first, if it must
+    out = processor(text=[text], videos=videos, **processor_kwargs(processor, handles, mode))
     result = model_tensors(out)
     if memo_key is not None:
         MEMO.put(memo_key, result)

@@ -69,8 +69,8 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     tok = processor.tokenizer
     compact = tok(prompt, add_special_tokens=False)["input_ids"]
     if handles:
-        kw = processor_kwargs(processor, handles, mode)
-        out = processor(text=[prompt], videos=[h.frames() for h in handles], **kw)
+        videos = [h.frames() for h in handles]      # builds a lazy handle's entry first, if it must
+        out = processor(text=[prompt], videos=videos, **processor_kwargs(processor, handles, mode))
         tensors = model_tensors(out)
     else:
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")
