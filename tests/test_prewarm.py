@@ -79,7 +79,7 @@ def test_hung_or_ballooning_decoder_costs_one_row(tmp_path, videos):
                                        {"prompt": "<video>", "videos": [videos["h264_30"]]}])
     cache = VideoCache(tmp_path / "cache")
     s = prewarm(ds, cache, VideoOptions(nframes=90, min_pixels=3136, max_pixels=1280 * 720), workers=1,
-                max_worker_memory=500 << 20, progress=False)
+                max_worker_memory=250 << 20, progress=False)
     assert (s.new, s.failed) == (1, 1) and s.failures[0]["kind"] == "memory"
     cache2 = VideoCache(tmp_path / "cache2")
     s = prewarm(ds, cache2, VideoOptions(nframes=90), workers=1, timeout_s=0.05, progress=False)

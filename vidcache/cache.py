@@ -196,7 +196,7 @@ class VideoCache:
                                                  decoder_threads=self.config.decoder_threads, **budget)
         finally:
             fetched.cleanup()
-        raw = frames.numpy().tobytes()
+        raw = memoryview(frames.numpy()).cast("B")     # no second copy of the frames (peak memory)
         blob = Digest.of(raw)
         payload = raw if self.config.encoding == "raw" else zlib.compress(raw, 1)
         src = built["video"]["source"]
@@ -207,7 +207,7 @@ class VideoCache:
         # published only after its blob, so no reader sees a manifest without its frames.
         self.store.set_many({keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record})
         self._verified.add(str(blob))
-        return EnsureResult(key, "new", len(raw))
+        return EnsureResult(key, "new", raw.nbytes)
 
     def _sound(self, key: str) -> Manifest | None:
         """The manifest of a present entry whose blob passes its checks; None (after quarantine) otherwise."""

@@ -178,7 +178,7 @@ class RaySubmitter:
         self._ray = ray
         self.timeout_s, self.max_worker_memory = timeout_s, max_worker_memory
         self._remote = ray.remote(num_cpus=num_cpus_per_task, max_retries=max_retries)(_ray_build)
-        self._cache_ref = ray.put(cache.with_settings(decoder_threads=max(1, int(num_cpus_per_task))))
+        self._cache_ref = ray.put(_worker_cache(cache, max_worker_memory))
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.max_in_flight = max_in_flight or max(2, 2 * cpus)
 
@@ -199,6 +199,14 @@ class RaySubmitter:
 
     def close(self) -> None:
         pass
+
+
+def _worker_cache(cache: VideoCache, max_worker_memory: int | None) -> VideoCache:
+    """The cache as workers run it: a decode budget inside the watchdog's limit, so that a video too big
+    for memory is refused cleanly (``too_large``) before the watchdog would have to kill the worker."""
+    if max_worker_memory and cache.config.max_decoded_bytes is None:
+        return cache.with_settings(max_decoded_bytes=int(0.9 * max_worker_memory))
+    return cache
 
 
 # --- driver --------------------------------------------------------------------------
@@ -301,10 +309,7 @@ def prewarm(dataset: str, cache: VideoCache, options: VideoOptions, *, workers: 
             ray_mod.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
         submitter = RaySubmitter(cache, timeout_s, max_worker_memory, num_cpus_per_task)
     else:
-        # Split the cores among workers: FFmpeg's own threads would otherwise compete with the other workers.
-        threads = cache.config.decoder_threads or max(1, (os.cpu_count() or 1) // max(1, workers))
-        submitter = LocalSubmitter(cache.with_settings(decoder_threads=threads), workers, timeout_s,
-                                   max_worker_memory)
+        submitter = LocalSubmitter(_worker_cache(cache, max_worker_memory), workers, timeout_s, max_worker_memory)
     run(tasks, cache, submitter, summary, failures, progress, "prewarm (ray)" if ray else "prewarm")
     summary.failed += len(bad_rows)
     summary.failures = failures

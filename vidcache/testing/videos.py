@@ -11,7 +11,7 @@ CODECS = {
     "mpeg4": (".mp4", "yuv420p"),
     "mjpeg": (".avi", "yuvj420p"),
     "hevc": (".mkv", "yuv420p"),
-    "av1": (".mkv", "yuv420p"),      # libsvtav1: decord's FFmpeg 4.1 cannot decode it
+    "av1": (".mkv", "yuv420p"),      # libsvtav1: decord's FFmpeg 4.1 cannot; the PyAV fallback does
     "ffv1": (".mkv", "bgr0"),
 }
 _ENCODER = {"h264": "libx264", "hevc": "libx265", "av1": "libsvtav1"}
@@ -42,7 +42,7 @@ def make_video(path: str, *, codec: str = "h264", width: int = 320, height: int 
     import av
 
     os.environ.setdefault("SVT_LOG", "1")   # SVT-AV1 prints its banner to stdout otherwise
-    suffix, pix_fmt = CODECS[codec]
+    _, pix_fmt = CODECS[codec]
     rate = Fraction(fps).limit_denominator(1001) if not isinstance(fps, Fraction) else fps
     with av.open(path, "w") as c:
         s = c.add_stream(_ENCODER.get(codec, codec), rate=rate)
@@ -63,3 +63,46 @@ def make_video(path: str, *, codec: str = "h264", width: int = 320, height: int 
 
 def suffix_for(codec: str) -> str:
     return CODECS[codec][0]
+
+
+# --- clips made by the ffmpeg CLI (codecs and container features PyAV's encoders do not cover) ------------
+
+def ffmpeg_encoders() -> frozenset[str]:
+    """Encoder names of the ``ffmpeg`` on PATH (empty when there is none)."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("ffmpeg"):
+        return frozenset()
+    out = subprocess.run(["ffmpeg", "-hide_banner", "-encoders"], capture_output=True, text=True, check=True).stdout
+    # Lines look like " V....D libx264   libx264 H.264 ...": flags, then the name.
+    return frozenset(p[1] for p in (ln.split() for ln in out.splitlines()) if len(p) > 1 and p[0][:1] in "VAS")
+
+
+def ffmpeg_clip(path: str, args: list[str], *, width: int = 160, height: int = 120, fps: int = 25,
+                n_frames: int = 16, vf: str | None = None, two_pass: bool = False) -> str:
+    """``ffmpeg -f lavfi testsrc2 ... ARGS path``: a moving test pattern, deterministic for a given ffmpeg."""
+    import os
+    import subprocess
+
+    src = f"testsrc2=size={width}x{height}:rate={fps}" + (f",{vf}" if vf else "")
+    head = ["ffmpeg", "-y", "-v", "error", "-f", "lavfi", "-i", src, "-frames:v", str(n_frames)]
+    env = {**os.environ, "SVT_LOG": "1"}          # keep SVT-AV1's banner out of the test output
+    if two_pass:
+        log = path + ".pass"
+        subprocess.run(head + args + ["-pass", "1", "-passlogfile", log, "-f", "null", os.devnull],
+                       check=True, env=env)
+        args = args + ["-pass", "2", "-passlogfile", log]
+    subprocess.run(head + args + [path], check=True, env=env)
+    return path
+
+
+def ffmpeg_remux(src: str, path: str, args: list[str], inputs: tuple[str, ...] = ()) -> str:
+    """Stream-copy ``src`` (plus ``inputs``) into ``path`` with extra ARGS: metadata, extra streams."""
+    import subprocess
+
+    cmd = ["ffmpeg", "-y", "-v", "error", "-i", src]
+    for extra in inputs:
+        cmd += ["-i", extra]
+    subprocess.run(cmd + args + [path], check=True)
+    return path
