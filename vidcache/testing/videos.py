@@ -39,25 +39,16 @@ def make_video(path: str, *, codec: str = "h264", width: int = 320, height: int 
                fps: Fraction | float = 30, n_frames: int = 60, seed: int = 0) -> str:
     import os
 
-    import av
+    from ..encode import write_video
 
     os.environ.setdefault("SVT_LOG", "1")   # SVT-AV1 prints its banner to stdout otherwise
     _, pix_fmt = CODECS[codec]
     rate = Fraction(fps).limit_denominator(1001) if not isinstance(fps, Fraction) else fps
-    with av.open(path, "w") as c:
-        s = c.add_stream(_ENCODER.get(codec, codec), rate=rate)
-        s.width, s.height, s.pix_fmt = width, height, pix_fmt
-        if codec == "h264":
-            s.options = {"preset": "veryfast", "crf": "23"}
-        if codec == "hevc":
-            s.options = {"preset": "ultrafast", "x265-params": "log-level=error"}
-        if codec == "av1":
-            s.options = {"preset": "12"}
-        for fr in frames(n_frames, width, height, seed):
-            for p in s.encode(av.VideoFrame.from_ndarray(fr, format="rgb24")):
-                c.mux(p)
-        for p in s.encode():
-            c.mux(p)
+    options = {"h264": {"preset": "veryfast", "crf": "23"},
+               "hevc": {"preset": "ultrafast", "x265-params": "log-level=error"},
+               "av1": {"preset": "12"}}.get(codec)
+    write_video(path, frames(n_frames, width, height, seed), codec=_ENCODER.get(codec, codec), rate=rate,
+                pix_fmt=pix_fmt, options=options)
     return path
 
 
