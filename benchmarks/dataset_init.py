@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,11 +16,15 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 from vidcache import VideoOptions
-from vidcache.loader.dataset import LazyVideoDataset
+from vidcache.dataset import LazyVideoDataset
+from vidcache.config import local_identity
 t1 = time.perf_counter()
-ds = LazyVideoDataset(sys.argv[1], sys.argv[2], VideoOptions(family="qwen2_5_vl"))
+# The cache by identity (a string), as a DataLoader worker gets it: no VideoCache, so no torch.
+identity = local_identity(sys.argv[2], create=True)
+ds = LazyVideoDataset(sys.argv[1], identity, VideoOptions(family="qwen2_5_vl"))
 rows = [ds[i] for i in range(0, len(ds), 997)]    # touch rows across the file
 t2 = time.perf_counter()
+assert all(h.tier == identity for r in rows for h in r.handles)
 # A decode needs the decoder module (and decord); if neither was imported, nothing was decoded.
 decoder_loaded = "vidcache.loader.build" in sys.modules or "decord" in sys.modules
 print(json.dumps({"rows": len(ds), "init_s": t2 - t1, "import_s": t1 - t0, "decodes": 0 if not decoder_loaded else -1,
@@ -53,6 +58,7 @@ def main() -> None:
         ("imports (vidcache, no torch)", f"{r['import_s']:.2f} s; torch imported: {r['torch_imported']}"),
         ("child process wall time", f"{wall:.2f} s"),
     ])
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

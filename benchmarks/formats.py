@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 import zlib
@@ -12,16 +13,16 @@ import zlib
 import numpy as np
 import torch
 
-from _common import best_of, clips, report
+from _common import best_of, clips, get_handle, report
 from vidcache import VideoCache, VideoOptions
-from vidcache.loader.frozen import FORMATS, FrozenFormat, available_decoders, decode_all, write_frozen
+from vidcache.sglang.frozen import FORMATS, FrozenFormat, available_decoders, decode_all, write_frozen
 
 
 def main() -> None:
     work = tempfile.mkdtemp(prefix="vc-bench-")
     path = clips(os.path.join(work, "v"), 4, seconds=10.0)[3]          # 24 fps, 480x270 -> 280x476
     cache = VideoCache(os.path.join(work, "c"))
-    h = cache.get(path, VideoOptions(family="qwen2_5_vl"))
+    h = get_handle(cache, path, VideoOptions(family="qwen2_5_vl"))
     frames = h.frames()
     raw = frames.numel()
     rows = []
@@ -49,7 +50,7 @@ def main() -> None:
     blob = frames.numpy().tobytes()
     z = zlib.compress(blob, 1)
     zc = VideoCache(os.path.join(work, "z"), encoding="zlib")
-    zkey = zc.get(path, VideoOptions(family="qwen2_5_vl")).resolve()
+    zkey = get_handle(zc, path, VideoOptions(family="qwen2_5_vl")).resolve()
     t_raw = best_of(lambda: cache.frames(key), 10)
     t_z = best_of(lambda: zc.frames(zkey), 10)
     report("LMDB value encoding", [
@@ -57,6 +58,7 @@ def main() -> None:
         ("zlib level 1", f"{len(z) / len(blob):.2f}x size, read {t_z * 1e3:.2f} ms ({t_z / t_raw:.0f}x slower)"),
     ])
     assert np.array_equal(zc.frames(zkey).numpy(), cache.frames(key).numpy())
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

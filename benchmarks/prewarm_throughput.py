@@ -54,12 +54,19 @@ def main() -> None:
         for p in paths:
             qvu.fetch_video({"type": "video", "video": p}, image_patch_size=14)
 
+    n_runs = [0]
+
     def run(workers):
         def go():
-            d = os.path.join(work, f"cache{workers}")
-            shutil.rmtree(d, ignore_errors=True)
-            s = prewarm(ds, VideoCache(d), VideoOptions(), workers=workers, progress=False)
+            # A new directory per run: LMDB environments are shared per path within a process, so a
+            # directory removed and re-created under an open environment would still serve its old entries.
+            n_runs[0] += 1
+            d = os.path.join(work, f"cache{workers}-{n_runs[0]}")
+            cache = VideoCache(d)
+            s = prewarm(ds, cache, VideoOptions(), workers=workers, progress=False)
             assert s.new == len(paths) and s.failed == 0, s
+            cache.close()
+            shutil.rmtree(d, ignore_errors=True)
         return go
 
     t_bare = best_of(bare, a.repeat)

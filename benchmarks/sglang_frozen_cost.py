@@ -9,6 +9,10 @@ Runs SGLang's own ``_process_mm_data_uncached`` in this process (tests/sglang_pe
   frozen    vidcache's stock-mode URI (the FFV1 frozen file) with ``vidcache sglang-config``
   plugin    vidcache's plugin-mode reference, through the plugin class SGLang registers
 
+Qwen3-VL's default (32-grid) frames cannot be served in stock mode, so its frozen columns use
+``VideoOptions.for_stock_sglang`` (224 grid; the frames column shows both shapes).  The plugin resolves
+references through this process's node cache (``$VIDCACHE_DIR``, set to a temp dir here), as on a server.
+
 and prints best-of-N wall times and their ratio to ``original``.  The three do not produce the same
 tensors (``original`` uses SGLang's own sampling); this is a cost comparison only.  Never asserts.
 Needs the peer environment: scripts/setup_peer_env.sh.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,6 +54,7 @@ def main() -> None:
     logging.disable(logging.WARNING)              # SGLang's CPU-fallback notices on every decode
 
     import sglang_peer as sp
+    from _common import get_handle
     from toy_processors import build_processor
 
     from vidcache import VideoOptions, prepare
@@ -66,16 +72,24 @@ def main() -> None:
     from sglang.srt.managers.multimodal_processor import PROCESSOR_MAPPING, import_processors
     import_processors(PLUGIN_PACKAGE, overwrite=True)
     plugin_cls = {m.__name__: p for m, p in PROCESSOR_MAPPING.items()}
-    cache = open_cache(os.path.join(tmp, "cache"))
+    # The plugin resolves references through the node's cache ($VIDCACHE_DIR), as on a server: make this
+    # process's node cache that directory, so the requests below and the plugin name the same cache.
+    os.environ["VIDCACHE_DIR"] = os.path.join(tmp, "cache")
+    os.environ.pop("VIDCACHE_SHARED", None)
+    cache = open_cache()
 
     print(f"source: {src} ({os.path.getsize(src) / 1e6:.1f} MB); best of {args.repeat} (median), seconds")
     print(f"{'family':11s} {'frames':>16s} {'original':>15s} {'frozen ffv1':>15s} {'frozen utvideo':>15s} "
           f"{'plugin':>15s} {'ffv1/orig':>10s} {'utv/orig':>9s} {'plugin/orig':>11s}")
     for fam in args.families:
-        h = cache.get(src, VideoOptions(family=fam))          # defaults: the parity-safe option set
+        h = get_handle(cache, src, VideoOptions(family=fam))          # defaults: what plugin mode serves
+        # Stock mode needs frames stock SGLang leaves alone: for Qwen3-VL the 224 grid (other frames than
+        # the plugin's 32-grid ones, so its columns compare costs of different tensors); Qwen2/2.5-VL: the same.
+        hs = get_handle(cache, src, VideoOptions.for_stock_sglang(fam))
         proc = build_processor(fam)
-        uris = {m: prepare(proc, PROMPT, [h], mode=m).video_data for m in ("stock", "plugin")}
-        uris["utvideo"] = prepare(proc, PROMPT, [h], mode="stock", frozen_format="utvideo").video_data
+        uris = {"stock": prepare(proc, PROMPT, [hs], mode="stock").video_data,
+                "plugin": prepare(proc, PROMPT, [h], mode="plugin").video_data,
+                "utvideo": prepare(proc, PROMPT, [hs], mode="stock", frozen_format="utvideo").video_data}
 
         def peer(cfg, cls=None):
             return sp.build_peer(fam, build_processor(fam, sglang_size_override=True), video_config=cfg,
@@ -90,9 +104,13 @@ def main() -> None:
         res = {k: best_of(lambda p=p, u=u: sp.run_peer(p, PROMPT, u), args.repeat) for k, (p, u) in runs.items()}
         cell = {k: f"{b:.3f} ({m:.3f})" for k, (b, m) in res.items()}
         o = res["original"][0]
-        print(f"{fam:11s} {'x'.join(map(str, h.frames().shape)):>16s} {cell['original']:>15s} "
+        shapes = 'x'.join(map(str, h.frames().shape))
+        if hs.resolve() != h.resolve():
+            shapes += f" (stock {'x'.join(map(str, hs.frames().shape[2:]))})"
+        print(f"{fam:11s} {shapes:>16s} {cell['original']:>15s} "
               f"{cell['frozen']:>15s} {cell['utvideo']:>15s} {cell['plugin']:>15s} {res['frozen'][0] / o:10.2f} "
               f"{res['utvideo'][0] / o:9.2f} {res['plugin'][0] / o:11.2f}")
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

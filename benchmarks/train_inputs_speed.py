@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from _common import best_of, clips, report  # noqa: E402
+from _common import best_of, clips, get_handle, report  # noqa: E402
 from toy_processors import build_processor  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
@@ -23,7 +24,7 @@ def main() -> None:
     qvu.get_video_reader_backend = lambda: "decord"
     proc = build_processor("qwen2_5_vl")
     cache = VideoCache(os.path.join(work, "c"))
-    h = cache.get(path, VideoOptions(family="qwen2_5_vl"))
+    h = get_handle(cache, path, VideoOptions(family="qwen2_5_vl"))
 
     def from_source():
         (video, meta), _ = qvu.fetch_video({"type": "video", "video": path}, image_patch_size=14,
@@ -38,11 +39,11 @@ def main() -> None:
     t_warm = best_of(lambda: [h.train_inputs(proc) for _ in range(100)], 3) / 100
     assert torch.equal(h.train_inputs(proc)["pixel_values_videos"], ref["pixel_values_videos"])
 
-    n = int(np.prod(h.manifest["frames"]["shape"]))
+    n = int(np.prod(h.manifest.frames.shape))
     src = np.frombuffer(os.urandom(n), dtype=np.uint8)
     dst = np.empty_like(src)
     key = h.resolve()
-    buf = torch.empty(h.manifest["frames"]["shape"], dtype=torch.uint8)
+    buf = torch.empty(h.manifest.frames.shape, dtype=torch.uint8)
     t_read = best_of(lambda: [h.frames() for _ in range(20)], 5) / 20              # new tensor each time
     t_copy = best_of(lambda: [src.copy() for _ in range(20)], 5) / 20               # new array each time
     t_read_into = best_of(lambda: [cache.frames(key, out=buf) for _ in range(20)], 5) / 20
@@ -65,6 +66,7 @@ def main() -> None:
         ("(d') read / memcpy, reused buffers   [target >= 0.5]", f"{t_copy_into / t_read_into:.2f}"),
         ("read_frames(): zero-copy view (no bytes moved)", f"{t_view * 1e6:.1f} us"),
     ])
+    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

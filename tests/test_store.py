@@ -137,3 +137,16 @@ def test_eviction_while_another_process_reads_is_safe(tmp_path):
         assert p.exitcode == 0 and q.get(timeout=5) >= 1
         assert bytes(view) == payload           # the reader still sees its snapshot, intact
     assert s.get("cas/v") is None               # a new read sees the eviction
+
+
+def test_a_deleted_directory_is_not_served_from_a_stale_environment(tmp_path):
+    import shutil
+    p = tmp_path / "db"
+    s = LMDBStore(p)
+    s.set_many({"ac/a": b"1"})
+    assert s.get("ac/a") == b"1"               # this process holds the environment open
+    shutil.rmtree(p)
+    again = LMDBStore(p)
+    assert again.get("ac/a") is None            # not the deleted file's contents
+    again.set_many({"ac/b": b"2"})
+    assert (p / "data.mdb").exists() and again.get("ac/b") == b"2"     # writes land where anyone can see them

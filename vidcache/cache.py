@@ -77,13 +77,19 @@ class VideoCache:
         """``path``: the node-local directory (default ``$VIDCACHE_DIR``).  ``shared``: the shared tier's
         URL (default ``$VIDCACHE_SHARED``).  ``settings``: the other fields of :class:`CacheConfig`."""
         self.config = config if config is not None else CacheConfig.resolve(path, shared, **settings)
-        self.store: Store = self.config.build_store(check=_check_object)
         self._manifests: dict[str, Manifest] = {}
         self._verified: set[str] = set()        # blob digests checked in this process
+        self.store: Store = self.config.build_store(check=self._check_pulled)
         self._identity: str | None = None
         self._lock = threading.Lock()
         if self.config.store is None and not self.read_only and not self.config.shared:
             self.identity          # a local cache is named once, at creation (nothing else writes the name)
+
+    def _check_pulled(self, key: str, value) -> None:
+        """Check bytes pulled from the shared tier; a blob that passes counts as verified in this process."""
+        _check_object(key, value)
+        if key.startswith(keys.CAS):
+            self._verified.add(key[len(keys.CAS):])
 
     @classmethod
     def from_config(cls, config: CacheConfig) -> "VideoCache":

@@ -62,8 +62,11 @@ class FsspecStore(Store):
 
     # --- reads ------------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
+        path = self._path(key)
         try:
-            return self.fs.cat_file(self._path(key))
+            if self._s3:     # one GET: s3fs otherwise sends a HEAD first to plan concurrent ranges
+                return self.fs.cat_file(path, max_concurrency=1)
+            return self.fs.cat_file(path)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 

@@ -43,6 +43,7 @@ class _SharedEnv:
             self.env.set_mapsize(0)    # another process grew the map: adopt its size
             self.lru = self._open_lru(readonly)
         self.env.reader_check()        # clear reader slots left by killed processes
+        self.file_id = _file_id(path)
         self.readonly = readonly
         self.pid = os.getpid()
         self.active = 0                # open transactions
@@ -66,17 +67,40 @@ _ENVS: dict[str, _SharedEnv] = {}
 _ENVS_LOCK = threading.Lock()
 
 
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _acquire(path: str, readonly: bool, map_size: int, max_readers: int) -> _SharedEnv:
     with _ENVS_LOCK:
         e = _ENVS.get(path)
         if e is not None and e.pid != os.getpid():
             e = None                   # inherited through fork: never touch the parent's handle
+        if e is not None and e.file_id != _file_id(path):
+            # The directory was deleted or replaced under us: the open environment is a deleted file's,
+            # whose writes nobody would see.  Reopen the one at the path now (if it is idle).
+            with e.lock:
+                if e.active == 0:
+                    e.env.close()
+                    e = None
         if e is None or (e.readonly and not readonly):
             if e is not None:
                 e.env.close()
             e = _SharedEnv(path, readonly, map_size, max_readers)
             _ENVS[path] = e
         return e
+
+
+def _forget(path: str) -> None:
+    with _ENVS_LOCK:
+        e = _ENVS.get(path)
+        if e is not None and e.active == 0:
+            e.env.close()
+            del _ENVS[path]
 
 
 def _close_before_fork() -> None:
@@ -105,6 +129,9 @@ class LMDBStore(Store):
         """``max_bytes``: a budget for the data; writes past it evict least-recently-used keys."""
         super().__init__(read_only=read_only)
         self.path = str(Path(path).absolute())
+        e = _ENVS.get(self.path)
+        if e is not None and e.pid == os.getpid() and e.file_id != _file_id(self.path):
+            _forget(self.path)        # the directory was deleted or replaced: reopen lazily, at the path
         self.initial_map_size = map_size
         self.max_readers = max_readers
         self.max_bytes = max_bytes
