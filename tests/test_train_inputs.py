@@ -137,3 +137,28 @@ def test_lazy_uncached_handles_are_built_by_train_inputs_and_prepare(tmp_path, v
     h = vidcache.lazy(videos["ffv1_10_small"], VideoOptions(), c)
     req = prepare(proc, VIDEO_PLACEHOLDER, [h], mode="plugin")
     assert torch.equal(req.train_inputs["pixel_values_videos"], ti["pixel_values_videos"])
+
+
+def test_train_inputs_are_quiet_and_the_explicit_cap_changes_no_tensor(tmp_path, videos, caplog):
+    """transformers 5.2x warns about ``cap_pixels_per_frame`` on every call unless it is set.  vidcache sets
+    it to False, what the unset default does (and what SGLang gets): the tensors must be those of the default."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from vidcache import VideoCache
+    from vidcache.processing import model_tensors, processor_kwargs, train_inputs
+    for family in ("qwen2_5_vl", "qwen3_vl"):
+        proc = build_processor(family)
+        h = vidcache.get(videos["mpeg4_25_odd"], VideoOptions(family=family), VideoCache(tmp_path / family))
+        kw = processor_kwargs(proc, [h], "plugin")
+        assert kw["cap_pixels_per_frame"] is False
+        default = {k: v for k, v in kw.items() if k != "cap_pixels_per_frame"}
+        ref = model_tensors(proc(text=[VIDEO_PLACEHOLDER], videos=[h.frames()], **default))
+        hf_logging.enable_propagation()
+        logging.Logger.warning_once.cache_clear()    # transformers warns once per process: make it able to again
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            got = train_inputs(proc, [h], mode="plugin", memo=False)
+        assert not [r for r in caplog.records if "cap_pixels_per_frame" in r.getMessage()]
+        assert sorted(got) == sorted(ref) and all(torch.equal(got[k], ref[k]) for k in ref)
