@@ -122,3 +122,42 @@ def test_hung_servers_cost_their_rows_within_the_timeout(tmp_path, videos, hung_
     # Fingerprinting happens in the workers, in parallel, under the timeout: the driver never stalls on
     # a hung server.  A correctness bound (rows x timeout / workers, plus worker start-up), not a benchmark.
     assert elapsed < 4 * timeout / 2 + 15
+
+
+@pytest.fixture
+def stalling_server():
+    """Sends headers and the first 256 KiB of a body it promises is 4 MiB, then stalls."""
+    import http.server
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_HEAD(self):
+            self.send_response(200)
+            self.send_header("Content-Length", str(4 << 20))
+            self.end_headers()
+
+        def do_GET(self):
+            self.do_HEAD()
+            self.wfile.write(b"\0" * (256 << 10))
+            self.wfile.flush()
+            time.sleep(30)
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_a_killed_workers_partial_download_is_swept(tmp_path, stalling_server):
+    from vidcache.loader.fetch import tmp_bytes
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [f"{stalling_server}/big.mp4"]}) + "\n")
+    cache = VideoCache(tmp_path / "c", limits=FetchLimits(timeout_s=60))
+    s = prewarm(str(ds), cache, VideoOptions(), workers=1, timeout_s=3, progress=False)
+    assert [f["kind"] for f in s.failures] == ["timeout"]           # the worker was killed mid-download
+    assert tmp_bytes(cache.tmp_dir) == 0 and cache.stats()["tmp_bytes"] == 0

@@ -278,6 +278,8 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
                 t = pending.pop(fut)
                 res = submitter.outcome(fut)
                 if res["status"] == "failed":
+                    if res["kind"] in ("timeout", "memory", "worker"):
+                        sweep_stale(cache.tmp_dir)     # a killed worker's partial downloads go now
                     summary.failed += 1
                     failures.extend({"row": r, "source": t.source, "kind": res["kind"], "error": res["error"]}
                                     for r in t.rows)
