@@ -77,9 +77,14 @@ def test_hung_or_ballooning_decoder_costs_one_row(tmp_path, videos):
     big = make_video(str(tmp_path / "big.mp4"), codec="h264", width=1280, height=720, fps=30, n_frames=90)
     ds = _write(tmp_path / "d.jsonl", [{"prompt": "<video>", "videos": [big]},
                                        {"prompt": "<video>", "videos": [videos["h264_30"]]}])
-    cache = VideoCache(tmp_path / "cache")
-    s = prewarm(ds, cache, VideoOptions(nframes=90, min_pixels=3136, max_pixels=1280 * 720), workers=1,
-                max_worker_memory=250 << 20, progress=False)
+    opts = VideoOptions(nframes=90, min_pixels=3136, max_pixels=1280 * 720)
+    # By default the decode budget sits inside the watchdog's limit: the big video is refused before decoding.
+    s = prewarm(ds, VideoCache(tmp_path / "c0"), opts, workers=1, max_worker_memory=600 << 20, progress=False)
+    assert (s.new, s.failed) == (1, 1) and s.failures[0]["kind"] == "too_large"
+    assert s.failures[0]["source"] == big
+    # With the budget lifted, the watchdog is what stops it: the worker is killed, the other row lands.
+    cache = VideoCache(tmp_path / "cache", max_decoded_bytes=8 << 30)
+    s = prewarm(ds, cache, opts, workers=1, max_worker_memory=250 << 20, progress=False)
     assert (s.new, s.failed) == (1, 1) and s.failures[0]["kind"] == "memory"
     cache2 = VideoCache(tmp_path / "cache2")
     s = prewarm(ds, cache2, VideoOptions(nframes=90), workers=1, timeout_s=0.05, progress=False)
