@@ -179,3 +179,17 @@ def test_shared_tier_on_s3(tmp_path, videos, s3):
     b = VideoCache(tmp_path / "b", shared="s3://cache/vc", shared_storage_options=opts)
     assert b.identity == a.identity and torch.equal(b.frames(key), a.frames(key))
     assert "secret" not in open(tmp_path / "b" / "config.json").read()
+
+
+def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(tmp_path, videos, count_decodes):
+    from vidcache.prewarm import prewarm
+    shared = str(tmp_path / "nfs")
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n"
+                          for n in ("h264_30", "mjpeg_24")))
+    assert prewarm(str(ds), VideoCache(tmp_path / "a", shared=shared), VideoOptions(), progress=False).new == 2
+    decoded = len(count_decodes)
+    b = VideoCache(tmp_path / "b", shared=shared)
+    s = prewarm(str(ds), b, VideoOptions(), progress=False)
+    assert (s.new, s.hit, s.failed) == (0, 2, 0) and len(count_decodes) == decoded
+    assert list(b.local.keys("cas/")) == []          # hits were counted, no frames were pulled

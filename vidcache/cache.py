@@ -23,8 +23,8 @@ import torch
 from . import keys
 from .config import CacheConfig, local_identity, shared_identity
 from .digest import Digest
-from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError, StoreError,
-                     VidcacheError)
+from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
+                     StoreError, VidcacheError)
 from .loader.build import decode_sample_resize
 from .loader.fetch import fetch, fingerprint, run_tmp_dir
 from .loader.resize import aspect_distortion
@@ -219,9 +219,15 @@ class VideoCache:
         """The manifest of a present entry whose blob passes its checks; None (after quarantine) otherwise."""
         try:
             m = self.manifest(key)
-            if m is not None:
-                with self._blob(m, verify=True):
-                    pass
+            if m is None:
+                return None
+            blob_key = keys.cas(m.frames.blob)
+            if self.shared is not None and not self.local.exists_many([blob_key])[0]:
+                # Only in the shared tier: present is enough here (every pull is checked), and a resume on
+                # a fresh node must not download the whole tier to count its hits.
+                return m if self.shared.exists_many([blob_key])[0] else None
+            with self._blob(m):
+                pass
             return m
         except (CorruptEntryError, NotCachedError):
             return None
