@@ -193,3 +193,20 @@ def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(tmp_path,
     s = prewarm(str(ds), b, VideoOptions(), progress=False)
     assert (s.new, s.hit, s.failed) == (0, 2, 0) and len(count_decodes) == decoded
     assert list(b.local.keys("cas/")) == []          # hits were counted, no frames were pulled
+
+
+def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(tmp_path, videos, monkeypatch,
+                                                                           count_decodes):
+    import vidcache.cache as cache_mod
+    shared = str(tmp_path / "nfs")
+    a = VideoCache(tmp_path / "a", shared=shared)
+    key = a.ensure(videos["hevc_25"], VideoOptions()).key
+    decoded = len(count_decodes)
+
+    def no_fetch(*args, **kw):
+        raise AssertionError("node B fetched the source: the shared source record should have matched")
+    monkeypatch.setattr(cache_mod, "fetch", no_fetch)
+    b = VideoCache(tmp_path / "b", shared=shared)
+    h = vidcache.lazy(videos["hevc_25"], VideoOptions(), b)     # e.g. a dataset row on a rollout node
+    assert h.resolve(build=False) == key                        # one stat of the source, no read of it
+    assert torch.equal(h.frames(), a.frames(key)) and len(count_decodes) == decoded

@@ -404,12 +404,12 @@ class VideoCache:
                     return
 
     def _sources_of(self, key: str) -> list[str]:
-        """Sources whose records point at ``key``'s content (src records are local hints)."""
+        """Sources whose records point at ``key``'s content."""
         want = str(keys.source_digest_of(key))
         out = []
-        for k in self.local.keys(keys.SRC):
+        for k in self.store.keys(keys.SRC):
             with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                rec = json.loads(self.local.get(k))
+                rec = json.loads(self.store.get(k))
                 if rec.get("digest") == want:
                     out.append(rec["source"])
         return out

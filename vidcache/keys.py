@@ -29,8 +29,11 @@ CAS, AC, SRC, FROZEN, QUARANTINE, META = "cas/", "ac/", "src/", "frozen/", "quar
 NAMESPACES = (AC, CAS, SRC, FROZEN, QUARANTINE, META)
 TIER = META + "tier"          # a shared tier's identity record (see vidcache.config)
 
-# Source records hold validators (mtime, inode) that mean something on one node only.
-LOCAL_ONLY = (SRC,)
+# Prefixes that stay on the node.  None today: source records are shared too, so a node that can see a
+# source (an S3 object, an NFS path) finds its entry without fetching and hashing it again.  A record is
+# trusted only when the source's validators (size + ETag, or size + mtime + inode) still match, so a
+# same-named but different file on another node is simply a miss there.
+LOCAL_ONLY: tuple[str, ...] = ()
 
 # <xxh3-128 of the source bytes>.<size>.<options digest>: hex, digits and dots, nothing else.
 _KEY = re.compile(r"[0-9a-f]{32}\.[0-9]{1,20}\.[0-9a-f]{32}")
