@@ -154,7 +154,7 @@ def stalling_server():
 
 
 def test_a_killed_workers_partial_download_is_swept(tmp_path, stalling_server):
-    from vidcache.loader.fetch import tmp_bytes
+    from vidcache.loader.tmpdirs import tmp_bytes
     ds = tmp_path / "d.jsonl"
     ds.write_text(json.dumps({"prompt": "<video>", "videos": [f"{stalling_server}/big.mp4"]}) + "\n")
     cache = VideoCache(tmp_path / "c", limits=FetchLimits(timeout_s=60))

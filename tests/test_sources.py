@@ -22,8 +22,8 @@ from vidcache import VideoCache, VideoOptions
 from vidcache.digest import Digest
 from vidcache.errors import (FetchTimeoutError, InvalidSourceError, SchemeNotAllowedError, SourceNotFoundError,
                              SourceTooLargeError, SourceUnavailableError)
-from vidcache.loader.fetch import (FetchLimits, fetch, fingerprint, run_tmp_dir, scheme_of, sweep_stale,
-                                   tmp_bytes)
+from vidcache.loader.fetch import FetchLimits, fetch, fingerprint, scheme_of
+from vidcache.loader.tmpdirs import run_tmp_dir, sweep_stale, tmp_bytes
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +313,7 @@ def test_ipv6_host_is_not_split_as_a_chain(tmp_path):
 # --- per-process temp areas ----------------------------------------------------------------------------------
 _CHILD = """
 import sys, time
-from vidcache.loader.fetch import run_tmp_dir
+from vidcache.loader.tmpdirs import run_tmp_dir
 d = run_tmp_dir(sys.argv[1])
 open(d + "/fetch-partial.video", "wb").write(b"x" * 12345)
 print(d, flush=True)

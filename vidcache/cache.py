@@ -26,7 +26,8 @@ from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      StoreError, VidcacheError)
 from .loader.build import decode_sample_resize
-from .loader.fetch import fetch, fingerprint, run_tmp_dir
+from .loader.fetch import fetch, fingerprint
+from .loader.tmpdirs import run_tmp_dir, tmp_bytes
 from .loader.resize import aspect_distortion
 from .manifest import Manifest, build_manifest
 from .options import VideoOptions
@@ -455,7 +456,6 @@ class VideoCache:
         return out
 
     def stats(self) -> dict:
-        from .loader.fetch import tmp_bytes
         count = lambda ns: sum(1 for _ in self.store.keys(ns))   # noqa: E731
         return {"path": self.path, "identity": self.identity, "shared": self.config.shared,
                 "entries": count(keys.AC), "blobs": count(keys.CAS), "sources": count(keys.SRC),

@@ -26,7 +26,8 @@ from . import keys
 from .cache import VideoCache
 from .dataset import iter_jsonl, video_items
 from .errors import (BadRowError, ConfigError, VidcacheError, WorkerError, WorkerMemoryError, WorkerTimeoutError)
-from .loader.fetch import scheme_of, sweep_stale
+from .loader.fetch import scheme_of
+from .loader.tmpdirs import sweep_stale
 from .options import VideoOptions
 
 MEMORY_EXIT_CODE = 86
