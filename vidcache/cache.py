@@ -62,7 +62,7 @@ def _check_object(key: str, value) -> None:
         Manifest.from_json(value, keys.entry_key(key))
 
 
-def _sound(store_key: str, value) -> bool:
+def _copy_is_sound(store_key: str, value) -> bool:
     try:
         _check_object(store_key, value)
         return True
@@ -184,7 +184,7 @@ class VideoCache:
         d = self._recorded_digest(source, fp)
         if d is not None:
             key = keys.cache_key(d, options)
-            if (m := self._sound(key)) is not None:
+            if (m := self.sound_manifest(key)) is not None:
                 return EnsureResult(key, "hit", m.frames.nbytes)
         fetched = fetch(source, self.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
         try:
@@ -193,7 +193,7 @@ class VideoCache:
             if fp is not None:
                 record[keys.src(source)] = json.dumps(
                     {"source": source, "fingerprint": fp, "digest": str(fetched.digest)}).encode()
-            if (m := self._sound(key)) is not None:
+            if (m := self.sound_manifest(key)) is not None:
                 if record:
                     self.store.set_many(record)
                 return EnsureResult(key, "hit", m.frames.nbytes)
@@ -216,7 +216,7 @@ class VideoCache:
         self._verified.add(str(blob))
         return EnsureResult(key, "new", raw.nbytes)
 
-    def _sound(self, key: str) -> Manifest | None:
+    def sound_manifest(self, key: str) -> Manifest | None:
         """The manifest of a present entry whose blob passes its checks; None (after quarantine) otherwise."""
         try:
             m = self.manifest(key)
@@ -247,8 +247,8 @@ class VideoCache:
             try:
                 m = Manifest.from_json(raw, key)
                 break
-            except CorruptManifestError as e:
-                self._quarantine_bad(keys.ac(key), e)
+            except CorruptManifestError:
+                self._quarantine_bad(keys.ac(key))
                 if attempt:
                     return None
         with self._lock:
@@ -328,17 +328,33 @@ class VideoCache:
     def _tiers(self) -> list[tuple[str, Store]]:
         return [("local", self.local)] + ([("shared", self.shared)] if self.shared is not None else [])
 
-    def _quarantine_bad(self, store_key: str, why: Exception | None = None) -> None:
+    def _quarantine_bad(self, store_key: str) -> None:
         """Move every copy of ``store_key`` that fails its check aside (``quarantine/``); keep sound ones."""
         if self.read_only:
             return
         for _, tier in self._tiers():
             value = tier.get(store_key)
-            if value is not None and not _sound(store_key, value):
+            if value is not None and not _copy_is_sound(store_key, value):
                 tier.set_many({keys.quarantined(store_key): value})
                 tier.delete(store_key)
         if store_key.startswith(keys.AC):
             self._manifests.pop(store_key[len(keys.AC):], None)
+
+    def _tier_copy(self, tier: Store, key: str):
+        """One tier's copy of entry ``key``: (manifest bytes, Manifest, blob bytes, problem or None)."""
+        raw = tier.get(keys.ac(key))
+        if raw is None:
+            return None, None, None, "no manifest"
+        try:
+            m = Manifest.from_json(raw, key)
+        except CorruptManifestError as e:
+            return raw, None, None, str(e)
+        blob = tier.get(keys.cas(m.frames.blob))
+        if blob is None:
+            return raw, m, None, f"blob {m.frames.blob} missing"
+        if not blob_matches(m.frames.blob, blob):
+            return raw, m, blob, f"blob {m.frames.blob} does not hash to its digest"
+        return raw, m, blob, None
 
     def verify(self, key: str, repair: bool = False) -> list[str]:
         """Check ``key`` in every tier; the problems found (empty: sound).  ``repair`` quarantines bad copies,
@@ -346,23 +362,12 @@ class VideoCache:
         keys.check_key(key)
         problems = []
         for name, tier in self._tiers():
-            raw = tier.get(keys.ac(key))
-            if raw is None:
-                if name == "shared":
-                    problems.append(f"{name}: no manifest")
+            raw, m, blob, problem = self._tier_copy(tier, key)
+            if problem is None:
                 continue
-            try:
-                m = Manifest.from_json(raw, key)
-            except CorruptManifestError as e:
-                problems.append(f"{name}: {e}")
-                continue
-            blob = tier.get(keys.cas(m.frames.blob))
-            if blob is None and name == "local" and self.shared is not None:
-                continue                      # evicted locally: read through from the shared tier
-            if blob is None:
-                problems.append(f"{name}: blob {m.frames.blob} missing")
-            elif not blob_matches(m.frames.blob, blob):
-                problems.append(f"{name}: blob {m.frames.blob} does not hash to its digest")
+            if name == "local" and (raw is None or (m is not None and blob is None and self.shared is not None)):
+                continue            # absent locally, or its blob evicted: reads go through to the shared tier
+            problems.append(f"{name}: {problem}")
         if not any(t.exists_many([keys.ac(key)])[0] for _, t in self._tiers()):
             problems.append("not cached")
         if problems and repair and not self.read_only:
@@ -370,20 +375,16 @@ class VideoCache:
         return problems
 
     def _repair(self, key: str) -> None:
-        good = None                            # (manifest bytes, blob bytes) of a sound copy, any tier
+        good = None                            # (manifest bytes, blob bytes, digest) of a sound copy, any tier
         options = None
         for _, tier in self._tiers():
-            raw = tier.get(keys.ac(key))
-            if raw is None:
-                continue
-            try:
-                m = Manifest.from_json(raw, key)
-            except CorruptManifestError:
+            raw, m, blob, problem = self._tier_copy(tier, key)
+            if raw is not None and m is None:
                 self._quarantine_bad(keys.ac(key))
+            if m is None:
                 continue
             options = m.video_options()
-            blob = tier.get(keys.cas(m.frames.blob))
-            if blob is not None and blob_matches(m.frames.blob, blob):
+            if problem is None:
                 good = good or (raw, blob, m.frames.blob)
             elif blob is not None:
                 self._quarantine_bad(keys.cas(m.frames.blob))

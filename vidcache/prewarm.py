@@ -251,7 +251,7 @@ def _already_sound(cache: VideoCache, task: Task) -> bool:
     except (VidcacheError, OSError, ValueError):
         return False          # reported properly when a worker tries it
     # A corrupt entry is quarantined by the check and counts as a miss.
-    return d is not None and cache._sound(keys.cache_key(d, task.options)) is not None
+    return d is not None and cache.sound_manifest(keys.cache_key(d, task.options)) is not None
 
 
 def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary, failures: list,
