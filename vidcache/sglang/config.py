@@ -123,7 +123,8 @@ def sglang_config(family: str, mode: str = "stock", cache=None) -> dict:
                                 f"({float(FROZEN_FPS)} fps), not from the original video. Use --mode plugin for "
                                 "the original timestamps.")
     if cache is not None:
-        out["cache"] = {"path": cache.path, "shared": cache.config.shared, "identity": cache.identity}
+        # No node path: this config is copied to the SGLang nodes, which have their own VIDCACHE_DIR.
+        out["cache"] = {"shared": cache.config.shared, "identity": cache.identity}
         if mode == "stock":
             extra = url_cap_args(largest_frozen_bytes(cache))
             out["server_args"] += extra
