@@ -25,6 +25,19 @@ VIDEOS = {
 }
 
 
+# (width, height): 4:3, 16:9, 21:9, 9:16, 1:1, then issue 10's QCIF, 2.35:1 and 720p.  The small ones are
+# upscaled to qwen-vl-utils' min_pixels; 1280x720 is scaled down to its per-frame cap: both branches.
+ASPECT_SHAPES = [(160, 120), (320, 180), (336, 144), (180, 320), (200, 200), (176, 144), (640, 272), (1280, 720)]
+
+
+@pytest.fixture(scope="session")
+def aspect_clips(tmp_path_factory):
+    """(w, h) -> an 8-frame 8 fps h264 clip of that shape, for every ASPECT_SHAPES entry."""
+    d = tmp_path_factory.mktemp("aspect")
+    return {(w, h): make_video(str(d / f"{w}x{h}.mp4"), codec="h264", width=w, height=h, fps=8, n_frames=8, seed=i)
+            for i, (w, h) in enumerate(ASPECT_SHAPES)}
+
+
 @pytest.fixture(scope="session")
 def video_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("videos")

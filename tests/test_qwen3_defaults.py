@@ -10,44 +10,34 @@ import torch
 from vidcache import VideoOptions
 from vidcache.loader.build import decode_sample_resize
 from vidcache.loader.resize import aspect_distortion
-from vidcache.testing.videos import make_video
 
 qvu = pytest.importorskip("qwen_vl_utils.vision_process", reason="qwen-vl-utils is the reference; not installed")
-from test_pipeline_exact import reference  # noqa: E402  (tests/ is on sys.path via conftest)
+from conftest import ASPECT_SHAPES  # noqa: E402  (tests/ is on sys.path via conftest)
+from test_pipeline_exact import reference  # noqa: E402
 
 QWEN3_PATCH = 16
-# (width, height): 4:3, 16:9, 21:9, 9:16, 1:1, then issue 10's QCIF, 2.35:1 and 720p.  The small ones are
-# upscaled to qwen-vl-utils' min_pixels; 1280x720 is scaled down to its per-frame cap: both branches.
-SHAPES = [(160, 120), (320, 180), (336, 144), (180, 320), (200, 200), (176, 144), (640, 272), (1280, 720)]
-
-
-@pytest.fixture(scope="module")
-def clips(tmp_path_factory):
-    """(w, h) -> an 8-frame 8 fps h264 clip; qwen-vl-utils samples 4 of its frames."""
-    d = tmp_path_factory.mktemp("aspect")
-    return {(w, h): make_video(str(d / f"{w}x{h}.mp4"), codec="h264", width=w, height=h, fps=8, n_frames=8, seed=i)
-            for i, (w, h) in enumerate(SHAPES)}
+SHAPES = ASPECT_SHAPES
 
 
 @pytest.mark.parametrize("size", SHAPES, ids=[f"{w}x{h}" for w, h in SHAPES])
-def test_qwen3_defaults_equal_qwen_vl_utils(clips, size):
-    frames, built = decode_sample_resize(clips[size], VideoOptions(family="qwen3_vl"))
-    ref, meta, sample_fps = reference(clips[size], QWEN3_PATCH)
+def test_qwen3_defaults_equal_qwen_vl_utils(aspect_clips, size):
+    frames, built = decode_sample_resize(aspect_clips[size], VideoOptions(family="qwen3_vl"))
+    ref, meta, sample_fps = reference(aspect_clips[size], QWEN3_PATCH)
     assert frames.shape == ref.shape
     assert torch.equal(frames, ref)
     assert built["video"]["frame_indices"] == meta["frames_indices"] and built["video"]["sample_fps"] == sample_fps
 
 
 @pytest.mark.parametrize("size", SHAPES, ids=[f"{w}x{h}" for w, h in SHAPES])
-def test_stock_preset_equals_qwen_vl_utils_on_the_224_grid(clips, size):
+def test_stock_preset_equals_qwen_vl_utils_on_the_224_grid(aspect_clips, size):
     """The opt-in 224 grid is qwen-vl-utils' arithmetic with only the rounding grid swapped."""
-    frames, _ = decode_sample_resize(clips[size], VideoOptions.for_stock_sglang("qwen3_vl"))
-    ref, _, _ = reference(clips[size], QWEN3_PATCH, grid=224)
+    frames, _ = decode_sample_resize(aspect_clips[size], VideoOptions.for_stock_sglang("qwen3_vl"))
+    ref, _, _ = reference(aspect_clips[size], QWEN3_PATCH, grid=224)
     assert torch.equal(frames, ref)
 
 
-def test_issue_example_720p_is_distorted_only_on_the_224_grid(clips):
-    src = clips[1280, 720]
+def test_issue_example_720p_is_distorted_only_on_the_224_grid(aspect_clips):
+    src = aspect_clips[1280, 720]
     stock, _ = decode_sample_resize(src, VideoOptions.for_stock_sglang("qwen3_vl"))
     default, _ = decode_sample_resize(src, VideoOptions(family="qwen3_vl"))
     sw, sh = stock.shape[3], stock.shape[2]

@@ -23,6 +23,7 @@ if not sp.peer_installed():
     pytest.skip("SGLang peer not installed: run scripts/setup_peer_env.sh", allow_module_level=True)
 sp.require_peer()     # installed: an import failure or a version mismatch is an error here, never a skip
 
+from conftest import ASPECT_SHAPES  # noqa: E402
 from toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
@@ -33,7 +34,6 @@ from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config  # noqa: E402
 from vidcache.sglang.frozen import local_frozen_path  # noqa: E402
 from vidcache.sglang.transport import REF_PREFIX, file_uri  # noqa: E402
-from vidcache.testing.videos import make_video  # noqa: E402
 
 pytestmark = pytest.mark.peer
 
@@ -189,15 +189,8 @@ def test_sglang_reproduces_the_cache(case, family, mode, videos, pcache, train_p
     assert h.manifest.options["size_factor"] == grid and h.frames().shape[2] % grid == h.frames().shape[3] % grid == 0
 
 
-# (width, height): 4:3, 16:9, 21:9, 9:16, 1:1, QCIF, 2.35:1 (tests/test_qwen3_defaults.py's shapes).
-ASPECTS = [(160, 120), (320, 180), (336, 144), (180, 320), (200, 200), (176, 144), (640, 272)]
-
-
-@pytest.fixture(scope="module")
-def aspect_clips(tmp_path_factory):
-    d = tmp_path_factory.mktemp("aspect")
-    return {(w, h): make_video(str(d / f"{w}x{h}.mp4"), codec="h264", width=w, height=h, fps=8, n_frames=8, seed=i)
-            for i, (w, h) in enumerate(ASPECTS)}
+# conftest's shapes but 720p, kept out for time: it is checked against qwen-vl-utils in test_qwen3_defaults.
+ASPECTS = ASPECT_SHAPES[:-1]
 
 
 @pytest.mark.parametrize("size", ASPECTS, ids=[f"{w}x{h}" for w, h in ASPECTS])
