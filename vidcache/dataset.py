@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 from .errors import BadRowError, OptionsError
 from .handle import VideoHandle, lazy
 from .loader.fetch import scheme_of
-from .options import VideoOptions
+from .options import CONTENT_ITEM_KEYS, VideoOptions
 
 if TYPE_CHECKING:
     from .cache import VideoCache
@@ -53,7 +53,17 @@ def _source(v: object, where: str) -> str:
     return v
 
 
+# What a video item may hold: its source, its type, and the options qwen-vl-utils reads per video.
+# Anything else is refused rather than ignored: a misspelt ``max_pixel`` or an option qwen-vl-utils
+# does not take per video (``size_factor``) would otherwise build other bytes than the row asks for.
+ITEM_KEYS = frozenset({"type", "video", *CONTENT_ITEM_KEYS})
+
+
 def _with_item(options: VideoOptions, item: dict, where: str) -> VideoOptions:
+    unknown = [k for k in item if k not in ITEM_KEYS]
+    if unknown:
+        shown = ", ".join(repr(k[:40]) for k in sorted(unknown)[:5])
+        raise BadRowError(f"{where}: unknown per-video key(s) {shown}; known: {sorted(ITEM_KEYS)}")
     try:
         return options.with_content_item(item)
     except (OptionsError, TypeError) as e:
@@ -74,10 +84,12 @@ def video_items(row: dict, options: VideoOptions, *, input_key: str = "prompt", 
                 if isinstance(item, dict) and item.get("type") == "video":
                     src = _source(item.get("video"), "a video item")
                     out.append((_resolve(src, base_dir), _with_item(options, item, "a video item")))
-    videos = row.get(video_key) or []
-    if isinstance(videos, str):
+    videos = row.get(video_key)
+    if videos is None:
+        videos = []
+    elif isinstance(videos, str):
         videos = [videos]
-    if not isinstance(videos, list):
+    if not isinstance(videos, list):     # also {} and false: never read as "no videos"
         raise BadRowError(f"{video_key!r} must be a list of sources, got {type(videos).__name__}")
     for v in videos:
         if isinstance(v, dict):
@@ -101,6 +113,8 @@ def parse_row(line: bytes) -> dict:
         row = json.loads(text)
     except json.JSONDecodeError as e:
         raise BadRowError(f"line is not JSON ({e.msg} at column {e.colno})") from None
+    except ValueError as e:     # Python's own cap: an integer of more than 4300 digits
+        raise BadRowError(f"line holds a number vidcache does not read ({str(e)[:80]})") from None
     except RecursionError:
         raise BadRowError("line nests too deeply") from None
     if not isinstance(row, dict):

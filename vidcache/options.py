@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -45,11 +46,31 @@ PATCH_SIZE = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
 # see VideoOptions.for_stock_sglang and benchmarks/aspect_distortion.py.
 STOCK_SGLANG_QWEN3_SIZE_FACTOR = 224
 
+# The largest integer option: every JSON reader holds it exactly (2**53), and it stays far below
+# anything a frame count or pixel budget means.
+MAX_INT_OPTION = 2 ** 53
+
 # Keys of a Miles / qwen-vl-utils message content item that change the bytes.
 CONTENT_ITEM_KEYS = (
     "fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",
     "resized_height", "resized_width", "video_start", "video_end",
 )
+
+
+def _finite(v: int | float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:        # an int beyond any float
+        return False
+
+
+def _shown(v: object) -> str:
+    """``repr(v)``, cut short: a 5000-digit number or a huge string is not echoed whole into an error."""
+    try:
+        r = repr(v)
+    except ValueError:           # an int past Python's digit limit for str()
+        return f"an int of {v.bit_length()} bits"
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
 @dataclass(frozen=True)
@@ -72,20 +93,22 @@ class VideoOptions:
 
     def __post_init__(self) -> None:
         if self.family not in PATCH_SIZE:
-            raise OptionsError(f"unknown family {self.family!r}; expected one of {sorted(PATCH_SIZE)}")
+            raise OptionsError(f"unknown family {_shown(self.family)}; expected one of {sorted(PATCH_SIZE)}")
         if self.fps is not None and self.nframes is not None:
             raise OptionsError("give either fps or nframes, not both (qwen-vl-utils semantics)")
         if (self.resized_height is None) != (self.resized_width is None):
             raise OptionsError("resized_height and resized_width only count together; give both or neither")
+        # NaN, Infinity and 1e400 are valid JSON for Python: refused here, where the options are made,
+        # never later in the key's digest (a row's bad value must cost that row only).
         for name in ("fps", "total_pixels", "video_start", "video_end"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
-                raise OptionsError(f"{name} must be a non-negative number, got {v!r}")
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite(v) or v < 0):
+                raise OptionsError(f"{name} must be a finite non-negative number, got {_shown(v)}")
         for name in ("nframes", "min_frames", "max_frames", "min_pixels", "max_pixels",
                      "resized_height", "resized_width", "size_factor"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-                raise OptionsError(f"{name} must be a positive integer, got {v!r}")
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_INT_OPTION):
+                raise OptionsError(f"{name} must be a positive integer up to 2**53, got {_shown(v)}")
         if self.fps == 0:
             raise OptionsError("fps must be > 0")
         if self.size_factor is not None and self.size_factor % self.factor:

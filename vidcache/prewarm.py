@@ -220,12 +220,17 @@ def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_k
         try:
             if isinstance(row, BadRowError):
                 raise row
-            items = video_items(row, options, input_key=input_key, video_key=video_key, base_dir=base)
+            items = [(src, opts, opts.digest)
+                     for src, opts in video_items(row, options, input_key=input_key, video_key=video_key,
+                                                  base_dir=base)]
         except BadRowError as e:
             bad_rows.append({"row": i, "source": None, "kind": e.kind, "error": str(e)})
             continue
-        for src, opts in items:
-            t = tasks.setdefault((src, opts.digest), (src, opts, []))
+        except Exception as e:  # noqa: BLE001  a parsing bug must cost one row, not the run (as in _build_one)
+            bad_rows.append({"row": i, "source": None, "kind": "internal", "error": f"{type(e).__name__}: {e}"})
+            continue
+        for src, opts, digest in items:
+            t = tasks.setdefault((src, digest), (src, opts, []))
             t[2].append(i)
     return [Task(s, o, tuple(r)) for s, o, r in tasks.values()], bad_rows
 
