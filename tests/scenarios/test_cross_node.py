@@ -75,7 +75,7 @@ def _node_a(tmp_path, videos, shared, storage_options, workdir):
 
 def _node_b(tmp_path, workdir, shared, env_extra=()):
     env = {**os.environ, "VIDCACHE_DIR": str(tmp_path / "node_b"), "VIDCACHE_SHARED": shared, **dict(env_extra)}
-    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "node_b.py"), str(workdir)],
+    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "node_b.py"), str(workdir)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.load(open(workdir / "report.json"))

@@ -32,7 +32,7 @@ import torch
 
 from miles_compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MILES = miles_src(REPO)
 if MILES is None:
     pytest.skip(SKIP_REASON, allow_module_level=True)

@@ -334,7 +334,7 @@ def test_too_large_is_refused_before_decoding(clips, monkeypatch):
 
 
 def _memory_bench():
-    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "decode_memory.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "decode_memory.py")
     spec = importlib.util.spec_from_file_location("decode_memory", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
