@@ -221,7 +221,8 @@ class VidcacheDataset:
                 continue
             if self.processor is not None and all(_cached(h) for h in row.handles):
                 # Exact, Qwen3 timestamps included: the processor's own expansion, from manifests only.
-                n = len(expanded_ids(self.processor, prompt, row.handles, self.config.mode))
+                manifests = [h.manifest for h in row.handles]
+                n = len(expanded_ids(self.processor, prompt, manifests, self.config.mode))
             else:
                 n_compact = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
                 n = expanded_length(n_compact, row.handles, self.config.options.family)

@@ -7,8 +7,9 @@ few hundred bytes each instead of the clip's pixels.
 
 Train side: ``install_train_hooks(args)`` (``--custom-megatron-init-path
 miles_integration.train_hooks.install_train_hooks``) wraps ``get_batch`` so that each micro-batch's
-``multimodal_train_inputs`` entries are rebuilt from the cache (``vidcache.train_inputs``, the same call the
-rollout side would have made) just before ``get_batch`` concatenates them.  ``get_batch`` is imported *by name* by
+``multimodal_train_inputs`` entries are rebuilt from the cache (``vidcache.train_inputs_batch``: the same
+tensors the rollout side's ``train_inputs`` would have made) just before ``get_batch`` concatenates them, on the
+actor's current CUDA device when it has one (HF's processor runs there, bit-identical to the CPU).  ``get_batch`` is imported *by name* by
 ``miles.backends.megatron_utils.model`` (and ``fsdp_utils.actor``), so the hook replaces the name in each importing
 module, not only in ``training_utils.data``.  Everything above ``install_train_hooks`` is pure (no Miles import).
 """
@@ -56,16 +57,35 @@ def handle_train_inputs(handles, mode: str) -> dict[str, torch.Tensor]:
 
 
 # --- rebuilding (train side) ----------------------------------------------------------------------
-def hydrate(mm: dict | None, processor) -> dict | None:
-    """Replace a handle entry by the model tensors it names (on the handle tensor's device); others pass through."""
-    if not mm or HANDLE_KEY not in mm:
-        return mm
-    enc = mm[HANDLE_KEY]
-    mode, handles = decode_handles(enc)
-    out = {k: v for k, v in mm.items() if k != HANDLE_KEY}
-    for k, v in vidcache.train_inputs(processor, handles, mode=mode).items():
-        out[k] = v.to(enc.device)
+def train_device() -> torch.device | None:
+    """The actor's current CUDA device, when it has one: the handles are hydrated there (None: the CPU)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+
+
+def hydrate_all(mms: list, processor, device: torch.device | None = None) -> list:
+    """Each micro-batch entry with its handle entry replaced by the model tensors it names; others pass
+    through.  All handles of the micro-batch are hydrated in one ``vidcache.train_inputs_batch`` call
+    per mode, on ``device`` (default: ``train_device()``), and the tensors end on the handle tensor's
+    device (where Miles put the sample)."""
+    device = train_device() if device is None else device
+    todo: dict[str, list[tuple[int, list[VideoHandle]]]] = {}
+    for i, mm in enumerate(mms):
+        if mm and HANDLE_KEY in mm:
+            mode, handles = decode_handles(mm[HANDLE_KEY])
+            todo.setdefault(mode, []).append((i, handles))
+    out = list(mms)
+    for mode, items in todo.items():
+        tensors = vidcache.train_inputs_batch(processor, [hs for _, hs in items], mode=mode, device=device)
+        for (i, _), ti in zip(items, tensors):
+            enc = mms[i][HANDLE_KEY]
+            rest = {k: v for k, v in mms[i].items() if k != HANDLE_KEY}
+            out[i] = {**rest, **{k: v.to(enc.device) for k, v in ti.items()}}
     return out
+
+
+def hydrate(mm: dict | None, processor, device: torch.device | None = None) -> dict | None:
+    """One entry's ``hydrate_all``."""
+    return hydrate_all([mm], processor, device)[0]
 
 
 class HydratingIterator:
@@ -78,7 +98,7 @@ class HydratingIterator:
         batch = self._inner.get_next(keys)
         mm = batch.get("multimodal_train_inputs")
         if mm is not None:
-            batch["multimodal_train_inputs"] = [hydrate(d, self._processor) for d in mm]
+            batch["multimodal_train_inputs"] = hydrate_all(list(mm), self._processor)
         return batch
 
     def __getattr__(self, name):          # rollout_data, offset, reset(), ...

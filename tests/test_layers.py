@@ -26,7 +26,7 @@ FLOORS = [
     ("loader", ["loader"]),
     ("entries", ["manifest", "encode", "config"]),
     ("cache", ["cache"]),
-    ("trainer", ["processing"]),
+    ("trainer", ["processing", "device"]),
     ("references", ["handle", "dataset"]),
     ("rollout", ["sglang"]),
     ("jobs", ["prewarm", "cli", "contact_sheet", "testing", ""]),   # "": the lazy facade, vidcache/__init__

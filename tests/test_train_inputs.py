@@ -96,7 +96,7 @@ def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, proc
     c = h.train_inputs(other)
     assert not torch.equal(c["pixel_values_videos"], a["pixel_values_videos"])   # new config, new tensors
     assert h.train_inputs(proc, memo=False) is not None and len(calls) == 2
-    assert MEMO._bytes <= MEMO.max_bytes
+    assert 0 < MEMO.nbytes("cpu") <= MEMO.max_bytes
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -116,7 +116,7 @@ def test_expanded_ids_without_frames_equal_the_processors(cache, videos, process
     real = cache_mod.VideoCache.frames
     cache_mod.VideoCache.frames = lambda self, *a, **k: frames_read.append(a) or real(self, *a, **k)
     try:
-        got = expanded_ids(processors[family], prompt, hs, mode=mode)
+        got = expanded_ids(processors[family], prompt, [h.manifest for h in hs], mode=mode)
     finally:
         cache_mod.VideoCache.frames = real
     assert got == want and frames_read == [] and len(count_decodes) == decoded
@@ -126,7 +126,7 @@ def test_lazy_uncached_handles_are_built_by_train_inputs_and_prepare(tmp_path, v
     """A lazy handle whose entry is not cached yet is built on first use, not refused."""
     import vidcache
     from vidcache import VideoCache, prepare
-    from vidcache.processing import train_inputs
+    from vidcache import train_inputs
     proc = build_processor("qwen2_5_vl")
     for memo in (False, True):
         c = VideoCache(tmp_path / f"c{memo}")
@@ -147,11 +147,12 @@ def test_train_inputs_are_quiet_and_the_explicit_cap_changes_no_tensor(tmp_path,
     from transformers.utils import logging as hf_logging
 
     from vidcache import VideoCache
-    from vidcache.processing import model_tensors, processor_kwargs, train_inputs
+    from vidcache import train_inputs
+    from vidcache.processing import model_tensors, processor_kwargs
     for family in ("qwen2_5_vl", "qwen3_vl"):
         proc = build_processor(family)
         h = vidcache.get(videos["mpeg4_25_odd"], VideoOptions(family=family), VideoCache(tmp_path / family))
-        kw = processor_kwargs(proc, [h], "plugin")
+        kw = processor_kwargs(proc, [h.manifest], "plugin")
         assert kw["cap_pixels_per_frame"] is False
         default = {k: v for k, v in kw.items() if k != "cap_pixels_per_frame"}
         ref = model_tensors(proc(text=[VIDEO_PLACEHOLDER], videos=[h.frames()], **default))

@@ -9,8 +9,8 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, config        what an entry records; the one video writer; node settings and tiers
   cache                           VideoCache: build, read, check, repair
-  processing                      the trainer side: tensors from cached frames (of any handle-like object)
-  handle, dataset                 lazy references above the cache
+  processing, device              the trainer side: tensors from cached frames and manifests (no handles)
+  handle, dataset                 lazy references above the cache; handles hand their frames down
   sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
   prewarm, cli                    the jobs
 """
@@ -22,7 +22,8 @@ _EXPORTS = {
     "VideoHandle": "vidcache.handle", "get": "vidcache.handle", "lazy": "vidcache.handle",
     "from_key": "vidcache.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
     "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
-    "train_inputs": "vidcache.processing", "LazyVideoDataset": "vidcache.dataset",
+    "train_inputs": "vidcache.handle",
+    "train_inputs_batch": "vidcache.handle", "LazyVideoDataset": "vidcache.dataset",
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",
 }
 __all__ = sorted(_EXPORTS)

@@ -14,6 +14,10 @@ Properties never build: on a miss they raise ``NotCachedError``.  ``resolve``,
 
 Handles are made by :func:`get` (pinned: built first on a miss), :func:`lazy` (nothing
 happens until use) and :func:`from_key`; the cache itself knows nothing of handles.
+
+:func:`train_inputs` and :func:`train_inputs_batch` turn handles into the trainer's tensors: they
+read the frames (into pinned memory, in parallel, copying each to the device as it arrives) and
+hand frames and manifests down to ``vidcache.processing``, which knows nothing of handles.
 """
 from __future__ import annotations
 
@@ -42,7 +46,10 @@ class VideoHandle:
         object.__setattr__(self, "_cache_obj", cache)      # in-process only; never pickled
         return self
 
-    def _cache(self) -> "VideoCache":
+    @property
+    def cache(self) -> "VideoCache":
+        """The ``VideoCache`` this handle reads: the one it was made with, or, unpickled in another
+        process, the one this process has for its identity (``vidcache.cache.cache_for``)."""
         c = self.__dict__.get("_cache_obj")
         if c is None:
             from .cache import cache_for
@@ -56,7 +63,7 @@ class VideoHandle:
             return self.key
         if self.source is None:
             raise NotCachedError("a handle without a source must carry its key")
-        cache = self._cache()
+        cache = self.cache
         key = cache.lookup(self.source, self.options)
         if key is None:
             if not build:
@@ -74,7 +81,7 @@ class VideoHandle:
     # --- no building ------------------------------------------------------------
     @property
     def manifest(self) -> "Manifest":
-        return self._cache().require_manifest(self.resolve(build=False))
+        return self.cache.require_manifest(self.resolve(build=False))
 
     @property
     def metadata(self) -> dict:
@@ -86,23 +93,24 @@ class VideoHandle:
         return self.manifest.tokens.video_pad_tokens
 
     # --- may build ----------------------------------------------------------------
-    def frames(self) -> "torch.Tensor":
-        """The cached canonical frames, uint8 ``T x 3 x H x W``.  A corrupt or lost entry is rebuilt
-        from the source when the source is reachable; otherwise the error names the key."""
-        cache = self._cache()
+    def frames(self, out: "torch.Tensor | None" = None) -> "torch.Tensor":
+        """The cached canonical frames, uint8 ``T x 3 x H x W`` (into ``out`` if given).  A corrupt or
+        lost entry is rebuilt from the source when the source is reachable; otherwise the error names
+        the key."""
+        cache = self.cache
         key = self.resolve()
         try:
-            return cache.frames(key)
+            return cache.frames(key, out=out)
         except (CorruptEntryError, NotCachedError):
             if self.source is None:
                 raise
             cache.ensure(self.source, self.options)      # the bad copy was quarantined: a miss now
-            return cache.frames(key)
+            return cache.frames(key, out=out)
 
-    def train_inputs(self, processor, mode: str = "plugin", memo: bool = True) -> "dict[str, torch.Tensor]":
-        """Model kwargs for the trainer: tensors only."""
-        from .processing import train_inputs
-        return train_inputs(processor, [self], mode=mode, memo=memo)
+    def train_inputs(self, processor, mode: str = "plugin", memo: bool = True,
+                     device: "str | torch.device | None" = None) -> "dict[str, torch.Tensor]":
+        """Model kwargs for the trainer: tensors only, on ``device`` (see :func:`train_inputs`)."""
+        return train_inputs(processor, [self], mode=mode, memo=memo, device=device)
 
     # --- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:
@@ -149,6 +157,97 @@ def from_key(key: str, cache: "VideoCache | None" = None) -> VideoHandle:
     c = _cache_or_node(cache)
     m = c.require_manifest(check_key(key))
     return VideoHandle(None, m.video_options(), c.identity, key=key)._bind(c)
+
+
+# --- the trainer's tensors ------------------------------------------------------------------------------
+def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True,
+                 device: "str | torch.device | None" = None, batched: bool = True) -> "dict[str, torch.Tensor]":
+    """HF processor outputs for the handles' cached frames (one sample's videos), on ``device``.
+
+    Sampling and resizing are off (both were done once).  On a CUDA device the uint8 frames go there from
+    pinned memory and HF's processor runs there, when shown bit-identical to the CPU for this processor
+    (``vidcache.device.exact_device``; else it runs on the CPU, logged once, and the tensors are moved).
+    Results are memoised per video in-process (``vidcache.processing.MEMO``, bounded per device); treat
+    the returned tensors as read-only.
+    """
+    return train_inputs_batch(processor, [handles], mode=mode, memo=memo, device=device, batched=batched)[0]
+
+
+def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = True,
+                       device: "str | torch.device | None" = None, batched: bool = True,
+                       workers: int = 8) -> "list[dict[str, torch.Tensor]]":
+    """:func:`train_inputs` for each group of handles of one micro-batch, in one call.
+
+    Each distinct video is read once (``n_samples_per_prompt`` copies share it), by ``workers`` threads
+    into one pinned buffer, each copied to the device as soon as it is read, so reads overlap copies.
+    ``batched``: one processor call for all the videos, else one per video; each group's tensors are
+    exactly those ``train_inputs`` gives it alone (tested with ``torch.equal``).
+    """
+    import torch
+
+    from .device import exact_device
+    from .processing import MEMO, join_videos, process, processor_fingerprint
+
+    groups = [list(g) for g in groups]
+    target = torch.device("cpu" if device is None else device)
+    run_on = exact_device(processor, target)
+    if target.type == "cuda":
+        target = run_on if run_on.type == "cuda" else torch.device("cuda", target.index if target.index is not None
+                                                                  else torch.cuda.current_device())
+    fp = processor_fingerprint(processor)
+    videos: dict[tuple[str, str], VideoHandle] = {}    # (cache identity, key): a memo hit never skips
+    for g in groups:                                    # the check that this process has the handle's cache
+        for h in g:
+            videos.setdefault((h.tier, h.resolve()), h)   # builds a lazy handle's entry first, if it must
+    done = {}
+    if memo:
+        for k in videos:
+            if (hit := MEMO.get((*k, mode, fp), str(target))) is not None:
+                done[k] = hit
+    todo = [(k, h) for k, h in videos.items() if k not in done]
+    if todo:
+        manifests = [h.manifest for _, h in todo]
+        frames = _read_frames([h for _, h in todo], manifests, run_on, workers)
+        for (k, _), out in zip(todo, process(processor, frames, manifests, mode, batched=batched)):
+            out = {n: t.to(target) for n, t in out.items()}
+            done[k] = out
+            if memo:   # a slice of a batched output would keep the whole batch alive: keep a compact copy
+                MEMO.put((*k, mode, fp), str(target), {n: t if t.untyped_storage().nbytes() == t.nbytes
+                                                      else t.clone() for n, t in out.items()})
+    return [join_videos([done[h.tier, h.resolve()] for h in g]) if g else {} for g in groups]
+
+
+def _read_frames(handles, manifests, device, workers: int) -> "list[torch.Tensor]":
+    """Each handle's uint8 frames on ``device``.  For a CUDA device: read by threads into slices of one
+    pinned buffer, each slice copied asynchronously as soon as its read finishes."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    import torch
+
+    from .device import PINNED
+
+    n = len(handles)
+    if device.type == "cpu":
+        if n == 1:
+            return [handles[0].frames()]
+        with ThreadPoolExecutor(min(workers, n)) as pool:
+            return list(pool.map(lambda h: h.frames(), handles))
+    sizes = [m.frames.nbytes for m in manifests]
+    buf = PINNED.take(sum(sizes))
+    views, off = [], 0
+    for m, size in zip(manifests, sizes):
+        views.append(buf[off:off + size].view(*m.frames.shape))
+        off += size
+    out: list = [None] * n
+    try:
+        with ThreadPoolExecutor(min(workers, n)) as pool:
+            futures = {pool.submit(h.frames, views[i]): i for i, h in enumerate(handles)}
+            for f in as_completed(futures):
+                i = futures[f]
+                out[i] = f.result().to(device, non_blocking=True)
+    finally:
+        PINNED.give(buf)          # reusable once the copies enqueued from it are done
+    return out
 
 
 def _rebuild(source, options, tier, key):

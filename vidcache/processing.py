@@ -1,6 +1,11 @@
-"""Trainer-side tensors, computed from the cached frames (the SGLang side is ``vidcache.sglang``).
+"""Trainer-side tensors from cached frames and their manifests (the SGLang side is ``vidcache.sglang``).
 
-Two temporal modes (see README, "Stock SGLang vs the plugin"):
+This module knows nothing of handles: it is given uint8 frames (on the CPU or already on the trainer's
+device) and manifests, and calls HF's own processor on them with sampling and resizing off (both were
+done once, when the entry was built).  Handles read their frames and call down into it
+(``vidcache.handle.train_inputs``), so nothing here calls back up.
+
+Two temporal modes (see docs/sglang.md, "Stock SGLang vs the plugin"):
   ``plugin``  the original video's metadata (what qwen-vl-utils reports): the
               correct Qwen2.5-VL ``second_per_grid_ts`` and Qwen3-VL timestamps.
   ``stock``   what SGLang 0.5.23 computes from a frozen file as shipped: no
@@ -9,6 +14,7 @@ Two temporal modes (see README, "Stock SGLang vs the plugin"):
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from fractions import Fraction
@@ -21,7 +27,6 @@ MODES = ("plugin", "stock")
 # in stock mode Qwen3-VL's timestamps come from this timeline, so the trainer reproduces it.
 FROZEN_FPS = Fraction(2)
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
-TRAIN_KEYS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
 
 
 def video_metadata(manifest, mode: str) -> dict | None:
@@ -38,89 +43,136 @@ def video_metadata(manifest, mode: str) -> dict | None:
     return None                # SGLang passes none for Qwen2/2.5-VL
 
 
-def processor_kwargs(processor, handles, mode: str) -> dict:
+def video_processor(processor):
+    """The video processor inside a multimodal processor (or the processor itself)."""
+    return getattr(processor, "video_processor", processor)
+
+
+def processor_kwargs(processor, manifests, mode: str) -> dict:
     """The HF processor kwargs for cached frames: sampling and resizing off (both were done once)."""
     kw = {"do_sample_frames": False, "do_resize": False, "return_tensors": "pt"}
-    vp = getattr(processor, "video_processor", processor)
-    if hasattr(type(vp), "cap_pixels_per_frame"):
+    if hasattr(type(video_processor(processor)), "cap_pixels_per_frame"):
         # transformers >= 5.2x warns on every call unless this is explicit.  False is what it does
         # when unset (so what SGLang gets), and with do_resize=False the cap touches nothing anyway.
         kw["cap_pixels_per_frame"] = False
-    metas = [video_metadata(h.manifest, mode) for h in handles]
+    metas = [video_metadata(m, mode) for m in manifests]
     if any(m is not None for m in metas):
         kw["video_metadata"] = metas
     return kw
 
 
 def model_tensors(out) -> dict[str, torch.Tensor]:
-    res = {"pixel_values_videos": out["pixel_values_videos"], "video_grid_thw": out["video_grid_thw"].to(torch.int64)}
+    """The model's video kwargs from a processor output, all on the device of ``pixel_values_videos``."""
+    pv = out["pixel_values_videos"]
+    res = {"pixel_values_videos": pv, "video_grid_thw": out["video_grid_thw"].to(pv.device, torch.int64)}
     if "second_per_grid_ts" in out:
-        res["second_per_grid_ts"] = torch.as_tensor(out["second_per_grid_ts"], dtype=torch.float32)
+        res["second_per_grid_ts"] = torch.as_tensor(out["second_per_grid_ts"], dtype=torch.float32).to(pv.device)
     return res
 
 
-class _Memo:
-    """Recently computed train inputs, keyed by (cache keys, mode, processor config), bounded in bytes.
+def processor_fingerprint(processor) -> str:
+    """Digest of everything in the processor that shapes the video tensors (read from the object)."""
+    return type(processor).__name__ + ":" + xxhash.xxh3_64_hexdigest(
+        video_processor(processor).to_json_string().encode())
 
-    Partial-rollout resumes, multi-turn requests and n samples per prompt ask for the same
-    video again; the frames never change under a key, so neither do the tensors.
+
+# --- one processor call, or one per video ---------------------------------------------------------
+def split_per_video(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """One processor output over n videos as n per-video outputs: the patches of video i are the rows
+    ``prod(grid[i])`` after those of the videos before it (HF concatenates per-video patches in order)."""
+    grids = tensors["video_grid_thw"]
+    rows = [math.prod(g) for g in grids.tolist()]
+    pieces = tensors["pixel_values_videos"].split(rows)
+    out = []
+    for i, pv in enumerate(pieces):
+        d = {"pixel_values_videos": pv, "video_grid_thw": grids[i:i + 1]}
+        if "second_per_grid_ts" in tensors:
+            d["second_per_grid_ts"] = tensors["second_per_grid_ts"][i:i + 1]
+        out.append(d)
+    return out
+
+
+def join_videos(per_video: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The inverse of ``split_per_video``: what one processor call over these videos returns."""
+    if len(per_video) == 1:
+        return dict(per_video[0])
+    return {k: torch.cat([d[k] for d in per_video]) for k in per_video[0]}
+
+
+def process(processor, frames: list[torch.Tensor], manifests, mode: str = "plugin",
+            batched: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Per-video model tensors for uint8 ``T x 3 x H x W`` frames, on the frames' device.
+
+    ``batched``: one processor call for all videos (HF stacks those of one shape), else one call per
+    video.  Either way video i gets exactly the tensors a call on video i alone gives: normalisation is
+    elementwise and patchify moves data, so stacking changes no value (tested with ``torch.equal``).
+    """
+    manifests = list(manifests)
+    if not batched and len(frames) > 1:
+        return [process(processor, [f], [m], mode)[0] for f, m in zip(frames, manifests)]
+    out = processor(text=[VIDEO_PLACEHOLDER * len(frames)], videos=list(frames),
+                    **processor_kwargs(processor, manifests, mode))
+    return split_per_video(model_tensors(out))
+
+
+# --- the memo ---------------------------------------------------------------------------------------
+def _nbytes(value: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in value.values())
+
+
+class Memo:
+    """Recently computed per-video train inputs, keyed by (cache key, mode, processor config, device).
+
+    Partial-rollout resumes, multi-turn requests and ``n_samples_per_prompt`` copies ask for the same
+    video again; the frames never change under a key, so neither do the tensors.  Each device has its
+    own byte budget, so tensors kept on a GPU never hold more than ``max_device_bytes`` of its memory
+    (the trainer needs it); the least recently used entries go first.
     """
 
-    def __init__(self, max_bytes: int = 1 << 30) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict = OrderedDict()
-        self._bytes = 0
+    def __init__(self, max_bytes: int = 1 << 30, max_device_bytes: int = 256 << 20) -> None:
+        self.max_bytes = max_bytes                    # host memory
+        self.max_device_bytes = max_device_bytes      # per accelerator
+        self._items: dict[str, OrderedDict] = {}      # device -> key -> value
+        self._bytes: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def get(self, key):
+    def budget(self, device: str) -> int:
+        return self.max_bytes if device == "cpu" else self.max_device_bytes
+
+    def nbytes(self, device: str | None = None) -> int:
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
+            return self._bytes.get(device, 0) if device else sum(self._bytes.values())
+
+    def get(self, key, device: str):
+        with self._lock:
+            items = self._items.get(device)
+            if items is not None and key in items:
+                items.move_to_end(key)
+                return items[key]
         return None
 
-    def put(self, key, value: dict) -> None:
-        size = sum(t.numel() * t.element_size() for t in value.values())
+    def put(self, key, device: str, value: dict) -> None:
+        size = _nbytes(value)
         with self._lock:
-            if size > self.max_bytes or key in self._items:
+            items = self._items.setdefault(device, OrderedDict())
+            if size > self.budget(device) or key in items:
                 return
-            self._items[key] = value
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= sum(t.numel() * t.element_size() for t in old.values())
+            items[key] = value
+            self._bytes[device] = self._bytes.get(device, 0) + size
+            while self._bytes[device] > self.budget(device):
+                _, old = items.popitem(last=False)
+                self._bytes[device] -= _nbytes(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes.clear()
 
 
-MEMO = _Memo()
+MEMO = Memo()
 
 
-def processor_fingerprint(processor) -> str:
-    """Digest of everything in the processor that shapes the video tensors."""
-    vp = getattr(processor, "video_processor", processor)
-    return type(processor).__name__ + ":" + xxhash.xxh3_64_hexdigest(vp.to_json_string().encode())
-
-
-def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True) -> dict[str, torch.Tensor]:
-    """HF processor outputs for the cached frames, with sampling and resizing off (they were done once).
-
-    Results are memoised in-process (``MEMO``); treat the returned tensors as read-only.
-    """
-    handles = list(handles)
-    if not handles:
-        return {}
-    memo_key = (tuple(h.resolve() for h in handles), mode, processor_fingerprint(processor)) if memo else None
-    if memo_key is not None and (hit := MEMO.get(memo_key)) is not None:
-        return dict(hit)
-    text = VIDEO_PLACEHOLDER * len(handles)
-    videos = [h.frames() for h in handles]          # builds a lazy handle's entry first, if it must
-    out = processor(text=[text], videos=videos, **processor_kwargs(processor, handles, mode))
-    result = model_tensors(out)
-    if memo_key is not None:
-        MEMO.put(memo_key, result)
-    return dict(result)
-
-
-def expanded_ids(processor, prompt: str, handles, mode: str = "plugin") -> list[int]:
+def expanded_ids(processor, prompt: str, manifests, mode: str = "plugin") -> list[int]:
     """The processor's expanded prompt ids, from the manifests alone: no frames are read.
 
     Uses the processor's own ``replace_video_token`` (pads, and Qwen3-VL's ``<t seconds>`` text from
@@ -129,10 +181,8 @@ def expanded_ids(processor, prompt: str, handles, mode: str = "plugin") -> list[
     """
     from transformers.video_utils import VideoMetadata
 
-    handles = list(handles)
     reps = []
-    for h in handles:
-        m = h.manifest
+    for m in manifests:
         inputs = {"video_grid_thw": torch.tensor([list(m.tokens.video_grid_thw)])}
         meta = video_metadata(m, mode)
         if meta is not None:

@@ -750,7 +750,7 @@ def test_long_prompt_filter_is_exact_with_the_checkpoints_processor(env, decode_
     probe = VidcacheDataSource(env.args())
     row = probe.dataset.rows[4]
     prompt = probe.dataset.render(row)
-    exact = len(expanded_ids(build_processor(FAMILY), prompt, row.handles, "stock"))
+    exact = len(expanded_ids(build_processor(FAMILY), prompt, [h.manifest for h in row.handles], "stock"))
     keep = VidcacheDataSource(env.args(rollout_max_prompt_len=exact))
     drop = VidcacheDataSource(env.args(rollout_max_prompt_len=exact - 1))
     assert keep.dataset.processor is not None

@@ -68,7 +68,7 @@ def test_http_transport_serves_exact_immutable_frozen_files(handle, server, tmp_
 def test_file_transport(handle, tmp_path):
     uri = video_uri(handle, "stock", "file")
     path = unquote(urlparse(uri).path)
-    assert uri.startswith("file:///") and path == local_frozen_path(handle._cache(), handle.key, "utvideo")
+    assert uri.startswith("file:///") and path == local_frozen_path(handle.cache, handle.key, "utvideo")
     assert _decodes_to(open(path, "rb").read(), handle.frames(), tmp_path)
 
 

@@ -70,7 +70,8 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     compact = tok(prompt, add_special_tokens=False)["input_ids"]
     if handles:
         videos = [h.frames() for h in handles]      # builds a lazy handle's entry first, if it must
-        out = processor(text=[prompt], videos=videos, **processor_kwargs(processor, handles, mode))
+        out = processor(text=[prompt], videos=videos,
+                        **processor_kwargs(processor, [h.manifest for h in handles], mode))
         tensors = model_tensors(out)
     else:
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")

@@ -72,7 +72,7 @@ def video_uri(handle, mode: str = "stock", transport: str | None = None, base_ur
         if transport not in (None, "data"):
             raise ValueError("plugin mode sends a reference (a small data: URI); transport must be 'data'")
         return ref_uri(handle)
-    cache = handle._cache()
+    cache = handle.cache
     transport = transport or default_transport(cache)
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
