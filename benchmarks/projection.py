@@ -102,7 +102,8 @@ def main() -> None:
         m = cache.require_manifest(key)
         entry = m.frames.nbytes
         manifest_bytes = len(m.to_json())
-        from vidcache.sglang.frozen import SERVING_FORMAT, local_frozen_path
+        from vidcache.serving import SERVING_FORMAT
+        from vidcache.sglang.frozen import local_frozen_path
         t = time.perf_counter()
         frozen = os.path.getsize(local_frozen_path(cache, key, SERVING_FORMAT))   # written and verified once
         t_frozen = time.perf_counter() - t

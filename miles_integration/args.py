@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from vidcache import VideoOptions
 from vidcache.config import ENV_DIR
-from vidcache.options import PATCH_SIZE, STOCK_SGLANG_QWEN3_SIZE_FACTOR
-from vidcache.processing import MODES
+from vidcache.options import PATCH_SIZE
+from vidcache.serving import MODES, STOCK_QWEN3_GRID, default_mode, stock_sglang_problems
 from vidcache.sglang.transport import TRANSPORTS
 
 TRAIN_INPUTS = ("tensors", "handles")
@@ -41,11 +41,6 @@ DEFAULTS = {
     "vidcache_prepare_cache_size": 16,
     **{"vidcache_" + n: None for n in OPTION_NAMES},
 }
-
-
-def default_mode(family: str) -> str:
-    # Qwen3-VL's faithful (32-grid) frames only survive stock SGLang's double resize in plugin mode.
-    return "plugin" if family == "qwen3_vl" else "stock"
 
 
 def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -120,11 +115,11 @@ class VidcacheConfig:
         if self.transport == "http" and not self.base_url:
             raise ValueError("--vidcache-transport http needs --vidcache-base-url (the address of `vidcache serve`)")
         grid = self.options.resolved().size_factor
-        if self.mode == "stock" and self.options.family == "qwen3_vl" and grid % STOCK_SGLANG_QWEN3_SIZE_FACTOR:
+        if self.mode == "stock" and stock_sglang_problems(self.options.family, grid):
             # Fail at startup, not at the first rollout: stock SGLang would resize these frames.
-            raise ValueError(f"qwen3_vl frames on the {grid}-pixel grid cannot go through stock SGLang: use "
-                             f"--vidcache-mode plugin (recommended, faithful frames), or --vidcache-size-factor "
-                             f"{STOCK_SGLANG_QWEN3_SIZE_FACTOR} (stock-safe, distorts aspect ratios; see README)")
+            raise ValueError(f"{self.options.family} frames on the {grid}-pixel grid cannot go through stock SGLang: "
+                             f"use --vidcache-mode plugin (recommended, faithful frames), or --vidcache-size-factor "
+                             f"{STOCK_QWEN3_GRID} (stock-safe, distorts aspect ratios; see README)")
 
     @classmethod
     def from_args(cls, args) -> "VidcacheConfig":

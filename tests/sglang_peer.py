@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Sequence
 
-PINNED_SGLANG_VERSION = "0.5.23"
+# The SGLang releases whose private attributes build_peer() sets (checked against each one's source).
+PEER_SGLANG_VERSIONS = ("0.5.16", "0.5.23")
+PINNED_SGLANG_VERSION = PEER_SGLANG_VERSIONS[-1]
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 
 _ARCH = {
@@ -101,9 +103,9 @@ def _import_sglang():
 
     if not _imported:
         ver = md.version("sglang")
-        if ver != PINNED_SGLANG_VERSION:
+        if ver not in PEER_SGLANG_VERSIONS:
             raise PeerError(
-                f"tests/sglang_peer.py is written against sglang {PINNED_SGLANG_VERSION}, found {ver}; "
+                f"tests/sglang_peer.py is written against sglang {', '.join(PEER_SGLANG_VERSIONS)}, found {ver}; "
                 "re-check the attribute list in build_peer()"
             )
         old = os.environ.get("SGLANG_USE_CPU_ENGINE")
@@ -196,6 +198,7 @@ def build_peer(
     obj.server_args = None
     obj.transport_mode = "default"
     obj.mm_feature_transport = "cpu"
+    obj.keep_mm_feature_on_device = False      # 0.5.16 reads it in process_mm_data
     obj.use_cuda_ipc = False
     obj.use_ipc_pool_handle_cache = False
     obj.image_processor_backend = "pil"
@@ -282,7 +285,10 @@ async def run_peer_async(peer, prompt_or_ids: str | Sequence[int], video_uris: S
     log: list = []
     token = _PREPROCESS_LOG.set(log)
     try:
-        out = await peer._process_mm_data_uncached(None, prompt, request)
+        if hasattr(peer, "_process_mm_data_uncached"):     # 0.5.2x
+            out = await peer._process_mm_data_uncached(None, prompt, request)
+        else:                                              # 0.5.16: the whole request path in one method
+            out = await peer.process_mm_data_async(None, prompt, request)
     finally:
         _PREPROCESS_LOG.reset(token)
     return _collect(peer, out, log)
@@ -353,3 +359,92 @@ def _collect(peer, out, preprocess_log) -> dict:
         "mm_items": out.mm_items,
         "text": text,
     }
+
+
+# --------------------------------------------------------------------------------------------------------
+# A live server: SGLang's endpoints in front of the peer
+# --------------------------------------------------------------------------------------------------------
+class PeerServer:
+    """A real HTTP server (127.0.0.1) answering SGLang's ``/server_info``, ``/model_info`` and ``/generate``
+    with the peer's processor behind ``/generate``, in the shapes SGLang 0.5.23's ``http_server.py`` uses:
+
+    * ``/server_info``: the resolved server args that matter here (``mm_process_config``, ``device``) plus
+      ``version`` (the installed SGLang's, unless ``version=`` overrides it);
+    * ``/model_info``: ``model_type``, ``architectures``, ``tokenizer_path``, ``is_generation``;
+    * ``/generate``: runs ``run_peer`` on ``input_ids`` (or ``text``) + ``video_data`` and answers with
+      ``meta_info.prompt_tokens`` and, with ``return_prompt_token_ids``, top-level ``prompt_token_ids``; a
+      ``ValueError`` from the processor is a 400 ``{"error": {"message": ...}}`` (``_create_error_response``),
+      anything else a 500.  No tokens are generated (``max_new_tokens`` must be 0).
+
+        with PeerServer(peer, tokenizer_path=ckpt_dir, mm_process_config=cfg) as srv:
+            check_server(srv.url)
+    """
+
+    def __init__(self, peer, *, tokenizer_path: str | None = None, mm_process_config: dict | None = None,
+                 version: str | None = None, device: str = "cpu", host: str = "127.0.0.1"):
+        import importlib.metadata as md
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.peer = peer
+        self.requests: list[dict] = []
+        self.server_info = {"version": version or md.version("sglang"), "mm_process_config": mm_process_config,
+                            "device": device, "disable_fast_image_processor": True}
+        family = peer._peer_family
+        self.model_info = {"model_path": tokenizer_path, "tokenizer_path": tokenizer_path, "is_generation": True,
+                           "model_type": family, "architectures": [_ARCH[family]]}
+        lock = threading.Lock()            # one request at a time through the peer (asyncio.run per call)
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):     # quiet
+                pass
+
+            def _reply(self, code: int, body: dict):
+                import json
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/server_info":
+                    return self._reply(200, owner.server_info)
+                if self.path == "/model_info":
+                    return self._reply(200, owner.model_info)
+                return self._reply(404, {"error": {"message": f"no route {self.path}"}})
+
+            def do_POST(self):
+                import json
+                if self.path != "/generate":
+                    return self._reply(404, {"error": {"message": f"no route {self.path}"}})
+                payload = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                owner.requests.append(payload)
+                prompt = payload.get("input_ids", payload.get("text"))
+                try:
+                    with lock:
+                        out = run_peer(owner.peer, prompt, payload.get("video_data") or [])
+                except ValueError as e:
+                    return self._reply(400, {"error": {"message": str(e)}})
+                except Exception as e:  # noqa: BLE001 -- SGLang answers 500 for any other failure
+                    return self._reply(500, {"error": {"message": f"{type(e).__name__}: {e}"}})
+                ids = list(out["input_ids"])
+                resp = {"text": "", "meta_info": {"prompt_tokens": len(ids), "completion_tokens": 0,
+                                                  "finish_reason": {"type": "length", "length": 0}}}
+                if payload.get("return_prompt_token_ids"):
+                    resp["prompt_token_ids"] = ids
+                return self._reply(200, resp)
+
+        self._httpd = ThreadingHTTPServer((host, 0), Handler)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self.url = f"http://{host}:{self._httpd.server_address[1]}"
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._httpd.shutdown()
+        self._httpd.server_close()

@@ -163,13 +163,13 @@ def test_metadata(cache, videos):
     assert md["key"] == h.key and md["family"] == "qwen2_5_vl" and md["sample_fps"] == m.sampling.sample_fps
 
 
-@pytest.mark.parametrize("fmt,suffix", [(None, ".mkv"), ("ffv1", ".mkv"), ("utvideo", ".nut")])
+@pytest.mark.parametrize("fmt,suffix", [(None, ".nut"), ("ffv1", ".mkv"), ("utvideo", ".nut")])
 @pytest.mark.parametrize("name", ["h264_ntsc", "ffv1_10_small", "mpeg4_25_odd"])
 def test_frozen_file_redecodes_bit_exactly(cache, videos, name, fmt, suffix):
     h = vidcache.get(videos[name], VideoOptions(family="qwen2_5_vl"), cache)
-    path = local_frozen_path(cache, h.key, fmt)          # FFV1 in Matroska by default
+    path = local_frozen_path(cache, h.key, fmt)          # the serving format (UT Video in NUT) by default
     assert path.endswith(suffix) and os.path.dirname(path) == os.path.join(cache.path, "frozen")
-    uri = video_uri(h, "stock", transport="file", frozen_format=fmt or "ffv1")
+    uri = video_uri(h, "stock", transport="file", frozen_format=fmt)
     from urllib.parse import unquote, urlparse
     assert uri.startswith("file:///") and unquote(urlparse(uri).path) == path
     frames = h.frames()

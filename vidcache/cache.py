@@ -104,7 +104,6 @@ class VideoCache:
     path = property(lambda self: self.config.path)
     decoder = property(lambda self: self.config.decoder)
     limits = property(lambda self: self.config.limits)
-    frozen_format = property(lambda self: self.config.frozen_format)
     read_only = property(lambda self: self.config.read_only)
     tmp_dir = property(lambda self: os.path.join(self.config.path, "tmp"))
 

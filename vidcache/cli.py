@@ -75,9 +75,9 @@ def cmd_prewarm(args) -> int:
 
 def _path_note(options) -> str:
     """Which SGLang path these options allow (issue: say it before the work, not at serving time)."""
-    from .options import STOCK_SGLANG_QWEN3_SIZE_FACTOR
+    from .serving import stock_sglang_problems
     r = options.resolved()
-    if options.family == "qwen3_vl" and r.size_factor % STOCK_SGLANG_QWEN3_SIZE_FACTOR:
+    if stock_sglang_problems(options.family, r.size_factor):
         return (f"{options.family} on the {r.size_factor}-pixel grid (faithful aspect ratios): SGLang plugin mode "
                 "only (`vidcache sglang-config --mode plugin`); stock SGLang would resize these frames")
     return f"{options.family} on the {r.size_factor}-pixel grid: SGLang stock and plugin modes"
@@ -174,10 +174,19 @@ def cmd_sglang_config(args) -> int:
     cache = _cache(args, read_only=True) if (args.cache or os.environ.get("VIDCACHE_DIR")) else None
     cfg = sglang_config(args.family, args.mode, cache)
     print(json.dumps(cfg, indent=2))
-    if args.family == "qwen3_vl" and args.mode == "stock":
+    if args.family == "qwen3_vl" and cfg["mode"] == "stock":
         print("note: stock mode serves Qwen3-VL only on the 224 grid (VideoOptions.for_stock_sglang), which "
               "distorts aspect ratios; the default 32-grid frames need --mode plugin", file=sys.stderr)
     return 0
+
+
+def cmd_check_server(args) -> int:
+    from .sglang.check import check_server
+    cache = _cache(args) if (args.cache or args.shared) else None       # default: this node's configuration
+    res = check_server(args.url, args.family, args.mode, args.processor, args.allow_unverified_sglang,
+                       args.server_torchcodec, cache=cache)
+    print("\n".join(res.lines()))
+    return 0 if res.ok else 1
 
 
 def cmd_serve(args) -> int:
@@ -185,7 +194,10 @@ def cmd_serve(args) -> int:
     limits = {k: v for k, v in (("workers", args.workers), ("timeout_s", args.timeout)) if v is not None}
     srv = make_server(_cache(args), args.host, args.port, **limits)
     host, port = srv.server_address[:2]
-    print(f"serving frozen files of {args.cache or 'the default cache'} at http://{host}:{port}/frozen/<key>.mkv "
+    from .sglang.frozen import FORMATS
+    from .serving import SERVING_FORMAT
+    print(f"serving frozen files of {args.cache or 'the default cache'} at "
+          f"http://{host}:{port}/frozen/<key>{FORMATS[SERVING_FORMAT].suffix} "
           f"({srv.workers} workers, {srv.timeout_s:g} s timeout)", flush=True)
     try:
         srv.serve_forever()
@@ -265,8 +277,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sglang-config", help="SGLang server flags that reproduce the cache")
     _add_cache_flags(p)
     p.add_argument("--family", required=True, choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-    p.add_argument("--mode", default="stock", choices=["stock", "plugin"])
+    p.add_argument("--mode", choices=["stock", "plugin"], help="default: plugin for qwen3_vl, stock otherwise")
     p.set_defaults(fn=cmd_sglang_config)
+
+    from .options import PATCH_SIZE
+    p = sub.add_parser("check-server", help="check that a live SGLang server reproduces the trainer's inputs "
+                                            "(exit 0 only when parity is established)")
+    p.add_argument("url", metavar="URL", help="the SGLang server, e.g. http://127.0.0.1:30000")
+    _add_cache_flags(p)
+    p.add_argument("--family", choices=sorted(PATCH_SIZE), help="default: from the server's model_type")
+    p.add_argument("--mode", choices=["stock", "plugin"], help="default: plugin for qwen3_vl, stock otherwise")
+    p.add_argument("--processor", metavar="DIR", help="the checkpoint's processor (default: the server's "
+                                                      "tokenizer_path, when it exists here)")
+    p.add_argument("--allow-unverified-sglang", metavar="VERSION",
+                   help="accept this exact SGLang version although vidcache is not verified with it")
+    p.add_argument("--server-torchcodec", metavar="VERSION",
+                   help="stock mode on a GPU server: the torchcodec version installed there")
+    p.set_defaults(fn=cmd_check_server)
 
     p = sub.add_parser("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")
     _add_cache_flags(p)

@@ -56,7 +56,6 @@ class CacheConfig:
     limits: FetchLimits = field(default_factory=FetchLimits)
     encoding: str = "raw"                          # LMDB values; "zlib" trades reads for size
     max_decoded_bytes: int | None = None           # None: the pipeline's own estimate-based default
-    frozen_format: str = "ffv1"
     decoder_threads: int = 0                       # 0: FFmpeg's choice; prewarm splits cores among workers
     max_local_bytes: int | None = None             # local tier budget (LRU); the shared tier is never evicted
     verify_reads: str = "first"                    # blob digests: on the first read of a key per process

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import xxhash
 
 from .errors import OptionsError
+from .serving import STOCK_QWEN3_GRID, stock_sglang_problems
 
 # Bump when vidcache's own sampling/resizing/storage code or a default changes the bytes:
 # it disowns every earlier entry (Bazel's "salt").
@@ -39,12 +40,6 @@ MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
 
 PATCH_SIZE = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
-
-# Stock SGLang 0.5.23 resizes every video to its factor-28 grid and then, for Qwen3-VL, to the
-# model's 32.  Both are identities only on lcm(28, 32) = 224, so stock mode needs Qwen3-VL frames
-# there; the price is aspect distortion (1280x720 -> 1120x448).  It is opt-in, never a default:
-# see VideoOptions.for_stock_sglang and benchmarks/aspect_distortion.py.
-STOCK_SGLANG_QWEN3_SIZE_FACTOR = 224
 
 # The largest integer option: every JSON reader holds it exactly (2**53), and it stays far below
 # anything a frame count or pixel budget means.
@@ -142,16 +137,16 @@ class VideoOptions:
     def for_stock_sglang(cls, family: str = "qwen2_5_vl", **kw: Any) -> "VideoOptions":
         """Options on a grid stock SGLang 0.5.23 leaves alone (``mode='stock'`` refuses any other).
 
-        Only Qwen3-VL needs this: its frames move to the 224 grid, which distorts aspect ratios
-        (see benchmarks/aspect_distortion.py); plugin mode serves the default 32 grid exactly.
-        Qwen2/2.5-VL options are returned unchanged: their 28 grid already is SGLang's.
+        Only Qwen3-VL needs this: its frames move to the 224 grid (``serving.STOCK_QWEN3_GRID``), which
+        distorts aspect ratios (see benchmarks/aspect_distortion.py); plugin mode serves the default 32
+        grid exactly.  Qwen2/2.5-VL options are returned unchanged: their 28 grid already is SGLang's.
         """
         if family == "qwen3_vl" and kw.get("size_factor") is None:
-            kw["size_factor"] = STOCK_SGLANG_QWEN3_SIZE_FACTOR
+            kw["size_factor"] = STOCK_QWEN3_GRID
         opts = cls(family=family, **kw)          # validates every value first
-        if family == "qwen3_vl" and opts.size_factor % STOCK_SGLANG_QWEN3_SIZE_FACTOR:
-            raise OptionsError(f"size_factor {opts.size_factor} is not a multiple of "
-                               f"{STOCK_SGLANG_QWEN3_SIZE_FACTOR}: stock SGLang would resize those frames again")
+        problems = stock_sglang_problems(family, opts.resolved().size_factor)
+        if problems:
+            raise OptionsError(f"size_factor {opts.size_factor}: " + " ".join(problems))
         return opts
 
     @classmethod

@@ -17,15 +17,13 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from fractions import Fraction
 
 import torch
 import xxhash
 
-MODES = ("plugin", "stock")
-# The rate frozen files are stamped at, and SGLang's fps sampler is configured with (stock mode):
-# in stock mode Qwen3-VL's timestamps come from this timeline, so the trainer reproduces it.
-FROZEN_FPS = Fraction(2)
+# Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline.
+from .serving import FROZEN_FPS, MODES
+
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
 

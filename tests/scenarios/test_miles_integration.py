@@ -62,7 +62,7 @@ from miles_integration.meta import KEY, handles_from_metadata, request_state  # 
 from miles_integration.rollout import VidcacheRolloutFn  # noqa: E402
 from miles_integration.train_hooks import HANDLE_KEY, HydratingIterator, decode_handles  # noqa: E402
 from vidcache import ParityError, VideoOptions  # noqa: E402
-from vidcache.sglang.transport import parse_ref  # noqa: E402
+from vidcache.sglang.ref import parse_ref  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import mm_process_config  # noqa: E402
 from vidcache.testing.videos import make_video  # noqa: E402

@@ -11,7 +11,7 @@ import sglang_peer as sp  # noqa: E402
 import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 from vidcache.errors import InvalidKeyError, TierMismatchError  # noqa: E402
-from vidcache.sglang.transport import REF_PREFIX, parse_ref, ref_uri  # noqa: E402
+from vidcache.sglang.ref import REF_PREFIX, parse_ref, ref_uri  # noqa: E402
 
 pytestmark = pytest.mark.peer
 
@@ -37,7 +37,7 @@ def node(tmp_path, videos, monkeypatch):
 
 def test_a_good_reference_loads_from_the_node(node):
     c, h, load_ref, _ = node
-    v = load_ref(parse_ref(ref_uri(h)))
+    v = load_ref(parse_ref(ref_uri(h.tier, h.key)))
     assert v.key == h.key and tuple(v.frames.shape) == tuple(h.manifest.frames.shape)
 
 
@@ -46,7 +46,7 @@ def test_reference_to_another_tier_is_refused(node, tmp_path):
     other = VideoCache(tmp_path / "elsewhere", shared=str(tmp_path / "other_shared"))
     foreign = vidcache.get(h.source, VideoOptions(), other)
     with pytest.raises(TierMismatchError, match="VIDCACHE_SHARED"):
-        load_ref(parse_ref(ref_uri(foreign)))
+        load_ref(parse_ref(ref_uri(foreign.tier, foreign.key)))
 
 
 @pytest.mark.parametrize("key", ["../secret.json", "../../secret", "/etc/passwd", "a\x00b",
@@ -71,7 +71,7 @@ def test_old_path_naming_references_are_refused_and_create_nothing(node, tmp_pat
 def test_a_thousand_bad_references_leave_descriptors_flat(node):
     c, h, load_ref, proc_cls = node
     from sglang.srt.managers.schedule_batch import Modality
-    load_ref(parse_ref(ref_uri(h)))                   # the node's cache is open
+    load_ref(parse_ref(ref_uri(h.tier, h.key)))                   # the node's cache is open
     fds = len(os.listdir("/proc/self/fd"))
     for i in range(1000):
         rec = {"vidcache_ref": 2, "tier": f"tier-{i:032x}", "key": h.key}

@@ -33,7 +33,8 @@ from vidcache.errors import OptionsError  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config  # noqa: E402
 from vidcache.sglang.frozen import local_frozen_path  # noqa: E402
-from vidcache.sglang.transport import REF_PREFIX, file_uri  # noqa: E402
+from vidcache.sglang.ref import REF_PREFIX  # noqa: E402
+from vidcache.sglang.transport import file_uri  # noqa: E402
 
 pytestmark = pytest.mark.peer
 

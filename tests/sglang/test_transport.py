@@ -15,7 +15,8 @@ from vidcache import keys as K
 from vidcache.errors import InvalidKeyError
 from vidcache.sglang.frozen import decode_all, local_frozen_path
 from vidcache.sglang.server import make_server
-from vidcache.sglang.transport import REF_PREFIX, TRANSPORTS, parse_ref, video_uri
+from vidcache.sglang.ref import REF_PREFIX, parse_ref
+from vidcache.sglang.transport import TRANSPORTS, video_uri
 
 
 @pytest.fixture
@@ -124,7 +125,7 @@ def test_plugin_references(handle, cache):
         uri = video_uri(handle, "plugin", transport)
         assert uri.startswith(REF_PREFIX)
         rec = parse_ref(uri)
-        assert rec == {"vidcache_ref": 2, "tier": handle.tier, "key": handle.resolve()}
+        assert rec == {"vidcache_ref": 3, "tier": handle.tier, "key": handle.resolve()}
         assert rec["tier"] == cache.identity
         assert cache.path not in base64.b64decode(uri[len(REF_PREFIX):]).decode()   # never a node path
     assert parse_ref(video_uri(handle, "stock", "file")) is None
@@ -143,15 +144,25 @@ def _ref(obj) -> str:
     (REF_PREFIX + "!!not base64!!", "malformed"),
     (_ref(b"\xff\xfe"), "malformed"),
     (_ref(b"{not json"), "malformed"),
-    (_ref({"a": 1}), "not a version-2"),
-    (_ref([1, 2]), "not a version-2"),
-    (_ref({"vidcache_ref": 1, "cache": "/some/path", "key": "0" * 32 + ".1." + "0" * 32}), "not a version-2"),
-    (_ref({"vidcache_ref": 2, "key": "0" * 32 + ".1." + "0" * 32}), "not a version-2"),
+    (_ref({"a": 1}), "not a version-3"),
+    (_ref([1, 2]), "not a version-3"),
+    (_ref({"vidcache_ref": 1, "cache": "/some/path", "key": "0" * 32 + ".1." + "0" * 32}), "not a version-3"),
+    (_ref({"vidcache_ref": 2, "key": "0" * 32 + ".1." + "0" * 32}), "malformed tier"),
     (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": "../../etc/passwd"}), "not a vidcache key"),
     (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": "0" * 32 + ".1.nope"}), "not a vidcache key"),
     (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": 7}), "not a vidcache key"),
     (_ref({"vidcache_ref": 2, "tier": "tier-x"}), "not a vidcache key"),
+    # issue 18: depth and size caps, and nothing long echoed back
+    (_ref(b"[" * 50_000 + b"]" * 50_000), "malformed"),                  # RecursionError before the cap
+    (_ref({"vidcache_ref": 3, "tier": "t" * 10_000_000, "key": "0" * 32 + ".1." + "0" * 32}), "at most"),
+    (_ref({"vidcache_ref": 3, "tier": "t" * 100_000, "key": "0" * 32 + ".1." + "0" * 32}), "malformed tier"),
+    (_ref({"vidcache_ref": 3, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32, "path": "/x"}), "unknown field"),
+    (_ref({"vidcache_ref": 3, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32,
+           "attest": {"video_grid_thw": [1, 2, 2], "pixel_values_videos": "zz"}}), "malformed attestation"),
+    (_ref({"vidcache_ref": 3, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32,
+           "attest": {"video_grid_thw": [[[[[1]]]]], "pixel_values_videos": "0" * 32}}), "malformed"),
 ])
 def test_malformed_references_are_invalid_key_errors(uri, why):
-    with pytest.raises(InvalidKeyError, match=why):
+    with pytest.raises(InvalidKeyError, match=why) as e:
         parse_ref(uri)
+    assert len(str(e.value)) < 400                     # never echoes what the request sent at length

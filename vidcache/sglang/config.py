@@ -10,71 +10,25 @@ its own resize is skipped too.
 from __future__ import annotations
 
 import json
-
 import math
 
-from ..errors import OptionsError
-from ..options import FPS_MAX_FRAMES, PATCH_SIZE
-from ..processing import FROZEN_FPS, MODES
+from ..options import PATCH_SIZE
+from ..serving import (FROZEN_FPS, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS, SGLANG_URL_CAP,
+                       STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS, default_mode)
+from .versions import installed_sglang, qwen_vl_processor_modules
 
 PLUGIN_PACKAGE = "vidcache.sglang.plugin"
-SGLANG_URL_CAP = 64 << 20          # SGLang 0.5.23's default --media-url-max-file-size-mb (64), in bytes
-STOCK_QWEN3_GRID = 224             # lcm(28, 32): the only Qwen3-VL grid stock SGLang's double resize keeps
 
 
 def mm_process_config() -> dict:
     return {"video": {
         "fps": float(FROZEN_FPS),
-        "max_frames": FPS_MAX_FRAMES,
-        "min_pixels": 28 * 28,                    # never upscale: frames are already sized
-        "max_pixels": 16384 * 28 * 28,            # never downscale
-        "total_pixels": FPS_MAX_FRAMES * 16384 * 28 * 28,
+        "max_frames": SGLANG_MAX_FRAMES,
+        "min_pixels": SGLANG_MIN_PIXELS,          # never upscale: frames are already sized
+        "max_pixels": SGLANG_MAX_PIXELS,          # never downscale
+        "total_pixels": SGLANG_MAX_FRAMES * SGLANG_MAX_PIXELS,
         "do_resize": False,                       # forwarded to the HF video processor
     }}
-
-
-SGLANG_RESIZE_FACTOR = 28      # stock preprocess_video's smart_resize factor, for every family
-
-
-def stock_parity_problems(manifest) -> list[str]:
-    """Why stock SGLang with :func:`mm_process_config` would NOT reproduce this entry (empty: it will).
-
-    Stock SGLang re-samples and re-sizes whatever it decodes; both are identities only
-    when the frozen file has at most ``max_frames`` frames and every frame is on its
-    28-pixel grid (and, for Qwen3-VL, also on the model's 32 grid: ``do_resize: false``
-    then finds nothing to do) within its pixel bounds.
-    """
-    family = manifest.family
-    n, h, w = manifest.num_frames, manifest.height, manifest.width
-    cfg = mm_process_config()["video"]
-    out = []
-    if n > cfg["max_frames"] or n % 2:
-        out.append(f"{n} frames: stock SGLang keeps an even count of at most {cfg['max_frames']} and would "
-                   f"re-sample them. Fix: max_frames/nframes <= {cfg['max_frames']}, or mode='plugin'.")
-    need = SGLANG_RESIZE_FACTOR if family != "qwen3_vl" else STOCK_QWEN3_GRID
-    if h % need or w % need:
-        if family == "qwen3_vl":
-            out.append(f"{w}x{h} Qwen3-VL frames are on the model's own 32 grid, and stock SGLang would resize "
-                       "them to multiples of 28 before the model's 32. Fix: mode='plugin' (recommended: it "
-                       "serves these faithful frames as they are), or VideoOptions.for_stock_sglang(...) / "
-                       f"size_factor={STOCK_QWEN3_GRID}, which distorts the aspect ratio (a 16:9 1280x720 clip "
-                       "becomes 1120x448, 2.5:1; see README).")
-        else:
-            out.append(f"{w}x{h} frames are not on a {need}-pixel grid: stock SGLang resizes every video to "
-                       f"multiples of {SGLANG_RESIZE_FACTOR}. Fix: size_factor={need}, or mode='plugin'.")
-    if not cfg["min_pixels"] <= h * w <= cfg["max_pixels"]:
-        out.append(f"{w}x{h} frames are outside stock SGLang's pixel bounds [{cfg['min_pixels']}, "
-                   f"{cfg['max_pixels']}]. Fix: smaller resized_height/resized_width or max_pixels, "
-                   "or mode='plugin'.")
-    return out
-
-
-def check_stock_parity(manifest) -> None:
-    """Refuse (``OptionsError``) an entry that stock SGLang cannot reproduce bit-exactly."""
-    problems = stock_parity_problems(manifest)
-    if problems:
-        raise OptionsError(f"cache entry {manifest.key} ({manifest.family}) cannot be served "
-                           "in stock mode: " + " ".join(problems))
 
 
 def url_cap_args(largest_bytes: int) -> list[str]:
@@ -84,11 +38,23 @@ def url_cap_args(largest_bytes: int) -> list[str]:
     return ["--media-url-max-file-size-mb", str(math.ceil(largest_bytes / (1 << 20)) + 1)]
 
 
-def sglang_config(family: str, mode: str = "stock", cache=None) -> dict:
-    """The SGLang server configuration for ``family`` in ``mode``.  With ``cache`` (a ``VideoCache``),
-    stock mode also lifts SGLang's URL download cap when the largest frozen file needs it."""
+def sglang_report() -> dict:
+    """The SGLang installed here (read from its distribution's metadata: nothing is imported), against
+    the verified releases."""
+    version = installed_sglang()
+    out = {"installed": version, "verified": list(VERIFIED_SGLANG_VERSIONS)}
+    if version is not None:
+        out["qwen_vl_processor_modules"] = qwen_vl_processor_modules()
+    return out
+
+
+def sglang_config(family: str, mode: str | None = None, cache=None) -> dict:
+    """The SGLang server configuration for ``family`` in ``mode`` (None: ``serving.default_mode``, plugin
+    for Qwen3-VL as in Miles).  With ``cache`` (a ``VideoCache``), stock mode also lifts SGLang's URL
+    download cap when the largest frozen file needs it."""
     if family not in PATCH_SIZE:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
+    mode = default_mode(family) if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
     cfg = mm_process_config()
@@ -97,10 +63,17 @@ def sglang_config(family: str, mode: str = "stock", cache=None) -> dict:
         "mode": mode,
         "mm_process_config": cfg,
         "server_args": ["--mm-process-config", json.dumps(cfg, separators=(",", ":"))],
-        "env": {},
+        # SGLang 0.5.23's opt-in Rust server refuses to start when an external processor is registered,
+        # and runs its own image path otherwise: vidcache's configs are for the Python server.
+        "env": {"SGLANG_RUST_SERVER": "0"},
         "notes": [],
         "server_requirements": [],
+        "sglang": sglang_report(),
+        "check": "vidcache check-server http://<host>:<port> --mode " + mode,
     }
+    if out["sglang"]["installed"] and out["sglang"]["installed"] not in VERIFIED_SGLANG_VERSIONS:
+        out["notes"].append(f"SGLang {out['sglang']['installed']} is installed here; vidcache is verified with "
+                            f"{', '.join(VERIFIED_SGLANG_VERSIONS)} only")
     if mode == "plugin":
         out["env"]["SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"] = PLUGIN_PACKAGE
         out["env"]["VIDCACHE_DIR"] = "<a node-local directory on each SGLang node (never NFS)>"
@@ -110,11 +83,10 @@ def sglang_config(family: str, mode: str = "stock", cache=None) -> dict:
                             "reference through this node's VIDCACHE_DIR + VIDCACHE_SHARED (never a path named in "
                             "a request) and refuses references to any other cache.")
     else:
-        # Measured on an H200: torchcodec 0.17 (SGLang 0.5.23's pin) sends frames NVDEC declines (every
-        # lossless RGB stream) through 8-bit YUV444 on the GPU (max error 2); 0.16.0 copies them exactly.
-        out["server_requirements"].append("torchcodec==0.16.0")
-        out["notes"].append("on GPU servers stock mode needs torchcodec 0.16.0: with 0.17.0 (SGLang 0.5.23's pin) "
-                            "frozen frames decode inexactly on CUDA (max error 2). Plugin mode does not decode.")
+        out["server_requirements"].append(f"torchcodec=={STOCK_GPU_TORCHCODEC}")
+        out["notes"].append(f"on GPU servers stock mode needs torchcodec {STOCK_GPU_TORCHCODEC}: with 0.17.0 (SGLang "
+                            "0.5.23's pin) frozen frames decode inexactly on CUDA (max error 2). Plugin mode does "
+                            "not decode.")
         if family == "qwen2_5_vl":
             out["notes"].append("stock SGLang 0.5.23 passes no video_metadata: second_per_grid_ts is always 2/24. "
                                 "Use --mode plugin for the model's intended 2/sample_fps.")

@@ -2,9 +2,9 @@
 
 Two formats, both intra-only, lossless for RGB and verified bit-exact with
 decord, torchcodec and PyAV (benchmarks/formats.py):
-  ``ffv1``     FFV1 bgr0 in Matroska: the smallest (the default).
+  ``ffv1``     FFV1 bgr0 in Matroska: the smallest.
   ``utvideo``  UT Video gbrp in NUT: ~1.5x larger, ~5x faster to decode, which is
-               what stock SGLang pays on every request.
+               what stock SGLang pays on every request (``serving.SERVING_FORMAT``).
 Any YUV format would round-trip inexactly.  Files are stamped at a fixed rate
 so that SGLang's fps sampler, configured by ``vidcache sglang-config``, selects
 every stored frame once; at 2 fps Matroska's 1 ms timebase is exact too.
@@ -25,7 +25,7 @@ import torch
 from .. import keys
 from ..encode import write_video
 from ..errors import FrozenFileError
-from ..processing import FROZEN_FPS
+from ..serving import FROZEN_FPS, SERVING_FORMAT
 from ..store.publish import publish
 
 
@@ -43,14 +43,10 @@ FORMATS = {
     "ffv1": FrozenFormat("ffv1", "matroska", ".mkv", "ffv1", "bgr0", "video/x-matroska"),
     "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut"),
 }
-DEFAULT_FORMAT = "ffv1"
-# Stock SGLang decodes the frozen file on every request: UT Video decodes ~5x faster than FFV1
-# (benchmarks/formats.py, benchmarks/sglang_frozen_cost.py); both are bit-exact.
-SERVING_FORMAT = "utvideo"
 BY_SUFFIX = {f.suffix: f for f in FORMATS.values()}
 
 
-def write_frozen(frames: torch.Tensor, path: str, fmt: str = DEFAULT_FORMAT, rate: Fraction = FROZEN_FPS,
+def write_frozen(frames: torch.Tensor, path: str, fmt: str = SERVING_FORMAT, rate: Fraction = FROZEN_FPS,
                  verify=None) -> None:
     """Write uint8 TCHW RGB ``frames`` to ``path`` atomically: temp file, ``verify(tmp)``, publish."""
     f = FORMATS[fmt]
@@ -116,7 +112,7 @@ def verify_frozen(path: str, frames: torch.Tensor, rate: Fraction = FROZEN_FPS,
 # --- in the cache --------------------------------------------------------------------------
 def local_frozen_path(cache, key: str, fmt: str | None = None) -> str:
     """The node-local frozen file for ``key``: written and verified once, on first use."""
-    f = FORMATS[fmt or cache.frozen_format]
+    f = FORMATS[fmt or SERVING_FORMAT]
     path = os.path.join(cache.path, "frozen", keys.check_key(key) + f.suffix)
     if not os.path.isfile(path):     # built from digest-checked frames, then verified by re-decoding
         frames = cache.frames(key)
@@ -127,7 +123,7 @@ def local_frozen_path(cache, key: str, fmt: str | None = None) -> str:
 def published_frozen_key(cache, key: str, fmt: str | None = None) -> str:
     """Publish the frozen file of ``key`` into the shared tier (once: immutable, first writer wins);
     its store key.  The file is verified where it is made, before it is published."""
-    f = FORMATS[fmt or cache.frozen_format]
+    f = FORMATS[fmt or SERVING_FORMAT]
     skey = keys.frozen(key, f.suffix)
     shared = cache.shared
     if shared is None:

@@ -5,9 +5,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..attest import attest as attest_tensors
 from ..errors import ParityError
 from ..processing import VIDEO_PLACEHOLDER, model_tensors, processor_kwargs
-from .transport import DEFAULT_URL_EXPIRY_S, video_uri
+from ..serving import URL_EXPIRY_S
+from .transport import video_uri
+
+# The plugin's rejection of a request whose tensors differ from the trainer's (SGLang answers 400 with it).
+ATTESTATION_MARK = "vidcache attestation failed"
 
 
 def check_prompt_ids(expected_ids: list[int], response: dict) -> None:
@@ -15,8 +20,21 @@ def check_prompt_ids(expected_ids: list[int], response: dict) -> None:
 
     ``response`` is SGLang's ``/generate`` response or its ``meta_info``.  SGLang 0.5.23 returns
     ``prompt_token_ids`` at the top level (send ``return_prompt_token_ids: true``); without them
-    only ``meta_info.prompt_tokens`` is compared.
+    only ``meta_info.prompt_tokens`` is compared.  An error response that carries the plugin's
+    attestation failure raises ``ParityError`` with the plugin's message.
+
+    What this covers: the expanded ids (every video's token count, and Qwen3-VL's timestamp text)
+    everywhere; in plugin mode the plugin also compared each video's ``pixel_values_videos``,
+    ``video_grid_thw`` and ``second_per_grid_ts`` with the trainer's before answering (attestation), so a
+    200 from an attesting plugin covers the pixels and the M-RoPE inputs too.  In stock mode nothing checks
+    the pixels or Qwen2.5-VL's ``second_per_grid_ts`` per request (see docs/sglang.md).
     """
+    err = response.get("error") if isinstance(response, dict) else None
+    if err is not None:
+        msg = err.get("message", "") if isinstance(err, dict) else str(err)
+        if ATTESTATION_MARK in msg:
+            raise ParityError(f"SGLang's processor output differs from the trainer's: {msg}")
+        raise ParityError(f"SGLang refused the request: {msg[:500]}")
     meta = dict(response.get("meta_info") or {}) if "meta_info" in response else dict(response)
     if "prompt_token_ids" in response and "prompt_token_ids" not in meta:
         meta["prompt_token_ids"] = response["prompt_token_ids"]
@@ -55,12 +73,14 @@ class PreparedRequest:
 
 def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str | None = None,
             base_url: str | None = None, frozen_format: str | None = None,
-            url_expires_s: float = DEFAULT_URL_EXPIRY_S) -> PreparedRequest:
+            url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True) -> PreparedRequest:
     """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.
 
     ``prompt`` is the chat-templated text with one ``<|vision_start|><|video_pad|><|vision_end|>``
     per handle, in order.  ``transport``: see ``vidcache.sglang.transport`` (default: the shared
-    tier's URLs when the cache has one).
+    tier's URLs when the cache has one).  ``attest`` (plugin mode): put into each reference a digest
+    of this video's train tensors, which the plugin checks against its own processor output (on by
+    default; ``"values"`` also sends small videos' rows, so a mismatch reports the largest difference).
     """
     handles = list(handles)
     n = prompt.count(VIDEO_PLACEHOLDER)
@@ -77,5 +97,8 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")
         tensors = {}
     expanded = out["input_ids"][0].tolist()
-    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s) for h in handles]
+    records = (attest_tensors(tensors, values=attest == "values") if handles and attest and mode == "plugin"
+               else [None] * len(handles))
+    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec)
+            for h, rec in zip(handles, records)]
     return PreparedRequest(list(compact), expanded, uris, tensors, mode)

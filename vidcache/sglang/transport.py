@@ -8,29 +8,23 @@ Stock mode sends a frozen file by URL.  Transports:
   ``http``    ``vidcache serve`` on some node (``base_url``).
   ``data``    inline, refused above SGLang's download cap.
 
-Plugin mode sends a *reference*: ``{"vidcache_ref": 2, "tier": <cache identity>, "key": <key>}``
-as a ``data:`` URI.  It names the cache by identity, never by a path, so the plugin
-resolves it through its own node's configuration; stock SGLang cannot decode it, so a
-server started without the plugin fails loudly instead of silently using stock semantics.
+Plugin mode sends a *reference* (``vidcache.sglang.ref``) as a ``data:`` URI.  It names the cache by
+identity, never by a path, so the plugin resolves it through its own node's configuration; stock
+SGLang cannot decode it, so a server started without the plugin fails loudly instead of silently
+using stock semantics.
 """
 from __future__ import annotations
 
 import base64
-import json
 import os
 from urllib.parse import quote
 
-from .. import keys
-from ..errors import InvalidKeyError
-from .config import check_stock_parity
-from .frozen import BY_SUFFIX, SERVING_FORMAT, local_frozen_path, published_frozen_key
+from ..serving import SERVING_FORMAT, SGLANG_URL_CAP, URL_EXPIRY_S, stock_sglang_problems
+from ..errors import OptionsError
+from .frozen import BY_SUFFIX, local_frozen_path, published_frozen_key
+from .ref import ref_uri
 
 TRANSPORTS = ("shared", "file", "http", "data")
-SGLANG_URL_CAP = 64 << 20          # SGLang's default --media-url-max-file-size-mb, in bytes
-REF_MEDIA_TYPE = "application/vnd.vidcache.ref+json"
-REF_PREFIX = f"data:{REF_MEDIA_TYPE};base64,"
-REF_VERSION = 2
-DEFAULT_URL_EXPIRY_S = 7 * 24 * 3600
 
 
 def file_uri(path: str) -> str:
@@ -42,36 +36,22 @@ def default_transport(cache) -> str:
     return "shared" if cache.shared is not None else "file"
 
 
-def ref_uri(handle) -> str:
-    rec = {"vidcache_ref": REF_VERSION, "tier": handle.tier, "key": handle.resolve()}
-    return REF_PREFIX + base64.b64encode(json.dumps(rec, sort_keys=True).encode()).decode()
-
-
-def parse_ref(uri: str) -> dict | None:
-    """The reference record in a plugin-mode URI, or None if ``uri`` is not one.
-
-    JSON only, never pickle; never opens a file.  The key is checked against the key format here,
-    before any store is touched.
-    """
-    if not uri.startswith(REF_PREFIX):
-        return None
-    try:
-        rec = json.loads(base64.b64decode(uri[len(REF_PREFIX):], validate=True))
-    except (ValueError, UnicodeDecodeError):
-        raise InvalidKeyError(f"malformed vidcache reference: {uri[:120]}") from None
-    if not isinstance(rec, dict) or rec.get("vidcache_ref") != REF_VERSION or not isinstance(rec.get("tier"), str):
-        raise InvalidKeyError(f"not a version-{REF_VERSION} vidcache reference: {uri[:120]}")
-    keys.check_key(rec.get("key"))
-    return rec
+def check_stock_parity(manifest) -> None:
+    """Refuse (``OptionsError``) an entry that stock SGLang cannot reproduce bit-exactly."""
+    # The frames' own shape decides (grid None): frames that happen to sit on the stock grid are served.
+    problems = stock_sglang_problems(manifest.family, None, manifest.num_frames, manifest.height, manifest.width)
+    if problems:
+        raise OptionsError(f"cache entry {manifest.key} ({manifest.family}) cannot be served "
+                           "in stock mode: " + " ".join(problems))
 
 
 def video_uri(handle, mode: str = "stock", transport: str | None = None, base_url: str | None = None,
-              frozen_format: str | None = None, expires_s: float = DEFAULT_URL_EXPIRY_S) -> str:
-    """The ``video_data`` entry SGLang gets for ``handle``."""
+              frozen_format: str | None = None, expires_s: float = URL_EXPIRY_S, attest: dict | None = None) -> str:
+    """The ``video_data`` entry SGLang gets for ``handle`` (plugin mode: with ``attest``, its attestation)."""
     if mode == "plugin":
         if transport not in (None, "data"):
             raise ValueError("plugin mode sends a reference (a small data: URI); transport must be 'data'")
-        return ref_uri(handle)
+        return ref_uri(handle.tier, handle.resolve(), attest)
     cache = handle.cache
     transport = transport or default_transport(cache)
     if transport not in TRANSPORTS:

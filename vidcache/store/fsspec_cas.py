@@ -84,7 +84,9 @@ class FsspecStore(Store):
         if self._local:
             return "file://" + quote(os.path.abspath(path))     # SGLang mishandles '#', '?', '%' in plain paths
         if self._s3:
-            return self.fs.sign(path, expiration=int(expires_s or 7 * 24 * 3600))
+            if expires_s is None:     # the default lives with the other serving facts (vidcache.serving)
+                raise ValueError("a presigned URL needs expires_s (vidcache.serving.URL_EXPIRY_S)")
+            return self.fs.sign(path, expiration=int(expires_s))
         raise NotImplementedError(f"{self.url} has no URL another machine can read")
 
     # --- writes -----------------------------------------------------------------

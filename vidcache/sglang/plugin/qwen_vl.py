@@ -1,17 +1,22 @@
 """SGLang Qwen-VL processor that serves vidcache references from the cache.
 
 Registered by SGLang's ``import_processors`` when the server runs with
-``SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE=vidcache.sglang.plugin``.  It replaces
-``QwenVLImageProcessor`` for every Qwen-VL architecture, and behaves exactly
-like it unless a request's ``video_data`` holds vidcache references (the
-``.vidcache`` file / ``data:application/vnd.vidcache.ref+json`` URIs that
-``vidcache.prepare(..., mode="plugin")`` produces).  For those it:
+``SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE=vidcache.sglang.plugin``.  For every Qwen-VL processor class
+this SGLang has (``QwenVLImageProcessor``; a separate Qwen3-VL class too, should upstream add one) it
+defines a subclass that takes over all of that class's architectures, and behaves exactly like it
+unless a request's ``video_data`` holds vidcache references (the
+``data:application/vnd.vidcache.ref+json`` URIs that ``vidcache.prepare(..., mode="plugin")``
+produces, ``vidcache.sglang.ref``).  For those it:
 
 * reads the canonical uint8 frames straight from the cache: no codec, no
   re-sampling, no resize (the frames were sampled and sized once at prewarm);
 * hands the HF processor the *original* video's metadata (fps, frame indices,
   total frames), so Qwen2.5-VL gets ``second_per_grid_ts = 2 / sample_fps`` and
-  Qwen3-VL the original timestamps, exactly like ``train_inputs(mode="plugin")``.
+  Qwen3-VL the original timestamps, exactly like ``train_inputs(mode="plugin")``;
+* after the HF call, hashes its own output per video (``vidcache.attest``) and compares it with the
+  reference's attestation, the trainer's digest of the same tensors: any difference rejects the request
+  as a client error (SGLang answers 400) naming the key and the field.  References without an
+  attestation are served and counted (``Counters``).
 
 No in-process memo of frames: a cache read is one copy out of LMDB's memory
 map (page cache on a resend), which is small next to the HF processor's float
@@ -19,19 +24,53 @@ conversion, and a memo would pin up to GBs of frames in the server.
 """
 from __future__ import annotations
 
+import contextvars
+import importlib
+import inspect
+import logging
 import threading
 
 from sglang.srt.managers.schedule_batch import Modality
-from sglang.srt.multimodal.processors.qwen_vl import QWEN_VIDEO_PREPROCESS_CONFIG_KEYS, QwenVLImageProcessor
+from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
 
+from ...attest import attest, compare
 from ...cache import node_cache
 from ...errors import TierMismatchError, VidcacheError
 from ...options import PATCH_SIZE
-from ...processing import video_metadata
-from ..transport import parse_ref
+from ...processing import model_tensors, video_metadata
+from ..request import ATTESTATION_MARK
+from ..ref import parse_ref
+from ..versions import installed_sglang, qwen_vl_processor_modules
+
+logger = logging.getLogger(__name__)
+SGLANG_VERSION = installed_sglang()
 
 # node_cache memoises per process, but SGLang loads items on several io threads at once.
 _OPEN_LOCK = threading.Lock()
+# SGLang's own keys for its sampler and factor-28 resize (preprocess_video), which must not reach the HF
+# processor for frames that are already final.  0.5.23 names them QWEN_VIDEO_PREPROCESS_CONFIG_KEYS;
+# 0.5.16 has no such constant and forwards them all.
+PREPROCESS_KEYS = frozenset({"fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels",
+                             "total_pixels", "resized_height", "resized_width"})
+# The video config of the current HF call when it serves references (per task/thread: SGLang runs
+# several requests at once).  Older SGLang reads ``self.video_config`` inside process_mm_data with no way
+# to pass another, so the plugin's ``video_config`` is a property that consults this first.
+_CALL_VIDEO_CONFIG: contextvars.ContextVar = contextvars.ContextVar("vidcache_video_config", default=None)
+
+
+class Counters:
+    """Plugin-mode requests by attestation outcome (this server process); logged, and read by tests."""
+    lock = threading.Lock()
+    attested = 0
+    unattested = 0
+    rejected = 0
+
+    @classmethod
+    def add(cls, name: str) -> int:
+        with cls.lock:
+            n = getattr(cls, name) + 1
+            setattr(cls, name, n)
+            return n
 
 
 class VidcacheVideo:
@@ -39,10 +78,10 @@ class VidcacheVideo:
     format) nor a ``VideoDecoderWrapper``: ``preprocess_video`` then returns it
     untouched, which is what skips SGLang's fps sampler and its factor-28 resize."""
 
-    __slots__ = ("frames", "metadata", "family", "key")
+    __slots__ = ("frames", "metadata", "family", "key", "attest")
 
-    def __init__(self, frames, metadata, family, key):
-        self.frames, self.metadata, self.family, self.key = frames, metadata, family, key
+    def __init__(self, frames, metadata, family, key, attest=None):
+        self.frames, self.metadata, self.family, self.key, self.attest = frames, metadata, family, key, attest
 
     def __repr__(self) -> str:  # SGLang logs items on errors; never dump the frames
         return f"VidcacheVideo({self.key}, {tuple(self.frames.shape)})"
@@ -61,12 +100,49 @@ def load_ref(rec: dict) -> VidcacheVideo:
                                 f"{cache.identity!r}: start it with VIDCACHE_SHARED set to that cache's shared tier")
     key = rec["key"]              # checked against the key format by parse_ref
     m = cache.require_manifest(key)
-    return VidcacheVideo(cache.frames(key, m), video_metadata(m, "plugin"), m.family, key)
+    return VidcacheVideo(cache.frames(key, m), video_metadata(m, "plugin"), m.family, key, rec.get("attest"))
 
 
-class VidcacheQwenVLProcessor(QwenVLImageProcessor):
-    # import_processors matches architectures by class name; take over all of Qwen-VL's.
-    models = list(QwenVLImageProcessor.models)
+def check_attestations(refs: list[VidcacheVideo], ret) -> None:
+    """Compare the HF output for ``refs`` (one call, in order) with each reference's attestation;
+    raise ``ValueError`` (SGLang answers 400) naming the key and the field on any difference."""
+    if all(v.attest is None for v in refs):
+        n = Counters.add("unattested")
+        if n == 1 or n % 1000 == 0:
+            logger.warning("vidcache: %d plugin-mode request(s) without attestation served unchecked "
+                           "(prepare(..., attest=False) or an older client)", n)
+        return
+    tensors = model_tensors(ret)
+    got = attest(tensors)
+    rows = tensors["pixel_values_videos"]
+    start = 0
+    problems = []
+    for v, g in zip(refs, got):
+        t, h, w = g["video_grid_thw"]
+        n = t * h * w
+        if v.attest is not None:
+            diffs = compare(v.attest, g, rows[start:start + n])
+            problems += [f"{v.key}: {d}" for d in diffs]
+        start += n
+    if problems:
+        Counters.add("rejected")
+        raise ValueError(f"{ATTESTATION_MARK}: SGLang {SGLANG_VERSION}'s processor output differs from the "
+                         "trainer's for " + "; ".join(problems) + ". The server's processor, transformers or "
+                         "checkpoint revision differs from the trainer's.")
+    Counters.add("attested")
+
+
+class VidcachePluginMixin:
+    """What the plugin adds to an SGLang Qwen-VL processor class (see ``plugin_classes``)."""
+
+    @property
+    def video_config(self):
+        override = _CALL_VIDEO_CONFIG.get()
+        return override if override is not None else self.__dict__.get("_vidcache_video_config", {})
+
+    @video_config.setter
+    def video_config(self, value):
+        self.__dict__["_vidcache_video_config"] = value
 
     @classmethod
     def _load_single_item(cls, data, modality, *args, **kwargs):
@@ -83,29 +159,69 @@ class VidcacheQwenVLProcessor(QwenVLImageProcessor):
                     raise ValueError(f"cannot load vidcache reference {uri[:100]}: [{e.kind}] {e}") from e
         return super()._load_single_item(data, modality, *args, **kwargs)
 
-    def process_mm_data(self, input_text, images=None, videos=None, audios=None, processor=None,
-                        processor_video_config=None, **kwargs):
+    def process_mm_data(self, input_text, images=None, videos=None, audios=None, **kwargs):
         refs = [v for v in (videos or []) if isinstance(v, VidcacheVideo)]
-        if refs:
-            if len(refs) != len(videos):
-                # One HF call takes one do_resize/do_sample_frames setting for all videos, and a
-                # decoded video needs them on; the trainer could not reproduce such a request.
-                raise ValueError("vidcache references cannot be mixed with other videos in one request; "
-                                 "prewarm every video into the cache, or send none as a reference")
-            want = getattr(getattr(self._processor, "video_processor", None), "patch_size", None)
-            for v in refs:
-                if want is not None and PATCH_SIZE[v.family] != want:
-                    raise ValueError(f"vidcache entry {v.key} was built for {v.family} (patch "
-                                     f"{PATCH_SIZE[v.family]}) but this server's model uses patch {want}; "
-                                     "prewarm with VideoOptions(family=<this model's family>)")
-            # Frames are final: the HF processor must neither sample nor resize, only
-            # normalise and patchify; the metadata carries the original timeline.
-            kwargs["video_metadata"] = [v.metadata for v in refs]
-            kwargs["do_sample_frames"] = False
-            videos = [v.frames for v in refs]
-            processor_video_config = {k: v for k, v in self.video_config.items()
-                                      if k not in QWEN_VIDEO_PREPROCESS_CONFIG_KEYS}
-            processor_video_config["do_resize"] = False
-        return super().process_mm_data(input_text, images=images, videos=videos, audios=audios,
-                                       processor=processor, processor_video_config=processor_video_config,
-                                       **kwargs)
+        if not refs:
+            return super().process_mm_data(input_text, images=images, videos=videos, audios=audios, **kwargs)
+        if len(refs) != len(videos):
+            # One HF call takes one do_resize/do_sample_frames setting for all videos, and a
+            # decoded video needs them on; the trainer could not reproduce such a request.
+            raise ValueError("vidcache references cannot be mixed with other videos in one request; "
+                             "prewarm every video into the cache, or send none as a reference")
+        want = getattr(getattr(self._processor, "video_processor", None), "patch_size", None)
+        for v in refs:
+            if want is not None and PATCH_SIZE[v.family] != want:
+                raise ValueError(f"vidcache entry {v.key} was built for {v.family} (patch "
+                                 f"{PATCH_SIZE[v.family]}) but this server's model uses patch {want}; "
+                                 "prewarm with VideoOptions(family=<this model's family>)")
+        # Frames are final: the HF processor must neither sample nor resize, only
+        # normalise and patchify; the metadata carries the original timeline.
+        kwargs["video_metadata"] = [v.metadata for v in refs]
+        kwargs["do_sample_frames"] = False
+        config = {k: v for k, v in self.video_config.items() if k not in PREPROCESS_KEYS}
+        config["do_resize"] = False
+        if self._vidcache_pass_config:        # SGLang >= 0.5.2x takes the HF call's video config as an argument
+            kwargs["processor_video_config"] = config
+        token = _CALL_VIDEO_CONFIG.set(config)
+        try:
+            ret = super().process_mm_data(input_text, images=images, videos=[v.frames for v in refs],
+                                          audios=audios, **kwargs)
+        finally:
+            _CALL_VIDEO_CONFIG.reset(token)
+        check_attestations(refs, ret)
+        return ret
+
+
+def _qwen_vl_bases() -> list[type]:
+    """Every SGLang processor class that serves a Qwen-VL architecture, defined in a Qwen-VL processor
+    module of this SGLang (``qwen_vl.py``; a separate Qwen3-VL module too, if upstream adds one)."""
+    out = []
+    for name in qwen_vl_processor_modules() or ["sglang.srt.multimodal.processors.qwen_vl"]:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError as e:          # a module for another model family may need what is not installed
+            logger.warning("vidcache: cannot import %s: %s", name, e)
+            continue
+        for _, cls in inspect.getmembers(mod, inspect.isclass):
+            if (cls.__module__ == name and issubclass(cls, BaseMultimodalProcessor)
+                    and any(a.__name__.startswith("Qwen") and "VL" in a.__name__ for a in getattr(cls, "models", []))):
+                out.append(cls)
+    return out
+
+
+def plugin_classes() -> dict[str, type]:
+    """One plugin class per SGLang Qwen-VL processor class, taking over all of its architectures
+    (``import_processors`` matches architectures by class name)."""
+    out = {}
+    for base in _qwen_vl_bases():
+        name = "VidcacheQwenVLProcessor" if base.__name__ == "QwenVLImageProcessor" else "Vidcache" + base.__name__
+        ns = {"models": list(base.models), "__module__": __name__, "__doc__": f"vidcache's plugin over {base.__name__}",
+              "_vidcache_pass_config": "processor_video_config" in inspect.signature(base.process_mm_data).parameters}
+        out[name] = type(name, (VidcachePluginMixin, base), ns)
+    if "VidcacheQwenVLProcessor" not in out:
+        raise ImportError(f"SGLang {SGLANG_VERSION} has no QwenVLImageProcessor: vidcache's plugin cannot serve it")
+    return out
+
+
+# import_processors registers every class defined in this module: one per SGLang Qwen-VL processor class.
+globals().update(plugin_classes())

@@ -1,0 +1,91 @@
+"""What SGLang does to a video, and what vidcache serves it: the serving facts, each in one place.
+
+Imports nothing of vidcache (the facts floor), because the trainer side
+(``processing``: ``FROZEN_FPS``), the options preset (``VideoOptions.for_stock_sglang``), the CLI,
+``sglang-config``, ``check-server`` and the Miles adapters all read these.
+
+``VERIFIED_SGLANG_VERSIONS`` is the one list of SGLang releases whose own processor code vidcache has
+run its parity suites against (tests/test_sglang_parity.py, stock and plugin mode, in one environment
+per release: scripts/setup_peer_env.sh with ``SGLANG_VERSION``).  ``vidcache check-server`` refuses any
+other release unless it is named explicitly (``--allow-unverified-sglang VERSION``).
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+# SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.
+VERIFIED_SGLANG_VERSIONS = ("0.5.23",)
+
+MODES = ("plugin", "stock")
+
+# Frozen files are stamped at this rate, and SGLang's fps sampler is configured with it (stock mode):
+# then SGLang's sampler selects every stored frame once, and in stock mode Qwen3-VL's timestamps come
+# from this timeline, so the trainer reproduces it.
+FROZEN_FPS = Fraction(2)
+# The frozen format stock SGLang is sent: UT Video decodes ~5x faster than FFV1 (benchmarks/formats.py,
+# benchmarks/sglang_frozen_cost.py), and SGLang decodes the file on every request; both are bit-exact.
+SERVING_FORMAT = "utvideo"
+
+# SGLang's preprocess_video resizes every video to multiples of this (smart_resize, every family) ...
+SGLANG_RESIZE_FACTOR = 28
+# ... and the HF Qwen3-VL video processor then to multiples of 32: both are identities only on
+# lcm(28, 32) = 224, so stock mode needs Qwen3-VL frames there (aspect distortion is the price).
+STOCK_QWEN3_GRID = math.lcm(SGLANG_RESIZE_FACTOR, 32)
+# --mm-process-config pixel bounds that make SGLang's smart_resize an identity on frames already sized.
+SGLANG_MIN_PIXELS = SGLANG_RESIZE_FACTOR * SGLANG_RESIZE_FACTOR          # never upscale
+SGLANG_MAX_PIXELS = 16384 * SGLANG_RESIZE_FACTOR * SGLANG_RESIZE_FACTOR  # never downscale
+
+# SGLang's FPS_MAX_FRAMES (qwen_vl.py), and the max_frames --mm-process-config keeps: more frames are re-sampled.
+SGLANG_MAX_FRAMES = 768
+
+# SGLang's default --media-url-max-file-size-mb (64), in bytes: the largest file it downloads by URL.
+SGLANG_URL_CAP = 64 << 20
+# How long a presigned shared-tier URL handed to SGLang stays valid, by default.
+URL_EXPIRY_S = 7 * 24 * 3600
+
+# Measured on an H200: torchcodec 0.17 (SGLang 0.5.23's pin) sends frames NVDEC declines (every lossless
+# RGB stream) through 8-bit YUV444 on the GPU (max error 2); 0.16.0 copies them exactly.
+STOCK_GPU_TORCHCODEC = "0.16.0"
+
+
+def default_mode(family: str) -> str:
+    """Qwen3-VL's faithful (32-grid) frames only survive SGLang through the plugin; the 28-grid
+    families are served exactly by stock SGLang too."""
+    return "plugin" if family == "qwen3_vl" else "stock"
+
+
+def stock_sglang_problems(family: str, grid: int | None, n: int | None = None, h: int | None = None,
+                          w: int | None = None, max_frames: int | None = None) -> list[str]:
+    """Why stock SGLang, configured by ``vidcache sglang-config``, would NOT reproduce frames of
+    ``family`` on the ``grid``-pixel grid (``n`` frames of ``h`` x ``w``, where known); empty: it will.
+
+    Stock SGLang re-samples and re-sizes whatever it decodes; both are identities only when the frozen
+    file has an even count of at most ``max_frames`` frames and every frame is on SGLang's 28 grid (and,
+    for Qwen3-VL, also on the model's 32 grid) within the configured pixel bounds.  ``grid``: the options'
+    resolved ``size_factor`` (None: not known, only the frames' shape is checked).
+    """
+    max_frames = SGLANG_MAX_FRAMES if max_frames is None else max_frames
+    out = []
+    if n is not None and (n > max_frames or n % 2):
+        out.append(f"{n} frames: stock SGLang keeps an even count of at most {max_frames} and would "
+                   f"re-sample them. Fix: max_frames/nframes <= {max_frames}, or mode='plugin'.")
+    need = STOCK_QWEN3_GRID if family == "qwen3_vl" else SGLANG_RESIZE_FACTOR
+    off_grid = (grid is not None and grid % need) or (h is not None and (h % need or w % need))
+    if off_grid:
+        shape = f"{w}x{h} " if h is not None else ""
+        where = f"on the {grid}-pixel grid" if grid is not None else f"not on a {need}-pixel grid"
+        if family == "qwen3_vl":
+            out.append(f"{shape}Qwen3-VL frames {where} (stock SGLang needs a multiple of {STOCK_QWEN3_GRID}): "
+                       f"it resizes them to multiples of {SGLANG_RESIZE_FACTOR} before the model's 32. Fix: mode='plugin' (recommended: it serves "
+                       "these faithful frames as they are), or VideoOptions.for_stock_sglang(...) / "
+                       f"size_factor={STOCK_QWEN3_GRID}, which distorts the aspect ratio (a 16:9 1280x720 clip "
+                       "becomes 1120x448, 2.5:1; see README).")
+        else:
+            out.append(f"{shape}frames {where} (stock SGLang needs a multiple of {need}): it resizes "
+                       f"every video to multiples of {SGLANG_RESIZE_FACTOR}. Fix: size_factor={need}, or mode='plugin'.")
+    if h is not None and not SGLANG_MIN_PIXELS <= h * w <= SGLANG_MAX_PIXELS:
+        out.append(f"{w}x{h} frames are outside stock SGLang's pixel bounds [{SGLANG_MIN_PIXELS}, "
+                   f"{SGLANG_MAX_PIXELS}]. Fix: smaller resized_height/resized_width or max_pixels, "
+                   "or mode='plugin'.")
+    return out

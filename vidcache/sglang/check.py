@@ -1,0 +1,253 @@
+"""``vidcache check-server``: is this live SGLang server going to feed the trainer's inputs?
+
+Uses SGLang's own endpoints only:
+  ``GET /server_info``   ``version``, ``mm_process_config``, ``device`` (the resolved server args);
+  ``GET /model_info``    ``model_type``, ``architectures``, ``tokenizer_path``;
+  ``POST /generate``     a canary video with ``return_prompt_token_ids`` and ``max_new_tokens: 0``.
+
+The canary is a small synthetic clip, cached by vidcache through this node's configuration (so in plugin
+mode the server resolves it through the shared tier, like any training video), and sent exactly as a
+rollout would (``prepare``).  SGLang's expanded ids must equal the trainer's; in plugin mode the canary
+carries an attestation with its rows (``attest="values"``), so a passing canary proves the plugin is
+loaded and that its pixels, grid and ``second_per_grid_ts`` are the trainer's, and a second canary with
+a deliberately wrong attestation must be refused (proof that the plugin checks).
+
+Each failed check is one ``Cause`` naming what differs; parity is established only when there is none.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from ..errors import ParityError
+from ..options import PATCH_SIZE, VideoOptions
+from ..processing import VIDEO_PLACEHOLDER
+from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode)
+from .config import mm_process_config
+from .ref import REF_PREFIX, ref_uri
+from .request import ATTESTATION_MARK, check_prompt_ids, prepare
+
+# SGLang's model_type -> vidcache family (the MoE variant shares Qwen3-VL's processor).
+FAMILY_OF_MODEL_TYPE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl",
+                        "qwen3_vl_moe": "qwen3_vl"}
+CANARY_PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}vidcache canary.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True)
+class Cause:
+    kind: str          # version | config | model | plugin | attestation | ids | torchcodec | server | processor
+    message: str
+
+    def line(self) -> str:
+        return f"FAIL [{self.kind}] {self.message}"
+
+
+@dataclass
+class ServerCheck:
+    url: str
+    family: str | None = None
+    mode: str | None = None
+    version: str | None = None
+    causes: list[Cause] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.causes
+
+    def lines(self) -> list[str]:
+        head = f"{self.url}: SGLang {self.version or '?'}, {self.family or '?'}, {self.mode or '?'} mode"
+        if self.ok:
+            return [f"OK   {head}: parity established ({'; '.join(self.passed)})"]
+        return [f"{head}: parity NOT established"] + [c.line() for c in self.causes]
+
+    def raise_for_causes(self) -> None:
+        if self.causes:
+            raise ParityError("\n".join(self.lines()))
+
+
+def _http(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        try:
+            return e.code, json.loads(body)
+        except ValueError:
+            return e.code, {"error": {"message": body.decode(errors="replace")[:2000]}}
+
+
+def _error_message(body: dict) -> str:
+    err = body.get("error", body)
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err)
+
+
+def canary_options(family: str, mode: str) -> VideoOptions:
+    """Two frames, small enough that the canary's rows travel in its attestation (``attest.VALUES_MAX_BYTES``),
+    on a grid stock SGLang keeps (Qwen3-VL stock: 224)."""
+    side = STOCK_QWEN3_GRID if (family, mode) == ("qwen3_vl", "stock") else 2 * PATCH_SIZE[family] * 2
+    return VideoOptions(family=family, nframes=2, resized_height=side, resized_width=side,
+                        size_factor=STOCK_QWEN3_GRID if (family, mode) == ("qwen3_vl", "stock") else None)
+
+
+def canary_handle(family: str, mode: str, cache=None):
+    """The canary video, made here (deterministic content: the same entry on every run) and cached
+    through this node's configuration (``cache``, default ``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``)."""
+    import numpy as np
+
+    from ..encode import write_video
+    from ..handle import get
+    rng = np.random.default_rng(20261201)
+    frames = rng.integers(0, 256, (8, 96, 96, 3), dtype=np.uint8)      # 2 s at 4 fps: noise exercises every bit
+    with tempfile.TemporaryDirectory(prefix="vidcache-canary-") as d:
+        path = os.path.join(d, "vidcache-canary.mkv")
+        write_video(path, frames, codec="ffv1", rate=Fraction(4), pix_fmt="bgr0")
+        return get(path, canary_options(family, mode), cache)
+
+
+def _load_processor(path: str):
+    from transformers import AutoProcessor
+    return AutoProcessor.from_pretrained(path)
+
+
+def check_server(url: str, family: str | None = None, mode: str | None = None, processor=None,
+                 allow_unverified: str | None = None, server_torchcodec: str | None = None,
+                 cache=None, timeout: float = 120.0) -> ServerCheck:
+    """Run every check against the SGLang server at ``url``; never raises for a failed check (see
+    ``ServerCheck.causes``).  ``processor``: an HF processor or a directory (default: the server's
+    ``tokenizer_path`` when it exists here).  ``allow_unverified``: the exact SGLang version to accept
+    although it is not in ``VERIFIED_SGLANG_VERSIONS``.  ``server_torchcodec``: the torchcodec version
+    installed on a GPU server (stock mode; nothing over HTTP reports it)."""
+    url = url.rstrip("/")
+    res = ServerCheck(url)
+    try:
+        _, info = _http(url + "/server_info", timeout=timeout)
+        _, model = _http(url + "/model_info", timeout=timeout)
+    except (OSError, ValueError) as e:
+        res.causes.append(Cause("server", f"cannot read {url}/server_info and /model_info: {e}"))
+        return res
+
+    # --- version
+    res.version = version = str(info.get("version"))
+    if version in VERIFIED_SGLANG_VERSIONS:
+        res.passed.append(f"version {version} verified")
+    elif allow_unverified is not None and allow_unverified == version:
+        res.passed.append(f"version {version} UNVERIFIED, allowed explicitly")
+    else:
+        res.causes.append(Cause("version", f"SGLang {version} is not verified; vidcache is verified with "
+                                           f"{', '.join(VERIFIED_SGLANG_VERSIONS)} (to run anyway, name it: "
+                                           f"--allow-unverified-sglang {version})"))
+
+    # --- model and family
+    model_type = model.get("model_type")
+    served = FAMILY_OF_MODEL_TYPE.get(model_type)
+    if family is None:
+        family = served
+    if family is None:
+        res.causes.append(Cause("model", f"the server's model_type {model_type!r} is not a Qwen-VL family vidcache "
+                                         f"serves ({', '.join(sorted(FAMILY_OF_MODEL_TYPE))})"))
+        return res
+    if family not in PATCH_SIZE:
+        raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
+    if served is not None and served != family:
+        res.causes.append(Cause("model", f"the server runs {model_type} ({model.get('architectures')}), "
+                                         f"not {family}"))
+    res.family = family
+    res.mode = mode = default_mode(family) if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+
+    # --- mm_process_config
+    want = mm_process_config()
+    got = info.get("mm_process_config")
+    if got != want:
+        res.causes.append(Cause("config", f"mm_process_config differs: the server has "
+                                          f"{json.dumps(got, sort_keys=True)}, `vidcache sglang-config --mode {mode}` "
+                                          f"gives {json.dumps(want, sort_keys=True)}"))
+    else:
+        res.passed.append("mm_process_config matches")
+
+    # --- stock mode on a GPU: the decoder nothing over HTTP reports
+    device = info.get("device")
+    if mode == "stock" and device not in ("cpu",):
+        if server_torchcodec == STOCK_GPU_TORCHCODEC:
+            res.passed.append(f"torchcodec {server_torchcodec} stated for the {device} server")
+        else:
+            res.causes.append(Cause("torchcodec", f"stock mode on a {device or 'GPU'} server decodes frozen frames "
+                                                  f"exactly only with torchcodec=={STOCK_GPU_TORCHCODEC} (SGLang "
+                                                  "0.5.23's pin 0.17.0 decodes them on CUDA with errors up to 2), "
+                                                  "and no endpoint reports it: install it on the server and pass "
+                                                  f"--server-torchcodec {STOCK_GPU_TORCHCODEC}, or use --mode "
+                                                  "plugin (which does not decode)"))
+
+    # --- the canary
+    if processor is None:
+        tok_path = model.get("tokenizer_path")
+        if tok_path and os.path.isdir(tok_path):
+            processor = tok_path
+        else:
+            res.causes.append(Cause("processor", f"the server's processor ({tok_path!r}) is not a directory here: "
+                                                 "pass --processor DIR (the checkpoint's processor) to send the "
+                                                 "canary"))
+            return res
+    if isinstance(processor, (str, os.PathLike)):
+        processor = _load_processor(str(processor))
+    _canary(res, url, processor, family, mode, cache, timeout)
+    return res
+
+
+def _send(url: str, prep, timeout: float) -> tuple[int, dict]:
+    payload = {"input_ids": list(prep.compact_ids), "video_data": list(prep.video_data),
+               "sampling_params": {"max_new_tokens": 0, "temperature": 0}, "return_prompt_token_ids": True}
+    return _http(url + "/generate", payload, timeout)
+
+
+def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache, timeout: float) -> None:
+    h = canary_handle(family, mode, cache)
+    prep = prepare(processor, CANARY_PROMPT, [h], mode=mode, attest="values")
+    status, body = _send(url, prep, timeout)
+    if status != 200:
+        msg = _error_message(body)
+        if ATTESTATION_MARK in msg:
+            res.causes.append(Cause("attestation", msg))
+        elif "vnd.vidcache.ref" in msg and "cannot load vidcache reference" not in msg:
+            res.causes.append(Cause("plugin", "the vidcache plugin is not loaded: SGLang could not decode the "
+                                              "canary's reference (start the server with the env of `vidcache "
+                                              f"sglang-config --mode plugin`). SGLang said: {msg[:300]}"))
+        elif "cannot load vidcache reference" in msg:
+            res.causes.append(Cause("plugin", f"the plugin could not load the canary: {msg[:500]}"))
+        else:
+            res.causes.append(Cause("server", f"the canary request failed with HTTP {status}: {msg[:500]}"))
+        return
+    try:
+        check_prompt_ids(prep.expanded_ids, body)
+        res.passed.append(f"canary ids match ({len(prep.expanded_ids)} tokens)")
+    except ParityError as e:
+        res.causes.append(Cause("ids", f"the canary's expanded ids differ: {e}"))
+    if mode != "plugin":
+        return
+    if res.causes:
+        return
+    res.passed.append("canary attested (pixels, grid, second_per_grid_ts)")
+    # The plugin must refuse a wrong attestation, or a 200 proves nothing about the pixels.
+    rec = json.loads(base64.b64decode(prep.video_data[0][len(REF_PREFIX):]))
+    rec["attest"]["pixel_values_videos"] = "0" * 32
+    rec["attest"].pop("values", None)
+    prep.video_data = [ref_uri(rec["tier"], rec["key"], rec["attest"])]
+    status, body = _send(url, prep, timeout)
+    if status == 200 or ATTESTATION_MARK not in _error_message(body):
+        res.causes.append(Cause("plugin", "the server accepted a canary with a wrong attestation: its vidcache "
+                                          "plugin does not check attestations (an older vidcache on the server?)"))
+    else:
+        res.passed.append("a wrong attestation is refused")

@@ -1,0 +1,100 @@
+"""The plugin-mode reference: what a request names instead of a video, and how the plugin reads it.
+
+``data:application/vnd.vidcache.ref+json;base64,<JSON>`` with
+``{"vidcache_ref": 3, "tier": <cache identity>, "key": <entry key>, "attest": <record>}``:
+it names the cache by identity, never by a path, so the plugin resolves it through its own node's
+configuration.  ``attest`` (``vidcache.attest``) is the trainer's digest of the tensors for this video,
+which the plugin checks against its own processor output; it may be absent (attestation switched off),
+and version-2 references (which never had one) are still read.
+
+Parsing treats the URI as hostile: the size is capped before decoding, the JSON depth is capped (a
+deeply nested document is refused, never a ``RecursionError``), every field is type-checked, and no
+error echoes more than a short prefix of what the request sent.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+from .. import keys
+from ..attest import check_record
+from ..errors import InvalidKeyError
+
+REF_MEDIA_TYPE = "application/vnd.vidcache.ref+json"
+REF_PREFIX = f"data:{REF_MEDIA_TYPE};base64,"
+REF_VERSION = 3
+READ_VERSIONS = (2, 3)               # 2: the same without "attest"
+MAX_REF_CHARS = 256 << 10            # an attested canary with its rows is ~25 KB; a plain reference ~300 bytes
+MAX_DEPTH = 4                        # {"attest": {"video_grid_thw": [...]}} is 3 deep
+_TIER = re.compile(r"[A-Za-z0-9._-]{1,80}")
+
+
+def ref_uri(tier: str, key: str, attest: dict | None = None) -> str:
+    rec = {"vidcache_ref": REF_VERSION, "tier": tier, "key": key}
+    if attest is not None:
+        rec["attest"] = attest
+    return REF_PREFIX + base64.b64encode(json.dumps(rec, sort_keys=True).encode()).decode()
+
+
+def _depth(s: str) -> int:
+    """Deepest bracket nesting of a JSON text, counted without parsing (strings skipped)."""
+    depth = deepest = 0
+    in_str = esc = False
+    for ch in s:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _short(x) -> str:
+    r = repr(x)
+    return r if len(r) <= 60 else r[:60] + "..."
+
+
+def parse_ref(uri: str) -> dict | None:
+    """The reference record in a plugin-mode URI, or None if ``uri`` is not one.
+
+    JSON only, never pickle; never opens a file.  The key is checked against the key format here,
+    before any store is touched.
+    """
+    if not uri.startswith(REF_PREFIX):
+        return None
+    if len(uri) > MAX_REF_CHARS:
+        raise InvalidKeyError(f"vidcache reference of {len(uri)} characters; at most {MAX_REF_CHARS} are read")
+    try:
+        text = base64.b64decode(uri[len(REF_PREFIX):], validate=True).decode()
+        if _depth(text) > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH}")
+        rec = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidKeyError(f"malformed vidcache reference ({e.__class__.__name__}): {uri[:120]}") from None
+    if not isinstance(rec, dict) or rec.get("vidcache_ref") not in READ_VERSIONS:
+        raise InvalidKeyError(f"not a version-{REF_VERSION} vidcache reference: {uri[:120]}")
+    unknown = set(rec) - {"vidcache_ref", "tier", "key", "attest"}
+    if unknown:
+        raise InvalidKeyError(f"vidcache reference with unknown field(s) {_short(sorted(unknown))}")
+    tier = rec.get("tier")
+    if not isinstance(tier, str) or not _TIER.fullmatch(tier):
+        raise InvalidKeyError(f"vidcache reference with a malformed tier identity {_short(tier)}")
+    keys.check_key(rec.get("key"))
+    if rec.get("attest") is not None:
+        try:
+            check_record(rec["attest"])
+        except ValueError as e:
+            raise InvalidKeyError(f"vidcache reference with a malformed attestation: {e}") from None
+    return rec
