@@ -65,14 +65,15 @@ def _why_not_exact(processor, device: torch.device) -> str | None:
     return None
 
 
-def exact_device(processor, device: "str | torch.device | None") -> torch.device:
-    """``device`` when this processor is shown exact there (checked once per config and device), else the CPU."""
+def exact_device(processor, device: "str | torch.device | None", fingerprint: str | None = None) -> torch.device:
+    """``device`` when this processor is shown exact there (checked once per config and device), else the CPU.
+    ``fingerprint``: the processor's ``processor_fingerprint``, when the caller has it already."""
     dev = torch.device("cpu" if device is None else device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     if dev.type == "cpu":
         return dev
-    key = (processor_fingerprint(processor), str(dev))
+    key = (fingerprint or processor_fingerprint(processor), str(dev))
     with _VERDICTS_LOCK:
         if key not in _VERDICTS:
             why = _why_not_exact(processor, dev)
@@ -111,11 +112,9 @@ class PinnedPool:
                     self._free.append(buf)
                 else:
                     self._busy.append((buf, ev))
-            fits = [b for b in self._free if b.numel() >= nbytes]
+            fits = [i for i, b in enumerate(self._free) if b.numel() >= nbytes]
             if fits:
-                buf = min(fits, key=torch.Tensor.numel)
-                self._free.remove(buf)
-                return buf
+                return self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
             while self._free and self._pinned + nbytes > self.max_bytes:   # make room: drop idle buffers
                 self._pinned -= self._free.pop(0).numel()
             if self._pinned + nbytes <= self.max_bytes and torch.cuda.is_available():

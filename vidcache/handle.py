@@ -178,8 +178,9 @@ def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = Tru
                        workers: int = 8) -> "list[dict[str, torch.Tensor]]":
     """:func:`train_inputs` for each group of handles of one micro-batch, in one call.
 
-    Each distinct video is read once (``n_samples_per_prompt`` copies share it), by ``workers`` threads
-    into one pinned buffer, each copied to the device as soon as it is read, so reads overlap copies.
+    Each distinct video is read once (``n_samples_per_prompt`` copies share it) into one pinned buffer,
+    each copied to the device as soon as it is read, so reads overlap copies (``workers``: threads for
+    reads on the CPU path).
     ``batched``: one processor call for all the videos, else one per video; each group's tensors are
     exactly those ``train_inputs`` gives it alone (tested with ``torch.equal``).
     """
@@ -189,12 +190,12 @@ def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = Tru
     from .processing import MEMO, join_videos, process, processor_fingerprint
 
     groups = [list(g) for g in groups]
+    fp = processor_fingerprint(processor)
     target = torch.device("cpu" if device is None else device)
-    run_on = exact_device(processor, target)
+    run_on = exact_device(processor, target, fp)
     if target.type == "cuda":
         target = run_on if run_on.type == "cuda" else torch.device("cuda", target.index if target.index is not None
                                                                   else torch.cuda.current_device())
-    fp = processor_fingerprint(processor)
     videos: dict[tuple[str, str], VideoHandle] = {}    # (cache identity, key): a memo hit never skips
     for g in groups:                                    # the check that this process has the handle's cache
         for h in g:
@@ -218,37 +219,45 @@ def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = Tru
 
 
 def _read_frames(handles, manifests, device, workers: int) -> "list[torch.Tensor]":
-    """Each handle's uint8 frames on ``device``.  For a CUDA device: read by threads into slices of one
-    pinned buffer, each slice copied asynchronously as soon as its read finishes."""
-    from concurrent.futures import ThreadPoolExecutor, as_completed
-
+    """Each handle's uint8 frames on ``device``.  For a CUDA device: each video is copied out of the cache's
+    memory map (zero-copy view; torch's copy runs on all intra-op threads) into its slice of one pinned
+    buffer, and that slice's host-to-device copy is enqueued at once, overlapping the next video's read."""
     import torch
 
     from .device import PINNED
 
-    n = len(handles)
     if device.type == "cpu":
-        if n == 1:
+        if len(handles) == 1:
             return [handles[0].frames()]
-        with ThreadPoolExecutor(min(workers, n)) as pool:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(min(workers, len(handles))) as pool:
             return list(pool.map(lambda h: h.frames(), handles))
     sizes = [m.frames.nbytes for m in manifests]
     buf = PINNED.take(sum(sizes))
-    views, off = [], 0
-    for m, size in zip(manifests, sizes):
-        views.append(buf[off:off + size].view(*m.frames.shape))
-        off += size
-    out: list = [None] * n
+    out, off = [], 0
     try:
-        with ThreadPoolExecutor(min(workers, n)) as pool:
-            futures = {pool.submit(h.frames, views[i]): i for i, h in enumerate(handles)}
-            for f in as_completed(futures):
-                i = futures[f]
-                out[i] = f.result().to(device, non_blocking=True)
+        for h, m, size in zip(handles, manifests, sizes):
+            host = buf[off:off + size].view(*m.frames.shape)
+            off += size
+            _read_into(h, host)
+            out.append(host.to(device, non_blocking=True))
     finally:
         PINNED.give(buf)          # reusable once the copies enqueued from it are done
     return out
 
+
+def _read_into(h: VideoHandle, host: "torch.Tensor") -> None:
+    """``h``'s frames into ``host``: one parallel copy out of the memory map; through ``frames`` (which
+    rebuilds a corrupt or lost entry from its source) when the map cannot serve them."""
+    import warnings
+
+    import torch
+    try:
+        with h.cache.read_frames(h.resolve()) as view, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)     # the view is read-only; it is only read
+            host.copy_(torch.from_numpy(view))
+    except (CorruptEntryError, NotCachedError):
+        h.frames(out=host)
 
 def _rebuild(source, options, tier, key):
     return VideoHandle(source, VideoOptions.from_dict(options), tier, key=key)

@@ -108,8 +108,11 @@ def process(processor, frames: list[torch.Tensor], manifests, mode: str = "plugi
     manifests = list(manifests)
     if not batched and len(frames) > 1:
         return [process(processor, [f], [m], mode)[0] for f, m in zip(frames, manifests)]
-    out = processor(text=[VIDEO_PLACEHOLDER * len(frames)], videos=list(frames),
-                    **processor_kwargs(processor, manifests, mode))
+    kw = processor_kwargs(processor, manifests, mode)
+    try:    # no prompt: expanding and tokenising thousands of <|video_pad|> would be wasted work here
+        out = processor(videos=list(frames), **kw)
+    except (TypeError, ValueError):     # a processor that insists on text
+        out = processor(text=[VIDEO_PLACEHOLDER * len(frames)], videos=list(frames), **kw)
     return split_per_video(model_tensors(out))
 
 
