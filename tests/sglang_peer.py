@@ -119,6 +119,8 @@ def _import_sglang():
                 del os.environ["SGLANG_USE_CPU_ENGINE"]
             else:
                 os.environ["SGLANG_USE_CPU_ENGINE"] = old
+        if ver == "0.5.16":
+            _unpin_on_cpu_hosts()
         # Transparent wrapper around qwen_vl.preprocess_video (looked up as a module global by
         # _process_mm_data_uncached) that records the (frames, metadata) it returns.
         orig = qv.preprocess_video
@@ -136,6 +138,18 @@ def _import_sglang():
             qv.preprocess_video = preprocess_video
         _imported = True
     return qv
+
+
+def _unpin_on_cpu_hosts():
+    """SGLang 0.5.16 pins decoded and resized frames unconditionally (``video_decoder.get_frames_as_tensor``,
+    ``preprocess_video``: ``.pin_memory()``); 0.5.23 skips that on a CPU engine.  Pinning needs a CUDA driver
+    and only moves the same bytes into page-locked memory, so on a host without one the peer makes it the
+    identity (a deliberate CPU-only difference, like the ones listed above).  Where CUDA exists, nothing
+    changes."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    torch.Tensor.pin_memory = lambda self, *a, **k: self
 
 
 @dataclass

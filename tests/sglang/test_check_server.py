@@ -52,3 +52,65 @@ def test_config_and_version_are_named(server):
     assert "0.4.0" in next(c.message for c in res.causes if c.kind == "version")
     assert check_server(server.url, mode="plugin", processor=build_processor(FAMILY),
                         allow_unverified="0.4.0").causes[0].kind == "config"
+
+
+def _stock_server(tmp_path, monkeypatch, **kw):
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.delenv("VIDCACHE_SHARED", raising=False)
+    peer = sp.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"])
+    return sp.PeerServer(peer, mm_process_config=mm_process_config(), **kw)
+
+
+def test_stock_server_passes_in_stock_mode_and_names_the_missing_plugin(tmp_path, monkeypatch):
+    with _stock_server(tmp_path, monkeypatch) as srv:
+        res = check_server(srv.url, mode="stock", processor=build_processor(FAMILY))
+        assert res.ok, res.lines()
+        assert any(p.startswith("canary ids match") for p in res.passed)
+        res = check_server(srv.url, mode="plugin", processor=build_processor(FAMILY))
+        assert [c.kind for c in res.causes] == ["plugin"], res.lines()
+        assert "not loaded" in res.causes[0].message
+
+
+def test_stock_mode_on_a_gpu_server_names_torchcodec(tmp_path, monkeypatch):
+    from vidcache.serving import STOCK_GPU_TORCHCODEC
+    with _stock_server(tmp_path, monkeypatch, device="cuda") as srv:
+        res = check_server(srv.url, mode="stock", processor=build_processor(FAMILY))
+        assert [c.kind for c in res.causes] == ["torchcodec"], res.lines()
+        assert STOCK_GPU_TORCHCODEC in res.causes[0].message
+        assert check_server(srv.url, mode="stock", processor=build_processor(FAMILY),
+                            server_torchcodec=STOCK_GPU_TORCHCODEC).ok
+
+
+def _cli(url, tmp_path, *args):
+    """`python -m vidcache.cli check-server` as a user runs it: the node's two settings, nothing else."""
+    import os
+    import subprocess
+    import sys
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
+    env.update(VIDCACHE_DIR=str(tmp_path / "node"), VIDCACHE_SHARED=str(tmp_path / "shared"))
+    return subprocess.run([sys.executable, "-m", "vidcache.cli", "check-server", url, *args],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_cli_check_server_on_a_fresh_node(tmp_path, monkeypatch):
+    """The canary is cached by the CLI through the node's configuration (a fresh node, a shared tier) and
+    resolved by the plugin inside the server through the same configuration; the processor comes from the
+    server's tokenizer_path."""
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("VIDCACHE_SHARED", str(tmp_path / "shared"))
+    ckpt = tmp_path / "ckpt"
+    build_processor(FAMILY).save_pretrained(ckpt)
+    plugin = importlib.import_module("vidcache.sglang.plugin.qwen_vl").VidcacheQwenVLProcessor
+    peer = sp.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"],
+                         processor_cls=plugin)
+    with sp.PeerServer(peer, tokenizer_path=str(ckpt), mm_process_config=mm_process_config()) as srv:
+        r = _cli(srv.url, tmp_path, "--mode", "plugin")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.startswith("OK ") and "parity established" in r.stdout
+        srv.server_info["version"] = "0.9.99"
+        r = _cli(srv.url, tmp_path, "--mode", "plugin")
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
+        assert fails == [fails[0]] and fails[0].startswith("FAIL [version]") and "0.9.99" in fails[0], r.stdout
+        r = _cli(srv.url, tmp_path, "--mode", "plugin", "--allow-unverified-sglang", "0.9.99")
+        assert r.returncode == 0, r.stdout + r.stderr

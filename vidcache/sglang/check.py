@@ -94,10 +94,11 @@ def _error_message(body: dict) -> str:
 
 
 def canary_options(family: str, mode: str) -> VideoOptions:
-    """Two frames, small enough that the canary's rows travel in its attestation (``attest.VALUES_MAX_BYTES``),
-    on a grid stock SGLang keeps (Qwen3-VL stock: 224)."""
+    """Plugin mode: two frames, small enough that the canary's rows travel in its attestation
+    (``attest.VALUES_MAX_BYTES``).  Stock mode: four (decord cannot open a two-frame frozen NUT file: "broken
+    metadata"), on a grid stock SGLang keeps (Qwen3-VL stock: 224)."""
     side = STOCK_QWEN3_GRID if (family, mode) == ("qwen3_vl", "stock") else 2 * PATCH_SIZE[family] * 2
-    return VideoOptions(family=family, nframes=2, resized_height=side, resized_width=side,
+    return VideoOptions(family=family, nframes=2 if mode == "plugin" else 4, resized_height=side, resized_width=side,
                         size_factor=STOCK_QWEN3_GRID if (family, mode) == ("qwen3_vl", "stock") else None)
 
 
