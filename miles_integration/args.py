@@ -39,6 +39,9 @@ DEFAULTS = {
     "vidcache_video_key": None,         # None: --multimodal-keys' "video" entry, else "videos"
     "vidcache_require_cached": False,
     "vidcache_prepare_cache_size": 16,
+    "vidcache_check_servers": True,
+    "vidcache_allow_unverified_sglang": None,
+    "vidcache_server_torchcodec": None,
     **{"vidcache_" + n: None for n in OPTION_NAMES},
 }
 
@@ -73,6 +76,14 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                    help="fail at data-source init if a video is not prewarmed (default: build on first use)")
     g.add_argument("--vidcache-prepare-cache-size", type=int, default=DEFAULTS["vidcache_prepare_cache_size"],
                    help="prepared prompts kept per rollout process, so a group's n samples share one processor run")
+    g.add_argument("--vidcache-check-servers", action=argparse.BooleanOptionalAction,
+                   default=DEFAULTS["vidcache_check_servers"],
+                   help="before the first rollout, run `vidcache check-server` against every SGLang server and "
+                        "stop on any cause (default: on)")
+    g.add_argument("--vidcache-allow-unverified-sglang", default=None, metavar="VERSION",
+                   help="accept this exact SGLang version although vidcache is not verified with it")
+    g.add_argument("--vidcache-server-torchcodec", default=None, metavar="VERSION",
+                   help="stock mode on GPU servers: the torchcodec version installed there")
     return parser
 
 

@@ -43,6 +43,7 @@ from vidcache.sglang.request import check_prompt_ids
 
 from .args import VidcacheConfig, add_vidcache_arguments
 from .meta import has_video, handles_from_metadata, request_state, set_request_state
+from .server_check import ensure_servers_checked
 from .train_hooks import handle_train_inputs
 
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="vidcache-prepare")
@@ -134,6 +135,7 @@ async def generate(input: GenerateFnInput) -> GenerateFnOutput:
     args, sample, sampling_params = input.args, input.sample, input.sampling_params
     assert sample.status in {Sample.Status.PENDING, Sample.Status.ABORTED}, f"{sample.status=}"
     cfg = VidcacheConfig.from_args(args)
+    await ensure_servers_checked(args, input.state.processor, cfg)     # once per process, before the first video
 
     if len(sample.response) > 0:                      # partial-rollout resume: no processor run
         st = request_state(sample.metadata)
@@ -173,6 +175,7 @@ async def generate_multi_turn(input: GenerateFnInput) -> GenerateFnOutput:
     sample = deepcopy(input.sample)
     assert not args.partial_rollout, "Partial rollout is not supported"
     cfg = VidcacheConfig.from_args(args)
+    await ensure_servers_checked(args, input.state.processor, cfg)
     execute_tool_function = load_function(args.generate_execute_tool_function_path)
     tool_specs = load_function(args.generate_tool_specs_path)
     tool_call_parser = create_tool_call_parser(tool_specs, args.generate_tool_call_parser)

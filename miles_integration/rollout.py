@@ -28,6 +28,7 @@ from miles.utils.http_utils import post
 from miles.utils.types import Sample
 
 from .args import VidcacheConfig, add_vidcache_arguments
+from .server_check import ensure_servers_checked
 from .generate import check_divergence
 from .meta import has_video, request_state
 
@@ -98,6 +99,8 @@ class VidcacheRolloutFn(InferenceRolloutFn):
         self.config = VidcacheConfig.from_args(input.args)
 
     async def _call_train(self, input: RolloutFnTrainInput):
+        # Before the first rollout: every SGLang server must reproduce the trainer's inputs (check-server).
+        await ensure_servers_checked(self.outer_args, self.state.processor, self.config)
         output = await super()._call_train(input)
         args = self.outer_args
         if getattr(args, "recompute_logprobs_via_prefill", False):
@@ -112,6 +115,7 @@ class VidcacheRolloutFn(InferenceRolloutFn):
 
         from .data_source import VidcacheDataset
 
+        await ensure_servers_checked(self.outer_args, self.state.processor, self.config)
         saved = ev.Dataset                 # scoped: other rollout functions in this process keep Miles' Dataset
         ev.Dataset = functools.partial(VidcacheDataset, config=self.config)
         try:

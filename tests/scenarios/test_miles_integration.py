@@ -51,6 +51,7 @@ from miles.utils.async_utils import run  # noqa: E402
 from miles.utils.http_utils import find_available_port  # noqa: E402
 from miles.utils.misc import function_registry, load_function  # noqa: E402
 from miles.utils.types import Sample  # noqa: E402
+from starlette.requests import Request  # noqa: E402  (module level: FastAPI resolves route annotations here)
 from miles_smoke_example import make_miles_args, make_mock_server_cls  # noqa: E402
 from toy_processors import build_processor  # noqa: E402
 
@@ -58,6 +59,7 @@ import vidcache  # noqa: E402
 from miles_integration.args import VidcacheConfig  # noqa: E402
 from miles_integration.data_source import VidcacheDataSource, VidcacheDataset  # noqa: E402
 from miles_integration.generate import generate, generate_multi_turn  # noqa: E402
+from miles_integration.server_check import ensure_servers_checked  # noqa: E402
 from miles_integration.meta import KEY, handles_from_metadata, request_state  # noqa: E402
 from miles_integration.rollout import VidcacheRolloutFn  # noqa: E402
 from miles_integration.train_hooks import HANDLE_KEY, HydratingIterator, decode_handles  # noqa: E402
@@ -113,15 +115,43 @@ class SGLangStandIn(make_mock_server_cls()):
         self.tamper: str | None = None        # "ids" | "length": corrupt the prompt report (divergence guard)
         self.reply = lambda text: "The square is \\boxed{red}."
         self._pool = concurrent.futures.ThreadPoolExecutor(1)   # run_peer uses asyncio.run: not on uvicorn's loop
+        self.ckpt = kw.get("model_name")                          # /model_info's tokenizer_path
         super().__init__(*a, process_fn=lambda s: None, **kw)
 
     def _setup_routes(self):
+        import importlib.metadata as md
+
         from fastapi.responses import JSONResponse
 
         @self.app.post("/flush_cache")
         async def flush_cache():
             self.flushes += 1
             return JSONResponse(content={"status": "ok"})
+
+        # SGLang's own endpoints that `vidcache check-server` reads (registered first: they win over the mock's).
+        self.server_info = {"version": md.version("sglang"), "mm_process_config": mm_process_config(),
+                            "device": "cpu"}
+
+        @self.app.get("/server_info")
+        async def server_info():
+            return JSONResponse(content=self.server_info)
+
+        @self.app.get("/model_info")
+        async def model_info():
+            return JSONResponse(content={"model_type": FAMILY, "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+                                         "tokenizer_path": self.ckpt, "is_generation": True})
+
+        @self.app.get("/list_workers")
+        async def list_workers():
+            return JSONResponse(content={"urls": [self.url]})
+
+        @self.app.post("/generate")
+        async def generate(request: Request):
+            payload = await request.json()
+            try:
+                return JSONResponse(content=self._compute_generate_response(payload))
+            except ValueError as e:             # SGLang: a processor ValueError is the client's error (400)
+                return JSONResponse(status_code=400, content={"error": {"message": str(e)}})
 
         super()._setup_routes()
 
@@ -143,7 +173,7 @@ class SGLangStandIn(make_mock_server_cls()):
         elif self.tamper == "length":
             resp.pop("prompt_token_ids", None)
             meta["prompt_tokens"] = len(expanded) + 1
-        if sp.get("max_new_tokens") == 0:                      # prefill scoring
+        if sp.get("max_new_tokens") == 0 and "logprob_start_len" in payload:      # prefill scoring
             start = payload["logprob_start_len"]
             meta["input_token_logprobs"] = [(None if p == start else prefill_logprob(p, expanded[p]), expanded[p], None)
                                             for p in range(start, len(expanded))]
@@ -219,6 +249,9 @@ def env(tmp_path_factory):
 
     base = args()
     http_utils.init_http_client(base)
+    # What a run does before its first rollout (check-server against every worker); done here, once, so the
+    # canary's one decode does not count in the tests below.
+    run(ensure_servers_checked(base, GenerateState(base).processor))
     with function_registry.temporary("vidcache_test.reward", reward), \
             function_registry.temporary("vidcache_test.tool_specs", TOOL_SPECS), \
             function_registry.temporary("vidcache_test.execute_tool", execute_tool):
@@ -449,6 +482,33 @@ def test_divergence_guard(env):
     finally:
         srv.tamper = None
     s = call_generate(env, fresh_sample(env, 0))
+    assert s.status == Sample.Status.COMPLETED
+
+
+def test_a_server_with_another_config_stops_the_first_rollout(env, monkeypatch):
+    """check-server runs against every worker the router lists before the first rollout: a server started
+    with another mm_process_config, or an unverified SGLang, stops the run with the CLI's lines, and no
+    rollout request reaches it."""
+    import miles_integration.server_check as sc
+    monkeypatch.setattr(sc, "_DONE", {})
+    monkeypatch.setitem(env.server.server_info, "mm_process_config", {"video": {"fps": 2.0}})
+    monkeypatch.setitem(env.server.server_info, "version", "0.5.1")
+    env.server.log.clear()
+    args = env.args(rollout_batch_size=2, over_sampling_batch_size=2, n_samples_per_prompt=1)
+    fn = VidcacheRolloutFn(RolloutFnConstructorInput(args=args, data_source=VidcacheDataSource(args)))
+    with pytest.raises(ParityError) as ei:
+        run(fn(RolloutFnTrainInput(rollout_id=0)))
+    lines = str(ei.value).splitlines()
+    assert env.server.url in lines[0] and "parity NOT established" in lines[0]
+    assert any(ln.startswith("FAIL [config]") and '"fps": 2.0' in ln for ln in lines), lines
+    assert any(ln.startswith("FAIL [version]") and "0.5.1" in ln for ln in lines), lines
+    canary_only = [r["payload"]["sampling_params"]["max_new_tokens"] for r in env.server.log]
+    assert canary_only == [0]                       # the check's canary; no rollout request reached the server
+    with pytest.raises(ParityError):                # the verdict holds for the process: no rollout slips through
+        call_generate(env, fresh_sample(env, 0, args), state=GenerateState(args))
+    assert len(env.server.log) == 1
+    args.vidcache_check_servers = False             # --no-vidcache-check-servers: the operator's explicit choice
+    s = call_generate(env, fresh_sample(env, 0, args), state=GenerateState(args))
     assert s.status == Sample.Status.COMPLETED
 
 
@@ -735,7 +795,10 @@ def test_plugin_mode_matches_the_sglang_plugin(env, monkeypatch):
     # a reference (a data: URI naming the cache by identity and the entry by key), not a frozen file
     h = handles_from_metadata(s.metadata)[0]
     refs = [parse_ref(u) for u in st["video_data"]]
-    assert refs == [{"vidcache_ref": 2, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False)}]
+    # ... carrying the attestation of exactly the tensors the trainer gets (vidcache.attest, checked by the plugin)
+    from vidcache.attest import attest
+    assert refs == [{"vidcache_ref": 3, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False),
+                     "attest": attest(s.multimodal_train_inputs)[0]}]
     assert refs[0]["tier"] == h.tier
     assert_matches_sglang(s, srv.log[-1])
     sfps = h.metadata["sample_fps"]

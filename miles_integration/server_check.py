@@ -1,0 +1,67 @@
+"""Before the first rollout: ``vidcache check-server`` against every SGLang server of the run.
+
+The same check as the CLI (``vidcache.sglang.check.check_server``: version, ``mm_process_config``, plugin,
+canary ids, attestation, torchcodec), run once per process against each worker the router lists
+(Miles' own ``get_worker_urls``), or against the router's address where it lists none.  A failure stops
+the run at its first rollout with the CLI's lines (``vidcache.ParityError``), before any sample is
+generated; ``--no-vidcache-check-servers`` switches it off.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+from vidcache.errors import ParityError
+
+from .args import VidcacheConfig, _get
+
+logger = logging.getLogger(__name__)
+_DONE: dict[tuple, list[str] | None] = {}      # (urls, family, mode) -> None (passed) or the failure lines
+_LOCK = threading.Lock()                        # the check runs in worker threads; one at a time
+
+
+async def server_urls(args) -> list[str]:
+    router = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+    try:
+        from miles.rollout.inference_rollout.inference_rollout_train import get_worker_urls
+        urls = await get_worker_urls(args)
+    except Exception as e:  # noqa: BLE001 -- any router without a worker list: check through the router itself
+        logger.info("vidcache: the router at %s lists no workers (%s); checking the router's address", router, e)
+        urls = []
+    return list(urls) or [router]
+
+
+async def ensure_servers_checked(args, processor, cfg: VidcacheConfig | None = None) -> None:
+    """Run the check once per process (per server set and mode); raise ``ParityError`` on any cause."""
+    if not _get(args, "vidcache_check_servers"):
+        return
+    cfg = cfg or VidcacheConfig.from_args(args)
+    urls = tuple(await server_urls(args))
+    failed = await asyncio.to_thread(_checked, urls, processor, cfg, args)
+    if failed:
+        raise ParityError("\n".join(failed))
+
+
+def _checked(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
+    k = (urls, cfg.options.family, cfg.mode)
+    with _LOCK:
+        if k not in _DONE:
+            _DONE[k] = _check_all(urls, processor, cfg, args)
+        return _DONE[k]
+
+
+def _check_all(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
+    from vidcache.sglang.check import check_server
+    if processor is None:
+        return [f"FAIL [processor] --hf-checkpoint has no processor: vidcache cannot send {urls[0]} a canary"]
+    cache = cfg.open_cache()
+    failed = []
+    for url in urls:
+        res = check_server(url, cfg.options.family, cfg.mode, processor,
+                           allow_unverified=_get(args, "vidcache_allow_unverified_sglang"),
+                           server_torchcodec=_get(args, "vidcache_server_torchcodec"), cache=cache)
+        logger.info("vidcache: %s", "\n".join(res.lines()))
+        if not res.ok:
+            failed += res.lines()
+    return failed or None
