@@ -38,7 +38,9 @@ def test_stats_inspect_and_contact_sheet(tmp_path, videos, capsys):
     assert img.size[0] > 0 and len(set(img.convert("L").getdata())) > 10      # real pixels, not blank
     assert cli(["inspect", meta["key"], "--cache", c]) == 0                       # by key as well
     assert json.loads(capsys.readouterr().out.strip())["key"] == meta["key"]
-    assert cli(["inspect", videos["h264_ntsc"], "--cache", c]) == 1               # other options: not cached
+    assert cli(["inspect", videos["h264_ntsc"], "--cache", c]) == 1               # other options: not cached...
+    assert "it is cached under: --family qwen3_vl\n" in capsys.readouterr().err      # ...but under these
+    assert cli(["inspect", str(ds), "--cache", c]) == 1                             # never prewarmed
     assert "prewarm it first" in capsys.readouterr().err
 
 
@@ -170,5 +172,5 @@ def test_errors_are_one_line_with_their_kind(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("VIDCACHE_DEBUG", raising=False)
     assert cli(["verify", "--shared", str(tmp_path / "s"), "--cache", str(tmp_path / "none")]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("vidcache: error: [config]") and "Traceback" not in err
-    assert not os.path.exists(tmp_path / "s")
+    assert err.startswith("vidcache: error: [store]") and "not an initialised" in err and "Traceback" not in err
+    assert not os.path.exists(tmp_path / "s") and not os.path.exists(tmp_path / "none")

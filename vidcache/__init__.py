@@ -12,9 +12,11 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)
   handle, dataset                 lazy references above the cache; handles hand their frames down
   sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
-  prewarm, cli                    the jobs
+  prewarm, cli, doctor            the jobs
 """
 from importlib import import_module
+
+__version__ = "0.1.0"       # pyproject.toml reads it from here
 
 _EXPORTS = {
     "VideoCache": "vidcache.cache", "open_cache": "vidcache.cache", "node_cache": "vidcache.cache",
@@ -24,6 +26,7 @@ _EXPORTS = {
     "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
     "train_inputs": "vidcache.handle",
     "train_inputs_batch": "vidcache.handle", "LazyVideoDataset": "vidcache.dataset",
+    "prewarm": "vidcache.prewarm", "PrewarmSummary": "vidcache.prewarm",
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",
 }
 __all__ = sorted(_EXPORTS)

@@ -16,22 +16,27 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from . import keys
 from .config import CacheConfig, local_identity, shared_identity
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      StoreError, VidcacheError)
-from .loader.build import decode_sample_resize
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir, tmp_bytes
-from .loader.resize import aspect_distortion
 from .manifest import Manifest, build_manifest
 from .options import VideoOptions
 from .store.base import Store
+
+if TYPE_CHECKING:
+    import torch
+
+# torch (and the decoders, via loader.build / loader.resize) are imported where frames are built or
+# copied out, not here: commands that only read manifests (stats, ls, verify, inspect, sglang-config,
+# evict, gc, doctor) then start in a fraction of torch's import time.
 
 cache_key = keys.cache_key   # re-exported: part of the public API
 
@@ -83,8 +88,11 @@ class VideoCache:
         self.store: Store = self.config.build_store(check=self._check_pulled)
         self._identity: str | None = None
         self._lock = threading.Lock()
-        if self.config.store is None and not self.read_only and not self.config.shared:
-            self.identity          # a local cache is named once, at creation (nothing else writes the name)
+        if self.config.store is None and not self.read_only:
+            # Named before anything is written: a local cache once, at creation; a new shared tier by the
+            # first writer that opens it (race-safe, config.shared_identity), so no object ever sits in a
+            # tier without its identity.
+            self.identity
 
     def _check_pulled(self, key: str, value) -> None:
         """Check bytes pulled from the shared tier; a blob that passes counts as verified in this process."""
@@ -185,6 +193,8 @@ class VideoCache:
             key = keys.cache_key(d, options)
             if (m := self.sound_manifest(key)) is not None:
                 return EnsureResult(key, "hit", m.frames.nbytes)
+        from .loader.build import decode_sample_resize
+        from .loader.resize import aspect_distortion
         fetched = fetch(source, self.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
         try:
             key = keys.cache_key(fetched.digest, options)
@@ -313,6 +323,7 @@ class VideoCache:
 
     def frames(self, key: str, manifest: Manifest | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given)."""
+        import torch
         m = manifest or self.require_manifest(key)
         shape = list(m.frames.shape)
         if out is None:
@@ -424,29 +435,67 @@ class VideoCache:
                     return VideoOptions.from_dict(json.loads(raw)["options"])
         return None
 
-    def evict(self, key: str) -> bool:
-        """Drop an entry (manifest and blob) from every tier.  True if anything was removed."""
+    # --- eviction, listing, stats ------------------------------------------------------
+    @staticmethod
+    def _blob_of(raw) -> str | None:
+        try:
+            return json.loads(raw)["frames"]["blob"]
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def _blobs_in_use(self, tier: Store, but: str) -> set[str]:
+        """Blobs that manifests in ``tier`` other than entry ``but`` reference (the same frames under
+        other options share one blob: deleting it would break those entries too)."""
+        used = set()
+        for k in tier.keys(keys.AC):
+            if k != keys.ac(but) and (b := self._blob_of(tier.get(k))) is not None:
+                used.add(b)
+        return used
+
+    def evict(self, key: str, shared: bool = False) -> bool:
+        """Drop an entry from this node: its manifest, its blob unless another entry shares it, and its
+        frozen files.  ``shared=True`` drops it from the cluster's shared tier as well, so every node loses
+        it (the CLI asks first).  True if anything was removed."""
         keys.check_key(key)
+        if shared and self.shared is None:
+            raise ConfigError(f"{self!r} has no shared tier to evict from")
+        tiers = [self.local] + ([self.shared] if shared else [])
         removed = False
-        for _, tier in self._tiers():
-            raw = tier.get(keys.ac(key))
+        for tier in tiers:
             doomed = [keys.ac(key)]
-            if raw is not None:
-                with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                    doomed.append(keys.cas(json.loads(raw)["frames"]["blob"]))
+            blob = self._blob_of(tier.get(keys.ac(key)))
+            if blob is not None and blob not in self._blobs_in_use(tier, key):
+                doomed.append(keys.cas(blob))
+            doomed += [k for k in tier.keys(keys.FROZEN + key)]
             for k in doomed:
                 if tier.exists_many([k])[0]:
                     tier.delete(k)
+                    removed = True
+        frozen_dir = os.path.join(self.path, "frozen")          # this node's frozen-file copies
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(frozen_dir):
+                if name.startswith(key):
+                    os.unlink(os.path.join(frozen_dir, name))
                     removed = True
         self._manifests.pop(key, None)
         return removed
 
     def gc(self, max_local_bytes: int | None = None) -> dict:
-        """Evict least-recently-used local entries down to the budget; the shared tier is never touched."""
+        """Evict least-recently-used local entries down to the budget; the shared tier is never touched.
+        Without a shared tier, manifests whose blob went are dropped too (no entry is left half there)."""
         budget = max_local_bytes if max_local_bytes is not None else self.config.max_local_bytes
         if budget is None:
             raise ValueError("no budget: pass max_local_bytes or configure the cache with one")
-        return self.local.gc(budget)
+        before = sum(1 for _ in self.local.keys(keys.AC))
+        out = self.local.gc(budget)
+        if self.shared is None and out.get("evicted"):
+            for k in list(self.local.keys(keys.AC)):
+                blob = self._blob_of(self.local.get(k))
+                if blob is None or not self.local.exists_many([keys.cas(blob)])[0]:
+                    self.local.delete(k)
+            self._manifests.clear()
+        out["entries_evicted"] = before - sum(1 for _ in self.local.keys(keys.AC))
+        return out
 
     def entries(self) -> list[str]:
         out = []
@@ -455,12 +504,67 @@ class VideoCache:
                 out.append(keys.entry_key(k))
         return out
 
+    def sources_by_digest(self) -> dict[str, list[str]]:
+        """Source digest -> the sources recorded for it (``src/`` records of every tier)."""
+        out: dict[str, list[str]] = {}
+        for k in self.store.keys(keys.SRC):
+            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
+                rec = json.loads(self.store.get(k))
+                out.setdefault(rec["digest"], []).append(rec["source"])
+        return out
+
+    def listing(self) -> list[dict]:
+        """One record per entry: sources, family, T x H x W, tokens, bytes, and the tiers that hold it."""
+        local = set(self.local.keys(keys.AC))
+        shared = set(self.shared.keys(keys.AC)) if self.shared is not None else set()
+        srcs = self.sources_by_digest()
+        out = []
+        for sk in sorted(local | shared):
+            try:
+                key = keys.entry_key(sk)
+                m = self.manifest(key)
+            except VidcacheError:
+                m = None
+            if m is None:
+                continue
+            t, _, h, w = m.frames.shape
+            out.append({"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
+                        "frames": t, "height": h, "width": w, "tokens": m.tokens.video_pad_tokens,
+                        "bytes": m.frames.nbytes,
+                        "tiers": [n for n, ks in (("local", local), ("shared", shared)) if sk in ks]})
+        return out
+
+    def options_cached_for(self, source: str) -> list[dict]:
+        """The options under which ``source`` is cached (by its recorded digest), for a helpful miss."""
+        d = self.known_digest(source)
+        if d is None:
+            return []
+        prefix = f"{d.hash}.{d.size_bytes}."
+        found = []
+        for key in self.entries():
+            if key.startswith(prefix) and (m := self.manifest(key)) is not None:
+                found.append({k: v for k, v in m.video_options().to_dict().items()})
+        return found
+
     def stats(self) -> dict:
-        count = lambda ns: sum(1 for _ in self.store.keys(ns))   # noqa: E731
-        return {"path": self.path, "identity": self.identity, "shared": self.config.shared,
-                "entries": count(keys.AC), "blobs": count(keys.CAS), "sources": count(keys.SRC),
-                "frozen_files": count(keys.FROZEN), "quarantined": count(keys.QUARANTINE),
-                "tmp_bytes": tmp_bytes(self.tmp_dir), "store": self.store.stats()}
+        count = lambda store, ns: sum(1 for _ in store.keys(ns))   # noqa: E731
+        out = {"path": self.path, "identity": self.identity,
+               "entries": count(self.store, keys.AC), "blobs": count(self.store, keys.CAS),
+               "sources": count(self.store, keys.SRC), "frozen_files": count(self.store, keys.FROZEN),
+               "quarantined": count(self.store, keys.QUARANTINE), "tmp_bytes": tmp_bytes(self.tmp_dir),
+               "local": {"entries": count(self.local, keys.AC), "blobs": count(self.local, keys.CAS)},
+               "shared": None, "store": self.store.stats()}
+        if self.shared is not None:
+            if hasattr(self.shared, "usage"):          # one listing of the tier (S3: one paged LIST)
+                u = self.shared.usage()
+                n = u.pop("objects")
+            else:
+                u, n = {}, {ns.rstrip("/"): count(self.shared, ns) for ns in (keys.AC, keys.CAS, keys.FROZEN,
+                                                                              keys.QUARANTINE)}
+            out["shared"] = {"url": self.config.shared, "entries": n.get("ac", 0), "blobs": n.get("cas", 0),
+                             "sources": n.get("src", 0), "frozen_files": n.get("frozen", 0),
+                             "quarantined": n.get("quarantine", 0), **u}
+        return out
 
 
 # --- the caches of this process, by identity ------------------------------------------

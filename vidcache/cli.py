@@ -1,28 +1,68 @@
-"""The ``vidcache`` command: prewarm, stats, inspect, sglang-config, demo.
+"""The ``vidcache`` command: prewarm, ls, stats, verify, inspect, evict, gc, sglang-config, doctor, ...
 
-The only module that reads environment variables or draws progress bars.
+The only module that reads environment variables or draws progress bars.  It imports lazily: commands that
+only read manifests (``--help``, ``stats``, ``ls``, ``verify``, ``inspect``, ``sglang-config``, ``evict``,
+``gc``, ``doctor``) never import torch, so they answer in a fraction of torch's import time
+(benchmarks/cli_speed.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import sys
 
 EXAMPLES = """examples:
   vidcache demo --dir demo && vidcache prewarm demo/dataset.jsonl --cache demo/cache --workers 2
+  VIDCACHE_DIR=/local/vidcache VIDCACHE_SHARED=s3://bucket/vidcache vidcache prewarm train.jsonl --ray
+  vidcache ls && vidcache stats && vidcache doctor
   vidcache prewarm train.jsonl --family qwen2_5_vl --fps 2 --max-pixels 200704 --failures failures.jsonl
   vidcache inspect clip.mp4 --family qwen3_vl --contact-sheet clip.png
   vidcache sglang-config --family qwen2_5_vl --mode plugin
 """
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Every flag's help ends with its default (unless the help already states it)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if (action.default not in (None, False, argparse.SUPPRESS) and "default" not in h
+                and action.option_strings):
+            h += f" (default: {action.default})"
+        return h
+
+
 def _add_option_flags(p: argparse.ArgumentParser) -> None:
-    from .options import PATCH_SIZE, VideoOptions
+    # One place for the video options' help and defaults: vidcache.options (Miles' flags use it too).
+    from .options import OPTION_HELP, PATCH_SIZE, VideoOptions
     g = p.add_argument_group("video options (qwen-vl-utils semantics; defaults resolved explicitly)")
-    g.add_argument("--family", default="qwen2_5_vl", choices=sorted(PATCH_SIZE))
+    g.add_argument("--family", default="qwen2_5_vl", choices=sorted(PATCH_SIZE), help=OPTION_HELP["family"])
     for name, typ in VideoOptions.flag_fields():
-        g.add_argument("--" + name.replace("_", "-"), type=typ, dest=name)
+        g.add_argument("--" + name.replace("_", "-"), type=typ, dest=name, help=OPTION_HELP.get(name))
+
+
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+          "T": 10**12, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``20GB`` (10**9), ``1.5TiB`` (2**40), ``500M`` or plain bytes -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).upper() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 20GB, 500MiB, 1073741824)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def source_arg(text: str) -> str:
+    """A source as prewarm records it: local paths absolute and normalised (``./a.mp4``, ``a.mp4`` and
+    ``file:///abs/a.mp4`` name one file); URLs as given."""
+    if text[:7].lower() == "file://":
+        text = text[7:]
+    elif "://" in text:
+        return text
+    return os.path.normpath(os.path.abspath(os.path.expanduser(text)))
 
 
 def _options(args):
@@ -38,38 +78,93 @@ def _add_cache_flags(p: argparse.ArgumentParser) -> None:
                                                    "(default: $VIDCACHE_SHARED, else what the directory recorded)")
 
 
-def _cache(args, read_only: bool = False, **settings):
-    from .cache import VideoCache
+def _node_dir(args) -> str:
     from .config import default_cache_dir
-    path = os.path.abspath(os.path.expanduser(args.cache or default_cache_dir()))
-    if read_only and not os.path.exists(os.path.join(path, "lmdb", "data.mdb")):
+    return os.path.abspath(os.path.expanduser(args.cache or default_cache_dir()))
+
+
+def _has_local(path: str) -> bool:
+    return os.path.exists(os.path.join(path, "lmdb", "data.mdb"))
+
+
+def _shared_url(args, path: str) -> str | None:
+    from .config import ENV_SHARED, read_node_file
+    s = getattr(args, "shared", None)
+    return (s if isinstance(s, str) else None) or os.environ.get(ENV_SHARED) or read_node_file(path).get("shared")
+
+
+def _cache(args, read_only: bool = False, **settings):
+    """The node's cache.  Read-only on a fresh node (no local directory yet) with a shared tier: the
+    shared tier behind an empty local tier, and nothing is created on the node."""
+    from .cache import VideoCache
+    path = _node_dir(args)
+    if read_only and not _has_local(path) and not _shared_url(args, path):
         from .errors import ConfigError
-        raise ConfigError(f"no vidcache cache at {path} (nothing was created there)")
-    return VideoCache(path, shared=getattr(args, "shared", None), read_only=read_only,
-                      decoder=getattr(args, "decoder", "decord"), **settings)
+        raise ConfigError(f"no vidcache cache at {path} and no shared tier (set VIDCACHE_SHARED or pass --shared "
+                          "URL); nothing was created there")
+    shared = getattr(args, "shared", None)
+    cache = VideoCache(path, shared=shared if isinstance(shared, str) else None, read_only=read_only,
+                       decoder=getattr(args, "decoder", "decord"), **settings)
+    if read_only and cache.shared is not None:
+        cache.identity        # a tier that is not one (a typo, a lost meta/tier) is named now, not as "0 entries"
+    return cache
+
+
+def _multimodal_keys(text: str | None) -> dict:
+    from .errors import ConfigError
+    if not text:
+        return {"video": "videos"}
+    try:
+        keys = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"--multimodal-keys is not JSON ({e}); expected e.g. '{{\"video\": \"videos\"}}'") from None
+    if not isinstance(keys, dict) or not all(isinstance(v, str) for v in keys.values()):
+        raise ConfigError(f"--multimodal-keys must be a JSON object of strings, e.g. '{{\"video\": \"videos\"}}', "
+                          f"got {text[:80]!r}")
+    return keys
+
+
+def _where(rec: dict) -> str:
+    return f"row {rec['row']}" + (f" (line {rec['line']})" if rec.get("line") is not None else "")
 
 
 def cmd_prewarm(args) -> int:
+    from .errors import BackendUnavailableError, ConfigError
     from .loader.fetch import FetchLimits
-    from .prewarm import default_worker_memory, prewarm
+    from .prewarm import check_failures_path, default_failures_path, default_worker_memory, prewarm
 
-    keys = json.loads(args.multimodal_keys) if args.multimodal_keys else {"video": "videos"}
+    # Every mistake the user can make is refused before any work is done, and creates nothing.
+    if not os.path.isfile(args.dataset):
+        raise ConfigError(f"dataset not found: {args.dataset}" if not os.path.exists(args.dataset)
+                          else f"dataset is not a file: {args.dataset}")
+    keys = _multimodal_keys(args.multimodal_keys)
+    if args.ray:
+        import importlib.util
+        if importlib.util.find_spec("ray") is None:
+            raise BackendUnavailableError("--ray needs Ray, which is not installed here: "
+                                          "pip install 'vidcache[ray]'")
+    failures = os.path.abspath(args.failures) if args.failures else default_failures_path(args.dataset)
+    check_failures_path(failures)
+    options = _options(args)
     cache = _cache(args, limits=FetchLimits(max_bytes=int(args.max_source_mb * 2**20), timeout_s=args.fetch_timeout),
                    max_local_bytes=args.max_local_bytes)
-    options = _options(args)
+    ident = cache.identity            # a new shared tier gets its identity now, before any work (race-safe)
+    print(f"prewarm: cache {ident}" + (f" (shared tier {cache.config.shared})" if cache.config.shared else
+                                      f" (node-local: {cache.path})"), file=sys.stderr)
     print(f"prewarm: {_path_note(options)}", file=sys.stderr)
-    failures = args.failures or os.path.splitext(os.path.abspath(args.dataset))[0] + ".failures.jsonl"
     memory = int(args.max_worker_memory_mb * 2**20) if args.max_worker_memory_mb else default_worker_memory(
         args.workers)
+    bar = args.progress or (not args.no_progress and sys.stderr.isatty())
     s = prewarm(args.dataset, cache, options, workers=args.workers, timeout_s=args.timeout, failures_path=failures,
-                input_key=args.input_key, max_worker_memory=memory,
-                progress=not args.no_progress and sys.stderr.isatty() or args.progress,
-                video_key=keys.get("video", "videos"), ray=args.ray, ray_address=args.ray_address)
+                input_key=args.input_key, max_worker_memory=memory, progress=bar,
+                log_every_s=None if (bar or args.no_progress) else args.log_interval,
+                video_key=keys.get("video", "videos"), ray=args.ray, ray_address=args.ray_address,
+                ray_logs=args.ray_logs)
     print(s.line())
     if s.failed:
         print(f"failures: {failures}")
         for f in s.failures[:5]:
-            print(f"  row {f['row']}: [{f['kind']}] {f['error']}")
+            print(f"  {_where(f)}: [{f['kind']}] {f['error']}")
     return 0 if (s.failed == 0 or args.allow_failures) else 1
 
 
@@ -125,15 +220,61 @@ def cmd_verify(args) -> int:
 
 
 def cmd_evict(args) -> int:
-    cache = _cache(args)
+    from . import keys as k
     for key in args.keys:
-        print(f"{'evicted' if cache.evict(key) else 'absent '} {key}")
+        k.check_key(key)
+    path = _node_dir(args)
+    if not args.shared and not _has_local(path):
+        for key in args.keys:            # a fresh node holds nothing: nothing to evict, nothing created
+            print(f"absent  {key}")
+        return 0
+    cache = _cache(args)
+    if args.shared:
+        from .errors import ConfigError
+        if cache.shared is None:
+            raise ConfigError("--shared: this cache has no shared tier (set VIDCACHE_SHARED or pass --shared URL)")
+        what = f"{len(args.keys)} entr{'y' if len(args.keys) == 1 else 'ies'} from the shared tier " \
+               f"{cache.config.shared} ({cache.identity}): every node loses {'it' if len(args.keys) == 1 else 'them'}"
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(f"refusing to delete {what}, without confirmation: pass --yes")
+            if input(f"delete {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 1
+    for key in args.keys:
+        print(f"{'evicted' if cache.evict(key, shared=args.shared) else 'absent '} {key}")
     return 0
 
 
 def cmd_gc(args) -> int:
+    path = _node_dir(args)
+    if not _has_local(path):
+        print(json.dumps({"evicted": 0, "freed_bytes": 0, "used_bytes": 0, "entries_evicted": 0}, indent=2))
+        return 0
     cache = _cache(args)
     print(json.dumps(cache.gc(args.max_local_bytes), indent=2))
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def cmd_ls(args) -> int:
+    rows = _cache(args, read_only=True).listing()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'KEY':<18} {'FAMILY':<10} {'T x H x W':>16} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} SOURCE")
+    for r in rows:
+        src = ", ".join(r["sources"]) or "-"
+        print(f"{r['key'][:16] + '..':<18} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x {r['width']:>4} "
+              f"{r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
+    print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_human(sum(r['bytes'] for r in rows))}")
     return 0
 
 
@@ -147,8 +288,19 @@ def cmd_inspect(args) -> int:
         m = cache.manifest(target)
     except InvalidKeyError:
         m = None
-        key = cache.lookup(target, _options(args))
-        m = cache.manifest(key) if key is not None else None
+        target = source_arg(target)
+        candidates = [target] + (["file://" + target] if target.startswith("/") else [])
+        options = _options(args)
+        for src in candidates:             # prewarm records a dataset's source as written: path or file:// URL
+            if (key := cache.lookup(src, options)) is not None:
+                m = cache.manifest(key)
+                break
+        if m is None:
+            cached = [o for src in candidates for o in cache.options_cached_for(src)]
+            if cached:
+                shown = "; ".join(_option_flags(o) for o in cached)
+                print(f"{target} is not cached for these options; it is cached under: {shown}", file=sys.stderr)
+                return 1
     if m is None:
         print(f"{target!r} is neither a cached key nor a cached source for these options "
               f"(prewarm it first)", file=sys.stderr)
@@ -169,9 +321,20 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _option_flags(opts: dict) -> str:
+    """Options as the CLI flags that select them (only those that differ from the defaults)."""
+    from .options import VideoOptions
+    default = VideoOptions(family=opts.get("family", "qwen2_5_vl")).resolved().to_dict()
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()
+                    if v is not None and (k == "family" or v != default.get(k)))
+
+
 def cmd_sglang_config(args) -> int:
     from .sglang.config import sglang_config
-    cache = _cache(args, read_only=True) if (args.cache or os.environ.get("VIDCACHE_DIR")) else None
+    path = _node_dir(args)
+    # The cache (identity, largest frozen file) when this node has one or reaches a shared tier; on a fresh
+    # node without either, the config alone.
+    cache = _cache(args, read_only=True) if (_has_local(path) or _shared_url(args, path)) else None
     cfg = sglang_config(args.family, args.mode, cache)
     print(json.dumps(cfg, indent=2))
     if args.family == "qwen3_vl" and cfg["mode"] == "stock":
@@ -215,40 +378,89 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_tier_id(args) -> int:
+    """Print the shared tier's identity; --init makes it on a new tier, --restore/--new repair a lost one."""
+    from .config import set_shared_identity, shared_identity
+    from .errors import ConfigError
+    from .store.fsspec_cas import FsspecStore
+    url = _shared_url(args, _node_dir(args))
+    if not url:
+        raise ConfigError("no shared tier: set VIDCACHE_SHARED or pass --shared URL")
+    store = FsspecStore(url if "://" in url else os.path.abspath(url),
+                        read_only=not (args.init or args.restore or args.new))
+    if args.restore or args.new:
+        print(set_shared_identity(store, args.restore))
+    else:
+        print(shared_identity(store, create=args.init))
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import run_checks
+    ok = True
+    for line in run_checks(cache_dir=_node_dir(args), shared=_shared_url(args, _node_dir(args)),
+                           imports=not args.fast):
+        print(line.text())
+        ok &= line.ok
+    print("doctor: all checks passed" if ok else "doctor: some checks failed (see FIX above)")
+    return 0 if ok else 1
+
+
+def _version() -> str:
+    from . import __version__
+    return f"vidcache {__version__} ({os.path.dirname(os.path.abspath(__file__))})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vidcache", description="Content-addressed video frame cache for VLM RL.",
-                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 epilog=EXAMPLES, formatter_class=_Help)
+    ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="cmd", required=True)
+    add = lambda name, **kw: sub.add_parser(name, formatter_class=_Help, **kw)   # noqa: E731
 
-    p = sub.add_parser("prewarm", help="decode, sample and resize every video of a JSONL dataset into the cache")
-    p.add_argument("dataset")
+    p = add("prewarm", help="decode, sample and resize every video of a JSONL dataset into the cache")
+    p.add_argument("dataset", help="JSONL dataset: one row per line, videos under --multimodal-keys")
     _add_cache_flags(p)
     _add_option_flags(p)
-    p.add_argument("--max-local-bytes", type=int, help="byte budget of the local tier (LRU eviction; the shared "
-                                                       "tier is never evicted)")
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--ray", action="store_true", help="spread the work over a Ray cluster (use with --shared)")
+    p.add_argument("--max-local-bytes", type=parse_size, metavar="SIZE",
+                   help="budget of the local tier, e.g. 200GB (LRU eviction; the shared tier is never evicted; "
+                        "default: unlimited)")
+    p.add_argument("--workers", type=int, default=1, help="decoding processes on this node")
+    p.add_argument("--ray", action="store_true", help="spread the work over a Ray cluster (use with a shared tier; "
+                                                      "needs pip install 'vidcache[ray]')")
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
+    p.add_argument("--ray-logs", action="store_true", help="show Ray's own raylet/gcs/worker log lines here "
+                                                           "(default: they stay in Ray's log directory)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per video before its worker is killed")
     p.add_argument("--max-worker-memory-mb", type=float,
                    help="RSS a worker may add while decoding one video before it is killed "
                         "(default: 80%% of this machine's RAM split among the workers)")
-    p.add_argument("--max-source-mb", type=float, default=4096)
-    p.add_argument("--fetch-timeout", type=float, default=300.0)
-    p.add_argument("--decoder", default="decord", choices=["decord", "torchcodec"])
-    p.add_argument("--failures", help="per-row failures JSONL (default: <dataset>.failures.jsonl)")
+    p.add_argument("--max-source-mb", type=float, default=4096, help="largest source file fetched, in MiB")
+    p.add_argument("--fetch-timeout", type=float, default=300.0, help="seconds to fetch one source")
+    p.add_argument("--decoder", default="decord", choices=["decord", "torchcodec"], help="video decoder")
+    p.add_argument("--failures", metavar="PATH", help="per-row failures JSONL, written only when a row fails "
+                                                      "(default: <dataset>.failures.jsonl, or in the current directory when the "
+                        "dataset's is read-only)")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even when rows failed")
-    p.add_argument("--input-key", default="prompt")
-    p.add_argument("--multimodal-keys", help='JSON, Miles style: {"video": "videos"}')
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--input-key", default="prompt", help="the row's prompt field (Miles' --input-key)")
+    p.add_argument("--multimodal-keys", metavar="JSON",
+                   help='Miles\' --multimodal-keys: which row field holds the videos (default: {"video": "videos"})')
+    p.add_argument("--no-progress", action="store_true", help="neither a bar nor progress lines")
     p.add_argument("--progress", action="store_true", help="draw the bar even when stderr is not a terminal")
+    p.add_argument("--log-interval", type=float, default=30.0, metavar="S",
+                   help="without a terminal (ray job submit, k8s logs): one progress line every S seconds")
     p.set_defaults(fn=cmd_prewarm)
 
-    p = sub.add_parser("stats", help="entries, blobs and sizes of a cache")
+    p = add("ls", help="list entries: source, family, T x H x W, tokens, bytes, tier")
+    _add_cache_flags(p)
+    p.add_argument("--json", action="store_true", help="one JSON list instead of a table")
+    p.set_defaults(fn=cmd_ls)
+
+    p = add("stats", help="entries, blobs and sizes of the local and the shared tier")
     _add_cache_flags(p)
     p.set_defaults(fn=cmd_stats)
 
-    p = sub.add_parser("verify", help="check manifests and re-hash frames in every tier; OK/BAD per key")
+    p = add("verify", help="check manifests and re-hash frames in every tier; OK/BAD per key")
     p.add_argument("keys", nargs="*", metavar="KEY", help="default: every entry of the local tier")
     p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
     p.add_argument("--shared", nargs="?", const=True, metavar="URL",
@@ -257,31 +469,54 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "rebuild from the source")
     p.set_defaults(fn=cmd_verify)
 
-    p = sub.add_parser("evict", help="drop entries (manifest and frames) from every tier")
+    p = add("evict", help="drop entries from this node (manifest, unshared frames, frozen files); --shared: "
+                          "from the whole cluster")
     p.add_argument("keys", nargs="+", metavar="KEY")
-    _add_cache_flags(p)
+    p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
+    p.add_argument("--shared", action="store_true",
+                   help="also delete from the cluster's shared tier ($VIDCACHE_SHARED): every node loses the "
+                        "entries (asks first)")
+    p.add_argument("--yes", action="store_true", help="with --shared: do not ask")
     p.set_defaults(fn=cmd_evict)
 
-    p = sub.add_parser("gc", help="evict least-recently-used local entries down to a byte budget")
+    p = add("gc", help="evict least-recently-used local entries down to a byte budget (never the shared tier)")
     _add_cache_flags(p)
-    p.add_argument("--max-local-bytes", type=int, required=True)
+    p.add_argument("--max-local-bytes", type=parse_size, required=True, metavar="SIZE",
+                   help="budget of the local tier: 20GB, 500MiB or bytes")
     p.set_defaults(fn=cmd_gc)
 
-    p = sub.add_parser("inspect", help="metadata of a cached SOURCE or KEY, with its aspect distortion")
-    p.add_argument("target", metavar="SOURCE|KEY")
+    p = add("inspect", help="metadata of a cached SOURCE or KEY, with its aspect distortion")
+    p.add_argument("target", metavar="SOURCE|KEY", help="a path (relative, ./, file://), a URL, or a cache key")
     _add_cache_flags(p)
     _add_option_flags(p)
-    p.add_argument("--contact-sheet", metavar="OUT.png")
+    p.add_argument("--contact-sheet", metavar="OUT.png", help="write a PNG of the cached frames")
     p.set_defaults(fn=cmd_inspect)
 
-    p = sub.add_parser("sglang-config", help="SGLang server flags that reproduce the cache")
+    p = add("sglang-config", help="SGLang server flags that reproduce the cache")
     _add_cache_flags(p)
-    p.add_argument("--family", required=True, choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+    p.add_argument("--family", required=True, choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"], help="model family")
     p.add_argument("--mode", choices=["stock", "plugin"], help="default: plugin for qwen3_vl, stock otherwise")
     p.set_defaults(fn=cmd_sglang_config)
 
+    p = add("tier-id", help="the shared tier's identity; --init / --restore / --new write it")
+    p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
+    p.add_argument("--shared", metavar="URL", help="the shared tier (default: $VIDCACHE_SHARED)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--init", action="store_true", help="give a new, empty tier its identity (what prewarm does)")
+    g.add_argument("--restore", metavar="ID", help="write back a lost identity (tier-<32 hex>: the tier of any "
+                                                   "handle, plugin reference or earlier `vidcache stats`)")
+    g.add_argument("--new", action="store_true", help="give a tier that lost its identity a new one (orphans "
+                                                      "every handle made from it)")
+    p.set_defaults(fn=cmd_tier_id)
+
+    p = add("doctor", help="check this node: versions, settings, shared tier, decoders, SGLang plugin, Miles")
+    _add_cache_flags(p)
+    p.add_argument("--fast", action="store_true", help="skip importing the SGLang plugin and the Miles adapters "
+                                                       "(each takes a child interpreter importing torch)")
+    p.set_defaults(fn=cmd_doctor)
+
     from .options import PATCH_SIZE
-    p = sub.add_parser("check-server", help="check that a live SGLang server reproduces the trainer's inputs "
+    p = add("check-server", help="check that a live SGLang server reproduces the trainer's inputs "
                                             "(exit 0 only when parity is established)")
     p.add_argument("url", metavar="URL", help="the SGLang server, e.g. http://127.0.0.1:30000")
     _add_cache_flags(p)
@@ -295,7 +530,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stock mode on a GPU server: the torchcodec version installed there")
     p.set_defaults(fn=cmd_check_server)
 
-    p = sub.add_parser("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")
+    p = add("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")
     _add_cache_flags(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
@@ -306,10 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close a connection idle or stalled this many seconds (default 30)")
     p.set_defaults(fn=cmd_serve)
 
-    p = sub.add_parser("demo", help="generate a small demo dataset of synthetic videos")
-    p.add_argument("--dir", default="demo")
-    p.add_argument("--videos", type=int, default=12)
-    p.add_argument("--rows", type=int, default=24)
+    p = add("demo", help="generate a small demo dataset of synthetic videos")
+    p.add_argument("--dir", default="demo", help="where to write it")
+    p.add_argument("--videos", type=int, default=12, help="synthetic videos")
+    p.add_argument("--rows", type=int, default=24, help="dataset rows")
     p.set_defaults(fn=cmd_demo)
     return ap
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import StoreError
+from .errors import ConfigError, StoreError
 from .keys import LOCAL_ONLY, TIER as TIER_KEY
 from .loader.fetch import FetchLimits
 from .store.base import Store
@@ -84,6 +85,11 @@ class CacheConfig:
     # --- tiers -----------------------------------------------------------------
     def local_store(self) -> Store:
         from .store.lmdb import LMDBStore
+        if self.read_only and self.shared and not os.path.exists(os.path.join(self.path, "lmdb", "data.mdb")):
+            # A fresh node (VIDCACHE_DIR absent or empty) reading through to the shared tier: an empty
+            # local tier, and nothing is created on the node.
+            from .store.memory import MemoryStore
+            return MemoryStore(read_only=True)
         return LMDBStore(os.path.join(self.path, "lmdb"), read_only=self.read_only, max_bytes=self.max_local_bytes)
 
     def shared_store(self) -> Store | None:
@@ -138,19 +144,66 @@ def local_identity(path: str, create: bool) -> str | None:
     return rec.get("local_id")
 
 
-def shared_identity(store: Store, create: bool) -> str:
-    """The shared tier's identity, created once (write-once, first writer wins) in the tier itself."""
-    raw = store.get(TIER_KEY)
-    if raw is None and create:
-        store.set_if_not_exists(TIER_KEY, json.dumps({"tier_id": "tier-" + uuid.uuid4().hex}).encode())
-        raw = store.get(TIER_KEY)
-    if raw is None:
-        raise StoreError(f"{store!r} is not an initialised vidcache shared tier (no {TIER_KEY}); "
-                         "open it writable once, e.g. `vidcache prewarm --shared URL`")
+_TIER_ID = re.compile(r"tier-[0-9a-f]{32}")
+
+
+def _parse_tier_record(store: Store, raw: bytes) -> str:
     try:
         tier_id = json.loads(raw)["tier_id"]
     except (ValueError, KeyError, TypeError):
-        raise StoreError(f"{store!r} has a corrupt {TIER_KEY} record") from None
-    if not isinstance(tier_id, str) or not tier_id.startswith("tier-"):
-        raise StoreError(f"{store!r} has a corrupt {TIER_KEY} record")
+        tier_id = None
+    if not isinstance(tier_id, str) or not _TIER_ID.fullmatch(tier_id):
+        raise StoreError(f"{store!r} has a corrupt {TIER_KEY} record; restore the tier's identity (it is in "
+                         "every handle and plugin reference made from it) with "
+                         "`vidcache tier-id --shared URL --restore tier-<32 hex>`")
     return tier_id
+
+
+def tier_record(tier_id: str) -> bytes:
+    if not _TIER_ID.fullmatch(tier_id):
+        raise ConfigError(f"not a tier identity: {tier_id[:80]!r} (expected tier-<32 hex>)")
+    return json.dumps({"tier_id": tier_id}).encode()
+
+
+def tier_holds_objects(store: Store) -> bool:
+    """Whether the tier holds anything besides its identity record."""
+    from .keys import META
+    return any(not k.startswith(META) for k in store.keys())
+
+
+def shared_identity(store: Store, create: bool) -> str:
+    """The shared tier's identity, created once in the tier itself.
+
+    Race-safe when many nodes open a new tier at once: the record is written with an exclusive
+    create (``link`` on a filesystem, a conditional ``If-None-Match: *`` PUT on S3), and every
+    node then uses the record it reads back, never the one it proposed.  A tier that already
+    holds objects but has no record lost it: that is an error naming the repair, never a new
+    identity (a new one would orphan every handle made from the tier).
+    """
+    raw = store.get(TIER_KEY)
+    if raw is None and tier_holds_objects(store):
+        # Prewarm makes the record before any object, so objects without it mean it was lost -- unless
+        # another node created it between our read and the listing: read it once more.
+        if (raw := store.get(TIER_KEY)) is None:
+            raise StoreError(
+                f"{store!r} holds cache objects but has no {TIER_KEY} (deleted?). A new identity would orphan "
+                "every handle made from it. Restore the old one (it is the `tier` of any handle or plugin "
+                "reference, and `identity` in an old `vidcache stats`): `vidcache tier-id --shared URL "
+                "--restore tier-<32 hex>`; or start a new identity with `vidcache tier-id --shared URL --new`")
+    if raw is None and create:
+        store.set_if_not_exists(TIER_KEY, tier_record("tier-" + uuid.uuid4().hex))
+        raw = store.get(TIER_KEY)       # read back: whoever won, every node uses the stored record
+    if raw is None:
+        raise StoreError(f"{store!r} is not an initialised vidcache shared tier (no {TIER_KEY}): nothing "
+                         "was prewarmed into it yet. `vidcache prewarm DATASET --shared URL` creates it")
+    return _parse_tier_record(store, raw)
+
+
+def set_shared_identity(store: Store, tier_id: str | None) -> str:
+    """Write a tier's identity record explicitly (``vidcache tier-id``): ``tier_id`` restores a lost one,
+    None makes a new one.  Refused when the tier already has a record."""
+    record = tier_record(tier_id or "tier-" + uuid.uuid4().hex)
+    if not store.set_if_not_exists(TIER_KEY, record):
+        have = _parse_tier_record(store, store.get(TIER_KEY))
+        raise ConfigError(f"{store!r} already has identity {have}; it is never replaced")
+    return _parse_tier_record(store, store.get(TIER_KEY))

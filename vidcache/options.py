@@ -68,6 +68,27 @@ def _shown(v: object) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
+# One help line per option, with its default as resolved(): the CLI's flags and Miles' --vidcache-* flags
+# both take their help from here (f: the model's factor, 28, or 32 for qwen3_vl).
+OPTION_HELP = {
+    "family": "model family: sets the patch size (14, or 16 for qwen3_vl) and the grid factor f (28 or 32)",
+    "fps": f"frames sampled per second of video (default {FPS}; exclusive with nframes)",
+    "nframes": "exact number of frames to sample, rounded to a multiple of 2 (default: from fps)",
+    "min_frames": f"fewest frames fps sampling may give (default {FPS_MIN_FRAMES})",
+    "max_frames": f"most frames fps sampling may give (default min({FPS_MAX_FRAMES}, frames in the video))",
+    "min_pixels": f"smallest frame area in pixels (default {VIDEO_MIN_TOKEN_NUM}*f*f)",
+    "max_pixels": f"largest frame area in pixels (default: from total_pixels / frames, at most "
+                  f"{VIDEO_MAX_TOKEN_NUM}*f*f)",
+    "total_pixels": f"pixel budget of the whole video (default {MODEL_SEQ_LEN}*f*f*0.9)",
+    "resized_height": "exact frame height; needs resized_width (default: from the pixel bounds)",
+    "resized_width": "exact frame width; needs resized_height (default: from the pixel bounds)",
+    "video_start": "start of the clip, in seconds (default: the video's start)",
+    "video_end": "end of the clip, in seconds (default: the video's end)",
+    "size_factor": f"frame sides are multiples of this (default f; {STOCK_QWEN3_GRID} for "
+                   "stock SGLang with qwen3_vl)",
+}
+
+
 @dataclass(frozen=True)
 class VideoOptions:
     """How a video is sampled and resized.  ``resolved()`` fills every default."""

@@ -14,18 +14,22 @@ traceback in the driver.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import multiprocessing
 import os
+import sys
 import threading
 import time
+import types
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 from . import keys
 from .cache import VideoCache
 from .dataset import iter_jsonl, video_items
-from .errors import (BadRowError, ConfigError, VidcacheError, WorkerError, WorkerMemoryError, WorkerTimeoutError)
+from .errors import (BackendUnavailableError, BadRowError, ConfigError, VidcacheError, WorkerError, WorkerMemoryError,
+                     WorkerTimeoutError)
 from .loader.fetch import scheme_of
 from .loader.tmpdirs import sweep_stale
 from .options import VideoOptions
@@ -211,12 +215,26 @@ def _worker_cache(cache: VideoCache, max_worker_memory: int | None) -> VideoCach
 
 
 # --- driver --------------------------------------------------------------------------
-def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos"):
-    """Unique (source, options) tasks of a dataset, with the rows that need each, and row-level failures."""
+def _rows(dataset):
+    """(row index, row or its BadRowError, line number or None) of a JSONL path or an iterable of rows."""
+    if isinstance(dataset, (str, os.PathLike)):
+        for i, row in iter_jsonl(os.fspath(dataset)):
+            yield i, row, i + 1          # the index counts every line, so the line number is index + 1
+        return
+    for i, row in enumerate(dataset):
+        yield i, row if isinstance(row, dict) else BadRowError(
+            f"a row must be a dict, got {type(row).__name__}"), None
+
+
+def plan(dataset, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos"):
+    """Unique (source, options) tasks of a dataset (a JSONL path or an iterable of row dicts), with the rows
+    that need each, and row-level failures.  Relative paths resolve against the JSONL's directory (rows:
+    the current directory)."""
     tasks: dict[tuple[str, str], tuple[str, VideoOptions, list[int]]] = {}
     bad_rows = []
-    base = os.path.dirname(os.path.abspath(dataset))
-    for i, row in iter_jsonl(dataset):
+    base = os.path.dirname(os.path.abspath(dataset)) if isinstance(dataset, (str, os.PathLike)) else os.getcwd()
+    for i, row, line in _rows(dataset):
+        where = {"row": i, "line": line} if line is not None else {"row": i}
         try:
             if isinstance(row, BadRowError):
                 raise row
@@ -224,10 +242,10 @@ def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_k
                      for src, opts in video_items(row, options, input_key=input_key, video_key=video_key,
                                                   base_dir=base)]
         except BadRowError as e:
-            bad_rows.append({"row": i, "source": None, "kind": e.kind, "error": str(e)})
+            bad_rows.append({**where, "source": None, "kind": e.kind, "error": str(e)})
             continue
         except Exception as e:  # noqa: BLE001  a parsing bug must cost one row, not the run (as in _build_one)
-            bad_rows.append({"row": i, "source": None, "kind": "internal", "error": f"{type(e).__name__}: {e}"})
+            bad_rows.append({**where, "source": None, "kind": "internal", "error": f"{type(e).__name__}: {e}"})
             continue
         for src, opts, digest in items:
             t = tasks.setdefault((src, digest), (src, opts, []))
@@ -235,15 +253,46 @@ def plan(dataset: str, options: VideoOptions, input_key: str = "prompt", video_k
     return [Task(s, o, tuple(r)) for s, o, r in tasks.values()], bad_rows
 
 
-def _check_failures_path(path: str | None) -> None:
-    """Refuse an unwritable failures report before any work is done, not after."""
+def check_failures_path(path: str | None) -> None:
+    """Refuse an unwritable failures report before any work is done (nothing is created to find out)."""
     if not path:
         return
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise ConfigError(f"cannot write the failures report {path!r}: {e.strerror}") from None
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    if os.path.isdir(path):
+        why = "it is a directory"
+    elif not os.path.isdir(parent):
+        why = "its directory does not exist"
+    elif not os.access(path if os.path.exists(path) else parent, os.W_OK):
+        why = "permission denied"
+    else:
+        return
+    raise ConfigError(f"cannot write the failures report {path} ({why}); choose another path with "
+                      "--failures PATH (Python: failures_path=)")
+
+
+def write_failures(path: str | None, failures: list) -> None:
+    """The failures report: written only when something failed; a stale report from an earlier run goes."""
+    if not path:
+        return
+    if failures:
+        with open(path, "w") as f:
+            for rec in failures:
+                f.write(json.dumps(rec) + "\n")
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def default_failures_path(dataset) -> str | None:
+    """``<dataset>.failures.jsonl`` beside the dataset; in the current directory when the dataset's directory
+    is read-only (a mounted data set must not stop a prewarm)."""
+    if not isinstance(dataset, (str, os.PathLike)):
+        return None
+    path = os.path.abspath(os.fspath(dataset))
+    name = os.path.splitext(os.path.basename(path))[0] + ".failures.jsonl"
+    beside = os.path.join(os.path.dirname(path), name)
+    return beside if os.access(os.path.dirname(path), os.W_OK) else os.path.abspath(name)
 
 
 def _already_sound(cache: VideoCache, task: Task) -> bool:
@@ -259,9 +308,30 @@ def _already_sound(cache: VideoCache, task: Task) -> bool:
     return d is not None and cache.sound_manifest(keys.cache_key(d, task.options)) is not None
 
 
+class _ProgressLog:
+    """Without a terminal (``ray job submit``, k8s logs) a bar is noise: one plain line every ``every_s``."""
+
+    def __init__(self, total: int, summary: "PrewarmSummary", every_s: float | None, desc: str) -> None:
+        self.total, self.summary, self.every_s, self.desc = total, summary, every_s, desc
+        self.t0 = self.last = time.monotonic()
+
+    def tick(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.every_s or (not final and now - self.last < self.every_s):
+            return
+        self.last = now
+        s = self.summary
+        done = s.new + s.hit + s.failed
+        rate = done / (now - self.t0) if now > self.t0 else 0.0
+        eta = f", ETA {(self.total - done) / rate:.0f} s" if rate and done < self.total else ""
+        print(f"{self.desc}: {done}/{self.total} videos ({s.new} new, {s.hit} hit, {s.failed} failed), "
+              f"{rate:.2f} videos/s{eta}", file=sys.stderr, flush=True)
+
+
 def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary, failures: list,
-        progress: bool = True, desc: str = "prewarm") -> None:
-    """Drive ``tasks`` through ``submitter`` with a bounded number in flight."""
+        progress: bool = True, desc: str = "prewarm", log_every_s: float | None = None) -> None:
+    """Drive ``tasks`` through ``submitter`` with a bounded number in flight.  ``progress``: a tqdm bar;
+    ``log_every_s``: else a plain progress line at that interval."""
     from tqdm import tqdm
 
     todo = []
@@ -272,6 +342,7 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
             todo.append(t)
     bar = tqdm(total=len(tasks), initial=summary.hit, unit="video", disable=not progress, dynamic_ncols=True,
                desc=desc)
+    log = _ProgressLog(len(tasks), summary, None if progress else log_every_s, desc)
     pending: dict = {}
     it = iter(todo)
     try:
@@ -294,37 +365,58 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
                     summary.hit += res["status"] == "hit"
                     summary.bytes += res["bytes"]
                 bar.update(1)
+                log.tick()
     finally:
         bar.close()
         submitter.close()
     cache.sync()      # a durability checkpoint: the workers' LMDB commits reach the disk
 
 
-def prewarm(dataset: str, cache: VideoCache, options: VideoOptions, *, workers: int = 1, timeout_s: float = 600.0,
-            max_worker_memory: int | None = None, failures_path: str | None = None, progress: bool = True,
-            input_key: str = "prompt", video_key: str = "videos", ray: bool = False,
-            ray_address: str | None = None, num_cpus_per_task: float = 1.0) -> PrewarmSummary:
-    """Build every video of ``dataset`` into ``cache``: locally with ``workers`` processes, or over Ray."""
+def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | None = None, *, workers: int = 1,
+            timeout_s: float = 600.0, max_worker_memory: int | None = None, failures_path: str | None = None,
+            progress: bool = True, log_every_s: float | None = None, input_key: str = "prompt",
+            video_key: str = "videos", ray: bool = False, ray_address: str | None = None,
+            num_cpus_per_task: float = 1.0, ray_logs: bool = False) -> PrewarmSummary:
+    """Build every video of ``dataset`` into ``cache``: locally with ``workers`` processes, or over Ray.
+
+    ``dataset``: a JSONL path, or an iterable of row dicts (``{"prompt": ..., "videos": [...]}``).
+    ``cache``: default ``VideoCache()`` (``$VIDCACHE_DIR`` + ``$VIDCACHE_SHARED``); ``options``: default
+    ``VideoOptions()``.  Returns a :class:`PrewarmSummary`; ``summary.failures`` lists every failed row
+    (``row``, ``line`` for a JSONL, ``source``, ``kind``, ``error``), also written to ``failures_path``
+    when given and only when a row failed.  A bad row costs that row only.
+    """
     t0 = time.monotonic()
-    _check_failures_path(failures_path)
+    check_failures_path(failures_path)
+    if isinstance(dataset, (str, os.PathLike)) and not os.path.isfile(dataset):
+        raise ConfigError(f"dataset not found: {os.fspath(dataset)}")
+    cache = cache if cache is not None else VideoCache()
+    options = options if options is not None else VideoOptions()
+    cache.identity          # a new shared tier gets its identity before any work (race-safe: config.py)
     summary = PrewarmSummary()
     tasks, bad_rows = plan(dataset, options, input_key, video_key)
     failures = list(bad_rows)
     sweep_stale(cache.tmp_dir)       # temp files of killed workers from earlier runs
     if ray:
-        import ray as ray_mod
+        try:
+            import ray as ray_mod
+        except ImportError:
+            raise BackendUnavailableError("ray=True needs Ray: pip install 'vidcache[ray]'") from None
         if not ray_mod.is_initialized():
-            ray_mod.init(address=ray_address, ignore_reinit_error=True, log_to_driver=False)
+            # Ray's own raylet/gcs lines stay in Ray's log directory (/tmp/ray/session_*/logs) unless asked.
+            import logging
+            ray_mod.init(address=ray_address, ignore_reinit_error=True, log_to_driver=ray_logs,
+                         logging_level=logging.INFO if ray_logs else logging.ERROR,
+                         configure_logging=True)
         submitter = RaySubmitter(cache, timeout_s, max_worker_memory, num_cpus_per_task)
     else:
         submitter = LocalSubmitter(_worker_cache(cache, max_worker_memory), workers, timeout_s, max_worker_memory)
-    run(tasks, cache, submitter, summary, failures, progress, "prewarm (ray)" if ray else "prewarm")
+    run(tasks, cache, submitter, summary, failures, progress, "prewarm (ray)" if ray else "prewarm", log_every_s)
     summary.failed += len(bad_rows)
+    if isinstance(dataset, (str, os.PathLike)):
+        for rec in failures:             # rows of a JSONL count every line: line = row + 1
+            rec.setdefault("line", rec["row"] + 1)
     summary.failures = failures
-    if failures_path:
-        with open(failures_path, "w") as f:
-            for rec in failures:
-                f.write(json.dumps(rec) + "\n")
+    write_failures(failures_path, failures)
     summary.seconds = time.monotonic() - t0
     return summary
 
@@ -335,3 +427,14 @@ def prewarm_ray(dataset: str, cache: VideoCache, options: VideoOptions, **kw) ->
 
 
 __all__ = ["prewarm", "prewarm_ray", "plan", "run", "PrewarmSummary", "LocalSubmitter", "RaySubmitter"]
+
+
+class _CallableModule(types.ModuleType):
+    """``vidcache.prewarm`` is both this module and the function: importing the module makes Python bind the
+    package attribute ``vidcache.prewarm`` to the module, so the module calls through to the function."""
+
+    def __call__(self, *args, **kwargs) -> PrewarmSummary:
+        return prewarm(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

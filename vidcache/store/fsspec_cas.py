@@ -93,9 +93,15 @@ class FsspecStore(Store):
     def _put(self, path: str, value: bytes, exclusive: bool) -> bool:
         if self._local:
             return publish_bytes(path, bytes(value), exclusive=exclusive)
-        if exclusive and self.fs.exists(path):   # object stores: exists-then-PUT (equal bytes either way)
+        if exclusive and self.fs.exists(path):   # cheap early out; the conditional PUT below decides
             return False
-        self.fs.pipe_file(path, bytes(value))      # one PUT: atomic per object
+        if exclusive and self._s3:
+            try:     # If-None-Match: * -- S3 refuses the PUT if another writer got there first
+                self.fs.pipe_file(path, bytes(value), mode="create")
+            except FileExistsError:
+                return False
+            return True
+        self.fs.pipe_file(path, bytes(value))      # one PUT: atomic per object (equal bytes either way for CAS)
         return True
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
@@ -152,3 +158,26 @@ class FsspecStore(Store):
 
     def stats(self) -> dict:
         return {"url": self.url}
+
+    def usage(self) -> dict:
+        """Objects and bytes per namespace, and leftover partial uploads, from one listing."""
+        objects: dict[str, int] = {}
+        nbytes: dict[str, int] = {}
+        partial = [0, 0]
+        try:
+            found = self.fs.find(self.root, detail=True)
+        except FileNotFoundError:
+            found = {}
+        for p, info in found.items():
+            parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
+            if len(parts) != 3:
+                continue
+            size = int(info.get("size") or 0)
+            if is_partial(parts[2]):
+                partial[0] += 1
+                partial[1] += size
+                continue
+            objects[parts[0]] = objects.get(parts[0], 0) + 1
+            nbytes[parts[0]] = nbytes.get(parts[0], 0) + size
+        return {"objects": objects, "bytes": sum(nbytes.values()), "bytes_by_namespace": nbytes,
+                "partial_files": partial[0], "partial_bytes": partial[1]}

@@ -1,0 +1,206 @@
+"""The CLI cluster path, as users run it: subprocesses, fresh node directories, and nothing in the
+environment but VIDCACHE_DIR + VIDCACHE_SHARED (issue 13 item 2; issue 18 D18, D19)."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vidcache import VideoCache, VideoOptions
+from vidcache import keys as K
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def vc(args, node, shared, extra_env=None, stdin=None, timeout=300):
+    """``python -m vidcache.cli ARGS`` with only the node's two settings (run from the checkout, so the
+    package imports without PYTHONPATH)."""
+    # PATH: decord's loader appends to it; every real shell has one.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node), "VIDCACHE_SHARED": str(shared),
+           **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, stdin=stdin if stdin is not None else subprocess.DEVNULL)
+
+
+def ok(r):
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    return r
+
+
+def failed(r, kind):
+    assert r.returncode == 1, (r.returncode, r.stderr[-3000:])
+    assert f"vidcache: error: [{kind}]" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    return r
+
+
+def tier_id_of(tier):
+    """The identity record of a directory tier (read as bytes: no vidcache code involved)."""
+    records = list(tier.glob("meta/*/tier"))
+    assert len(records) == 1, records
+    return json.loads(records[0].read_bytes())["tier_id"]
+
+
+def tier_files(tier):
+    return sorted(os.path.relpath(os.path.join(d, f), tier) for d, _, fs in os.walk(tier) for f in fs)
+
+
+@pytest.fixture
+def dataset(tmp_path, videos):
+    p = tmp_path / "data" / "train.jsonl"
+    p.parent.mkdir()
+    rows = [{"prompt": "<video> what happens?", "videos": [videos["ffv1_10_small"]]},
+            {"prompt": "<video> and here?", "videos": [videos["mjpeg_24"]]}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_cli_cluster_path_on_a_new_directory_tier(tmp_path, dataset):
+    tier, node_a, node_b = tmp_path / "tier", tmp_path / "nodeA", tmp_path / "nodeB"
+    r = ok(vc(["prewarm", str(dataset), "--workers", "2"], node_a, tier))
+    assert "2 new" in r.stdout
+    ident = tier_id_of(tier)      # made by the CLI alone
+    assert ident in r.stderr
+    assert not list(tmp_path.glob("*.failures.jsonl")) and not (dataset.parent / "train.failures.jsonl").exists()
+    before = tier_files(tier)
+
+    st = json.loads(ok(vc(["stats"], node_b, tier)).stdout)
+    assert st["identity"] == ident and st["shared"]["entries"] == 2 and st["shared"]["bytes"] > 0
+    assert st["local"]["entries"] == 0
+    listing = json.loads(ok(vc(["ls", "--json"], node_b, tier)).stdout)
+    assert sorted(r["sources"][0] for r in listing) == sorted(json.loads(ln)["videos"][0]
+                                                              for ln in dataset.read_text().splitlines())
+    assert all(r["tiers"] == ["shared"] and r["family"] == "qwen2_5_vl" and r["tokens"] > 0 for r in listing)
+    table = ok(vc(["ls"], node_b, tier)).stdout
+    assert "2 entries" in table and "shared" in table
+    for mode in ("stock", "plugin"):
+        cfg = json.loads(ok(vc(["sglang-config", "--family", "qwen2_5_vl", "--mode", mode], node_b, tier)).stdout)
+        assert cfg["mode"] == mode and cfg["cache"] == {"shared": str(tier), "identity": ident}
+    assert "verify: 0 ok, 0 bad" in ok(vc(["verify"], node_b, tier)).stdout
+    assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], node_b, tier)).stdout
+    doc = ok(vc(["doctor"], node_b, tier)).stdout
+    assert f"identity {ident}" in doc and "doctor: all checks passed" in doc
+    key = listing[0]["key"]
+    src = ok(vc(["inspect", listing[0]["sources"][0]], node_b, tier))
+    assert json.loads(src.stdout)["key"] == key
+    assert not node_b.exists()                   # the read-only commands created nothing on node B
+
+    r = ok(vc(["evict", key], node_b, tier))     # local by default: the cluster keeps it
+    assert tier_files(tier) == before and not node_b.exists()
+    r = ok(vc(["evict", key], node_a, tier))
+    assert r.stdout.startswith("evicted") and tier_files(tier) == before
+    assert json.loads(ok(vc(["stats"], node_a, tier)).stdout)["local"]["entries"] == 1
+
+
+def test_evict_from_the_shared_tier_needs_the_flag_and_confirmation(tmp_path, dataset):
+    tier, node = tmp_path / "tier", tmp_path / "node"
+    ok(vc(["prewarm", str(dataset)], node, tier))
+    key = json.loads(ok(vc(["ls", "--json"], node, tier)).stdout)[0]["key"]
+    before = tier_files(tier)
+    r = failed(vc(["evict", key, "--shared"], node, tier), "config")     # no TTY to ask on: refused
+    assert "--yes" in r.stderr and tier_files(tier) == before
+    ok(vc(["evict", key, "--shared", "--yes"], node, tier))
+    after = tier_files(tier)
+    has = lambda files: any(f.startswith("ac/") and f.endswith("/" + key) for f in files)   # noqa: E731
+    assert has(before) and not has(after) and len(after) == len(before) - 2   # its manifest and its blob
+    assert [e["key"] for e in json.loads(ok(vc(["ls", "--json"], tmp_path / "other", tier)).stdout)] != [key]
+
+
+def test_evict_keeps_a_blob_other_entries_share_and_drops_frozen_files(tmp_path, videos):
+    """D18: qwen2_vl and qwen2_5_vl build the same frames (one blob) under two keys."""
+    from vidcache.sglang.frozen import published_frozen_key
+    c = VideoCache(tmp_path / "node", shared=str(tmp_path / "tier"))
+    a = c.ensure(videos["ffv1_10_small"], VideoOptions(family="qwen2_vl")).key
+    b = c.ensure(videos["ffv1_10_small"], VideoOptions(family="qwen2_5_vl")).key
+    assert a != b and c.manifest(a).frames.blob == c.manifest(b).frames.blob
+    published_frozen_key(c, a)
+    assert list(c.shared.keys(K.FROZEN + a)) and os.listdir(tmp_path / "node" / "frozen")
+    assert c.evict(a, shared=True)
+    assert c.manifest(a) is None and not list(c.shared.keys(K.FROZEN + a))
+    assert not [n for n in os.listdir(tmp_path / "node" / "frozen") if n.startswith(a)]
+    assert c.verify(b) == [] and c.frames(b).shape[0] > 0       # the other entry still reads, on every tier
+    fresh = VideoCache(tmp_path / "node2", shared=str(tmp_path / "tier"))
+    assert fresh.verify(b) == []
+    assert c.evict(b, shared=True)                              # the last reference: now the blob goes
+    assert not list(c.shared.keys(K.CAS)) and not list(c.local.keys(K.CAS))
+
+
+def test_gc_takes_human_sizes_and_a_fresh_node_has_nothing_to_collect(tmp_path, dataset):
+    tier, node = tmp_path / "tier", tmp_path / "node"
+    ok(vc(["prewarm", str(dataset)], node, tier))
+    out = json.loads(ok(vc(["gc", "--max-local-bytes", "1kB"], node, tier)).stdout)
+    assert out["evicted"] > 0 and out["used_bytes"] < out["freed_bytes"]
+    out = json.loads(ok(vc(["gc", "--max-local-bytes", "20GB"], tmp_path / "fresh", tier)).stdout)
+    assert out["evicted"] == 0 and not (tmp_path / "fresh").exists()
+    failed_parse = vc(["gc", "--max-local-bytes", "20 parsecs"], node, tier)
+    assert failed_parse.returncode == 2 and "not a size" in failed_parse.stderr
+    from vidcache.cli import parse_size
+    assert (parse_size("20GB"), parse_size("1.5GiB"), parse_size("512")) == (20 * 10**9, 3 * 2**29, 512)
+
+
+def test_inspect_normalises_paths_and_names_the_options_a_source_is_cached_under(tmp_path, dataset, videos):
+    tier, node = tmp_path / "tier", tmp_path / "node"
+    ok(vc(["prewarm", str(dataset), "--family", "qwen3_vl"], node, tier))
+    clip = videos["ffv1_10_small"]
+    rel = os.path.relpath(clip, ROOT)
+    for form in (clip, rel, "./" + rel, "file://" + clip):
+        r = ok(vc(["inspect", form, "--family", "qwen3_vl"], node, tier))
+        assert json.loads(r.stdout)["options"]["family"] == "qwen3_vl"
+    r = vc(["inspect", rel, "--family", "qwen2_vl"], node, tier)
+    assert r.returncode == 1 and "cached under: --family qwen3_vl" in r.stderr
+
+
+def _race(tmp_path, n, env):
+    """``n`` processes run ``vidcache tier-id --init`` on one new tier at the same moment."""
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    code = ("import os, sys, time\nfrom vidcache.cli import main\n"
+            "open(os.path.join(sys.argv[1], 'ready-' + sys.argv[2]), 'w').close()\n"
+            "while not os.path.exists(os.path.join(sys.argv[1], 'go')): time.sleep(0.002)\n"
+            "sys.exit(main(['tier-id', '--init']))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(sync), str(i)], cwd=ROOT, text=True,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **env,
+                                   "VIDCACHE_DIR": str(tmp_path / f"node{i}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(n)]
+    deadline = time.monotonic() + 240
+    while len(list(sync.glob("ready-*"))) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (sync / "go").touch()
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    return {o.strip() for o, _ in outs}
+
+
+def test_eight_nodes_initialising_one_directory_tier_agree(tmp_path):
+    tier = tmp_path / "tier"
+    ids = _race(tmp_path, 8, {"VIDCACHE_SHARED": str(tier)})
+    assert len(ids) == 1 and ids == {tier_id_of(tier)}
+
+
+def test_eight_nodes_initialising_one_s3_tier_agree(tmp_path, s3):
+    env = {"VIDCACHE_SHARED": "s3://cache/tier", "AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
+    for trial in range(2):
+        env["VIDCACHE_SHARED"] = f"s3://cache/tier{trial}"
+        (tmp_path / f"t{trial}").mkdir()
+        ids = _race(tmp_path / f"t{trial}", 8, env)
+        listed = s3.client.list_objects_v2(Bucket="cache", Prefix=f"tier{trial}/meta/")["Contents"]
+        assert len(listed) == 1                                  # one record, written once
+        stored = json.loads(s3.client.get_object(Bucket="cache", Key=listed[0]["Key"])["Body"].read())
+        assert len(ids) == 1 and ids == {stored["tier_id"]}
+
+
+def test_a_tier_that_lost_its_identity_is_refused_with_the_repair(tmp_path, dataset):
+    tier, node = tmp_path / "tier", tmp_path / "node"
+    ok(vc(["prewarm", str(dataset)], node, tier))
+    ident = tier_id_of(tier)
+    next(tier.glob("meta/*/tier")).unlink()
+    for args in (["prewarm", str(dataset)], ["stats"], ["tier-id", "--init"]):
+        r = failed(vc(args, tmp_path / "nodeB", tier), "store")
+        assert "tier-id --shared" in r.stderr and "--restore" in r.stderr
+        assert not list(tier.glob("meta/*/tier"))           # never a new identity on its own
+    assert ok(vc(["tier-id", "--restore", ident], node, tier)).stdout.strip() == ident
+    assert json.loads(ok(vc(["stats"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
+    failed(vc(["tier-id", "--restore", "tier-" + "0" * 32], node, tier), "config")   # never replaced
