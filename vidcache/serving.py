@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-# SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.
+# SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.  Not 0.5.16:
+# its plugin mode passes, but its stock mode forwards min_pixels/total_pixels to transformers 5.12.1, which
+# rejects them (docs/sglang.md, "SGLang versions").
 VERIFIED_SGLANG_VERSIONS = ("0.5.23",)
 
 MODES = ("plugin", "stock")

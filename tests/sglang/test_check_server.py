@@ -114,3 +114,49 @@ def test_cli_check_server_on_a_fresh_node(tmp_path, monkeypatch):
         assert fails == [fails[0]] and fails[0].startswith("FAIL [version]") and "0.9.99" in fails[0], r.stdout
         r = _cli(srv.url, tmp_path, "--mode", "plugin", "--allow-unverified-sglang", "0.9.99")
         assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_drift_is_rejected_on_every_request_and_unattested_ones_are_counted(server, videos):
+    """The plugin inside SGLang's real processor code checks every request, not only the canary: with the
+    server's image_mean off in the 4th decimal, each attested request is a 400 naming its key and the field;
+    honest requests pass; a reference without attestation is served and counted."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    import vidcache
+    from vidcache import VideoOptions
+    from vidcache.processing import VIDEO_PLACEHOLDER
+    from vidcache.sglang.plugin.qwen_vl import Counters
+    from vidcache.sglang.request import ATTESTATION_MARK, prepare
+
+    proc = build_processor(FAMILY)
+    prompt = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}What is it?<|im_end|>\n"
+    handles = [vidcache.get(videos[n], VideoOptions(family=FAMILY, fps=2.0)) for n in ("ffv1_10_small", "mjpeg_24")]
+
+    def post(prep):
+        body = json.dumps({"input_ids": prep.compact_ids, "video_data": prep.video_data,
+                           "sampling_params": {"max_new_tokens": 0}, "return_prompt_token_ids": True}).encode()
+        req = urllib.request.Request(server.url + "/generate", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    for h in handles:                                              # honest: served, ids match
+        prep = prepare(proc, prompt, [h], mode="plugin")
+        status, body = post(prep)
+        assert status == 200 and body["prompt_token_ids"] == prep.expanded_ids
+    vp = server.peer._processor.video_processor
+    vp.image_mean = [m + 1e-4 for m in vp.image_mean]
+    rejected = Counters.rejected
+    for h in handles * 2:
+        status, body = post(prepare(proc, prompt, [h], mode="plugin"))
+        msg = body["error"]["message"]
+        assert status == 400 and ATTESTATION_MARK in msg, msg
+        assert h.resolve() in msg and "pixel_values_videos differs" in msg and "video_grid_thw" not in msg
+    assert Counters.rejected == rejected + 4
+    unattested = Counters.unattested
+    status, _ = post(prepare(proc, prompt, [handles[0]], mode="plugin", attest=False))
+    assert status == 200 and Counters.unattested == unattested + 1
