@@ -201,6 +201,9 @@ def test_a_tier_that_lost_its_identity_is_refused_with_the_repair(tmp_path, data
         r = failed(vc(args, tmp_path / "nodeB", tier), "store")
         assert "tier-id --shared" in r.stderr and "--restore" in r.stderr
         assert not list(tier.glob("meta/*/tier"))           # never a new identity on its own
+    doc = vc(["doctor", "--fast"], tmp_path / "nodeB", tier)          # doctor names it and exits non-zero
+    assert doc.returncode == 1 and "FAIL VIDCACHE_SHARED" in doc.stdout and "--restore" in doc.stdout
+    assert "doctor: some checks failed" in doc.stdout
     assert ok(vc(["tier-id", "--restore", ident], node, tier)).stdout.strip() == ident
     assert json.loads(ok(vc(["stats"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
     failed(vc(["tier-id", "--restore", "tier-" + "0" * 32], node, tier), "config")   # never replaced

@@ -139,10 +139,11 @@ def cmd_prewarm(args) -> int:
                           else f"dataset is not a file: {args.dataset}")
     keys = _multimodal_keys(args.multimodal_keys)
     if args.ray:
-        import importlib.util
-        if importlib.util.find_spec("ray") is None:
-            raise BackendUnavailableError("--ray needs Ray, which is not installed here: "
-                                          "pip install 'vidcache[ray]'")
+        try:
+            import ray  # noqa: F401
+        except ImportError as e:
+            raise BackendUnavailableError(f"--ray needs Ray, which does not import here ({e}): "
+                                          "pip install 'vidcache[ray]'") from None
     failures = os.path.abspath(args.failures) if args.failures else default_failures_path(args.dataset)
     check_failures_path(failures)
     options = _options(args)
@@ -532,8 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")
     _add_cache_flags(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8765, help="port to listen on")
     # Defaults live in vidcache.sglang.server (not imported here: the CLI imports lazily).
     p.add_argument("--workers", type=int, metavar="N",
                    help="threads handling requests; idle connections hold none (default 16)")

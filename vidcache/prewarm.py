@@ -366,6 +366,7 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
                     summary.bytes += res["bytes"]
                 bar.update(1)
                 log.tick()
+        log.tick(final=True)
     finally:
         bar.close()
         submitter.close()

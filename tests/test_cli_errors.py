@@ -1,0 +1,129 @@
+"""User errors, help and speed of the CLI, run as users run it (subprocesses; issue 13 items 3 and 4).
+
+Every user error: exit 1, ``vidcache: error: [kind] ...``, no traceback, and nothing created."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def vc(args, tmp_path, extra_env=None, pythonpath=None, code=None):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node"),
+           **(extra_env or {})}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([pythonpath, ROOT])
+    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "vidcache.cli", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def refused(r, kind, *words):
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert r.stderr.startswith(f"vidcache: error: [{kind}] "), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and all(w in r.stderr for w in words), r.stderr[-2000:]
+
+
+def nothing_created(tmp_path, *keep):
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(keep)
+
+
+@pytest.fixture
+def ds(tmp_path, videos):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n")
+    return p
+
+
+def test_missing_dataset(tmp_path):
+    refused(vc(["prewarm", str(tmp_path / "nope.jsonl")], tmp_path), "config", "dataset not found", "nope.jsonl")
+    nothing_created(tmp_path)
+
+
+def test_bad_multimodal_keys(tmp_path, ds):
+    refused(vc(["prewarm", str(ds), "--multimodal-keys", "{video: videos}"], tmp_path), "config",
+            "--multimodal-keys is not JSON")
+    refused(vc(["prewarm", str(ds), "--multimodal-keys", '["videos"]'], tmp_path), "config", "JSON object")
+    nothing_created(tmp_path, "d.jsonl")
+
+
+def test_ray_without_ray_names_the_extra(tmp_path, ds):
+    stub = tmp_path / "stub"
+    (stub / "ray").mkdir(parents=True)          # a Python where Ray does not import
+    (stub / "ray" / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    refused(vc(["prewarm", str(ds), "--ray"], tmp_path, pythonpath=str(stub)), "backend_unavailable",
+            "pip install 'vidcache[ray]'")
+    nothing_created(tmp_path, "d.jsonl", "stub")
+
+
+@pytest.mark.parametrize("where", ["missing-dir/f.jsonl", "."])
+def test_an_unwritable_failures_path_is_refused_up_front(tmp_path, ds, where):
+    refused(vc(["prewarm", str(ds), "--failures", str(tmp_path / where)], tmp_path), "config", "--failures")
+    nothing_created(tmp_path, "d.jsonl")
+
+
+def test_failed_rows_give_their_line_and_the_report_is_written_only_then(tmp_path, videos):
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n\n"
+                 + json.dumps({"prompt": "<video>", "videos": [str(tmp_path / "gone.mp4")]}) + "\n"
+                 + "{not json\n")
+    r = vc(["prewarm", str(p), "--no-progress"], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "row 2 (line 3): [not_found]" in r.stdout and "row 3 (line 4): [bad_row]" in r.stdout
+    recs = [json.loads(ln) for ln in (tmp_path / "d.failures.jsonl").read_text().splitlines()]
+    assert sorted((f["row"], f["line"], f["kind"]) for f in recs) == [(2, 3, "not_found"), (3, 4, "bad_row")]
+    p.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n")
+    assert vc(["prewarm", str(p), "--no-progress"], tmp_path).returncode == 0
+    assert not (tmp_path / "d.failures.jsonl").exists()           # no failures: no (stale) report
+
+
+def test_without_a_terminal_prewarm_logs_progress_lines(tmp_path, videos):
+    p = tmp_path / "d.jsonl"
+    p.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[v]]}) + "\n"
+                         for v in ("ffv1_10_small", "mjpeg_24")))
+    r = vc(["prewarm", str(p), "--log-interval", "0.001"], tmp_path)      # stderr is a pipe here
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("prewarm: ") and " videos (" in ln]
+    assert len(lines) >= 2 and lines[-1].startswith("prewarm: 2/2 videos (2 new, 0 hit, 0 failed)")
+    assert "\r" not in r.stderr and "it/s" not in r.stderr                  # no tqdm bar
+
+
+def test_version_and_help_with_defaults_for_every_flag(tmp_path):
+    from vidcache import __version__
+    from vidcache.cli import build_parser
+    r = vc(["--version"], tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(f"vidcache {__version__} ")
+    ap = build_parser()
+    subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, p in subs.items():
+        for a in p._actions:
+            if a.option_strings and a.dest != "help":
+                assert a.help, f"vidcache {name} {a.option_strings[0]} has no help"
+                if a.default not in (None, False):
+                    assert str(a.default) in p.format_help() or "default" in a.help, (name, a.dest)
+    text = subs["prewarm"].format_help()
+    for flag, default in (("--fps", "default 2.0"), ("--workers", "default: 1"), ("--timeout", "default: 600.0"),
+                          ("--min-frames", "default 4"), ("--max-source-mb", "default: 4096")):
+        assert default in " ".join(text.split()), (flag, default)
+
+
+TORCH_FREE = [["--help"], ["stats"], ["ls"], ["ls", "--json"], ["verify"], ["sglang-config", "--family", "qwen3_vl"],
+              ["evict", "0" * 32 + ".1." + "0" * 32], ["gc", "--max-local-bytes", "20GB"], ["doctor", "--fast"]]
+
+
+def test_manifest_only_commands_do_not_import_torch(tmp_path, ds):
+    """The CLI answers fast: commands that only read manifests never import torch (lazy imports)."""
+    assert vc(["prewarm", str(ds), "--no-progress", "--shared", str(tmp_path / "tier")], tmp_path).returncode == 0
+    code = ("import sys\nfrom vidcache.cli import main\n"
+            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\nsys.exit(rc)")
+    key = json.loads(vc(["ls", "--json"], tmp_path).stdout)[0]["key"]
+    for args in TORCH_FREE + [["inspect", key], ["inspect", json.loads(ds.read_text())["videos"][0]]]:
+        r = vc(args, tmp_path, code=code)
+        assert r.returncode == 0, (args, r.stderr[-2000:])
+        assert r.stderr.strip().endswith("NO-TORCH"), (args, r.stderr[-500:])
+    r = vc(["inspect", key, "--contact-sheet", str(tmp_path / "s.png")], tmp_path, code=code)
+    assert r.returncode == 0 and r.stderr.strip().endswith("TORCH")        # frames: torch, as it should
