@@ -290,11 +290,10 @@ def assert_matches_sglang(sample: Sample, rec: dict):
 # --------------------------------------------------------------------------------------------------
 @pytest.fixture
 def decode_counter(monkeypatch):
-    import vidcache.cache
     import vidcache.loader.build
 
-    calls = []
-    for mod, name in ((vidcache.cache, "decode_sample_resize"), (vidcache.loader.build, "open_reader")):
+    calls = []     # cache.py imports decode_sample_resize at call time, from loader.build: patched there
+    for mod, name in ((vidcache.loader.build, "decode_sample_resize"), (vidcache.loader.build, "open_reader")):
         orig = getattr(mod, name)
 
         def counted(*a, _orig=orig, _name=name, **kw):
@@ -636,14 +635,14 @@ def test_handles_mode_rebuilds_the_same_tensors_train_side(env):
 TRAIN_NODE = textwrap.dedent("""
     import json, os, sys
     import torch
-    import vidcache.cache
+    import vidcache
     import vidcache.loader.build as build
 
     def no_decoding(*a, **k):
         raise AssertionError("the train node decoded a video: the shared tier should have served it")
 
     build.open_reader = no_decoding                   # every decode opens a reader here
-    vidcache.cache.decode_sample_resize = no_decoding
+    build.decode_sample_resize = no_decoding           # cache.py imports it from here at call time
     from transformers import AutoProcessor
     from miles_integration.train_hooks import HANDLE_KEY, decode_handles, hydrate
 
