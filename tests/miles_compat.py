@@ -5,6 +5,7 @@ Production Miles runs against its ``sglang-miles`` fork, which has every module 
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
@@ -51,3 +52,26 @@ def install_test_shims() -> list[str]:
     stub.__doc__ = "STUB (vidcache tests): DeepSeek-V4 encoder of the sglang-miles fork, unused here"
     sys.modules[name] = stub
     return [name]
+
+
+# The Miles modules the tests import (scripts/setup_miles.sh installs what they need).
+MILES_MODULES = ("miles.utils.types", "miles.utils.data", "miles.rollout.data_source", "miles.rollout.base_types",
+                 "miles.utils.chat_template_utils", "miles.utils.http_utils", "miles.utils.misc",
+                 "miles.rollout.inference_rollout.inference_rollout_common")
+INSTALL_EXTRAS = "MILES_SRC=$MILES_SRC bash scripts/setup_miles.sh .venv/bin/python"
+
+
+def missing_miles_dependency(repo_root: str | os.PathLike | None = None) -> str | None:
+    """With MILES_SRC set: None if Miles' modules import, else the error and the one command that installs
+    Miles' extra packages.  (Without MILES_SRC: None; the Miles tests skip themselves.)"""
+    src = miles_src(repo_root)
+    if src is None:
+        return None
+    add_miles_to_path(src)
+    install_test_shims()
+    for mod in MILES_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            return f"Miles ({src}) does not import: {mod}: {e}. Install Miles' extra packages: {INSTALL_EXTRAS}"
+    return None

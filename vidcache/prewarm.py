@@ -124,7 +124,11 @@ def _outcome(future, timeout_s: float, max_worker_memory: int | None) -> dict:
 
 
 def _pool(workers: int, cache: VideoCache, max_worker_memory: int | None):
-    import decord  # noqa: F401  (imported before fork so workers inherit it)
+    # Imported before fork so workers inherit them: the decode pipeline (torch, decord, PyAV) is no longer
+    # imported with the cache (the CLI stays fast), and an import inside a worker would count against its
+    # RSS watchdog and be paid by every replacement worker.
+    import decord  # noqa: F401
+    from .loader import build  # noqa: F401
     from pebble import ProcessPool
     # fork: workers inherit the imported torch/decord instead of paying the import again.
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")

@@ -26,6 +26,9 @@ from ..errors import StoreError
 from .base import Store
 
 
+LMDB_LIB_VERSION = 0       # LMDB 0.9.x, data format 1: what every py-lmdb release reads
+
+
 class _SharedEnv:
     """One open environment per (file, process), shared by every store on that path."""
 
@@ -34,8 +37,14 @@ class _SharedEnv:
         # loss may lose the last commits -- and, on filesystems that reorder writes, can damage the
         # file (LMDB's docs).  Callers that need durability call ``sync()`` at a checkpoint (prewarm
         # does, after each batch); a damaged file is detected on open and reported with its fix.
+        # The on-disk format is ours to choose, not the environment's: py-lmdb 3.x bundles LMDB 0.9 (data
+        # format 1) and 1.0 (format 3), and its LMDB_DEFAULT_LIB_VERSION variable (set by another library
+        # or a test suite) would switch new files to 1.0, which 0.9 readers and py-lmdb < 3 cannot open.
+        # New environments are always LMDB_LIB_VERSION; an existing file opens in its own format.
+        new = not os.path.exists(os.path.join(path, "data.mdb"))
         self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True, sync=False,
-                             readahead=False, meminit=False, max_readers=max_readers, max_dbs=1)
+                             readahead=False, meminit=False, max_readers=max_readers, max_dbs=1,
+                             lib_version=LMDB_LIB_VERSION if new else None)
         # Last-access times for LRU eviction, beside the data (a named sub-database).
         try:
             self.lru = self._open_lru(readonly)

@@ -1,0 +1,85 @@
+"""Installing into an existing Miles / SGLang environment changes none of its big packages (issue 13 item 1),
+and the LMDB on-disk format of new caches does not depend on the environment."""
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEEP = ("torch", "torchvision", "transformers", "sglang", "numpy")
+
+
+@pytest.fixture(scope="module")
+def existing_env(tmp_path_factory):
+    """A throwaway venv that already holds this environment's torch, torchvision, transformers, sglang
+    and numpy (a .pth puts the current site-packages behind it), as a Miles / SGLang image would."""
+    from importlib.metadata import version
+    for dist in KEEP:
+        version(dist)        # the peers are installed here (a missing one is a broken test environment)
+    d = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(d)], check=True, timeout=300)
+    py = d / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(purelib, "image.pth"), "w") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    # The venv's own bundled setuptools would shadow the image's (an old one without bdist_wheel).
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "setuptools"], check=True, timeout=300)
+    return py
+
+
+@pytest.mark.parametrize("spec", [ROOT, ROOT + "[ray]", ROOT + "[test]"])
+def test_pip_install_plans_no_change_to_the_images_packages(existing_env, spec):
+    from importlib.metadata import version
+    # --no-index: resolve against what the image holds; a bound the image does not meet fails the
+    # resolution here (a real install would then fetch a replacement from PyPI).
+    r = subprocess.run([str(existing_env), "-m", "pip", "install", "--dry-run", "--report", "-", "--quiet",
+                        "--no-index", "--no-build-isolation", spec], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    planned = {item["metadata"]["name"].lower(): item["metadata"]["version"]
+               for item in json.loads(r.stdout)["install"]}
+    assert set(planned) == {"vidcache"}, planned       # nothing else: every dependency is already satisfied
+    assert planned["vidcache"] == __import__("vidcache").__version__
+    for dist in KEEP:
+        assert dist not in planned, (dist, version(dist))
+
+
+def test_new_lmdb_files_have_one_format_whatever_the_environment_says(tmp_path):
+    """py-lmdb 3.x: LMDB_DEFAULT_LIB_VERSION=1 would make new files LMDB 1.0 (format 3); ours stay 0.9."""
+    code = ("import sys, lmdb\nfrom vidcache.store.lmdb import LMDBStore\n"
+            "s = LMDBStore(sys.argv[1])\ns.set_many({'ac/x': b'1'})\n"
+            "print(s.env.lib_version()[0], lmdb.__version__)")
+    env = {**os.environ, "LMDB_DEFAULT_LIB_VERSION": "1", "PYTHONPATH": ROOT}
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    major, pylmdb = r.stdout.split()
+    assert major == "0" and pylmdb.startswith("3.")
+    import lmdb
+    e = lmdb.open(str(tmp_path / "b"), lib_version=1)                   # a cache made in 1.0 format...
+    e.close()
+    from vidcache.store.lmdb import LMDBStore
+    assert LMDBStore(str(tmp_path / "b")).env.lib_version()[0] == 1     # ...still opens, in its own format
+
+
+def test_miles_present_without_its_extras_fails_with_the_command_but_collection_goes_on(tmp_path):
+    """MILES_SRC set, one of Miles' extra packages missing: the other tests still run, the run fails,
+    and the output names the one command that installs the extras."""
+    import shutil
+    from miles_compat import miles_src
+    src = miles_src(ROOT) or pytest.fail("MILES_SRC names no Miles checkout (the test suite runs with one)")
+    broken = tmp_path / "miles"
+    shutil.copytree(src / "miles", broken / "miles")
+    with open(broken / "miles" / "utils" / "data.py", "a") as f:
+        f.write("\nimport pylatexenc_not_installed_here  # noqa\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "tests/scenarios/test_miles_integration.py", "tests/test_options.py"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "MILES_SRC": str(broken), "PYTHONPATH": ROOT})
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "error during collection" not in out and " passed" in out and "1 failed" in out, out[-3000:]
+    assert "pylatexenc_not_installed_here" in out and "scripts/setup_miles.sh" in out, out[-3000:]
