@@ -14,16 +14,20 @@ resolve the same handles and references.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 
 from vidcache import VideoOptions
 from vidcache.config import ENV_DIR
-from vidcache.options import PATCH_SIZE
+from vidcache.options import OPTION_HELP, PATCH_SIZE
 from vidcache.serving import MODES, STOCK_QWEN3_GRID, default_mode, stock_sglang_problems
 from vidcache.sglang.transport import TRANSPORTS
 
 TRAIN_INPUTS = ("tensors", "handles")
+FALLBACK_FAMILY = "qwen2_5_vl"
+# config.json model_type -> vidcache family (the MoE variants share their family's vision tower).
+MODEL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
 
 
 OPTION_NAMES = tuple(n for n, _ in VideoOptions.flag_fields())
@@ -31,7 +35,7 @@ OPTION_NAMES = tuple(n for n, _ in VideoOptions.flag_fields())
 DEFAULTS = {
     "vidcache_cache": None,             # None: $VIDCACHE_DIR or ~/.cache/vidcache
     "vidcache_shared": None,            # None: $VIDCACHE_SHARED, else what the cache directory recorded
-    "vidcache_family": "qwen2_5_vl",
+    "vidcache_family": None,            # None: the checkpoint's config.json model_type, else FALLBACK_FAMILY
     "vidcache_mode": None,              # None: plugin for qwen3_vl (faithful frames), stock otherwise
     "vidcache_transport": None,         # None: the shared tier's URLs when there is one, else file://
     "vidcache_base_url": None,
@@ -55,11 +59,13 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                    help="this node's local cache directory, never on NFS (default: $VIDCACHE_DIR or ~/.cache/vidcache)")
     g.add_argument("--vidcache-shared", default=None, metavar="URL",
                    help="the cluster's shared tier: an NFS path or s3://bucket/prefix (default: $VIDCACHE_SHARED)")
-    g.add_argument("--vidcache-family", default=DEFAULTS["vidcache_family"], choices=sorted(PATCH_SIZE))
+    g.add_argument("--vidcache-family", default=None, choices=sorted(PATCH_SIZE),
+                   help=OPTION_HELP["family"] + " (default: from --hf-checkpoint's config.json model_type; a "
+                        "contradicting value is refused at startup)")
     for name, typ in VideoOptions.flag_fields():
         flag = name.replace("_", "-")
         g.add_argument(f"--vidcache-{flag}", default=None, type=typ,
-                       help=f"video option, qwen-vl-utils semantics (same as `vidcache prewarm --{flag}`)")
+                       help=f"{OPTION_HELP[name]} (as `vidcache prewarm --{flag}`)")
     g.add_argument("--vidcache-mode", default=None, choices=MODES,
                    help="stock: SGLang as shipped (frozen files); plugin: SGLang with vidcache's processor plugin "
                         "(default: plugin for qwen3_vl, stock otherwise)")
@@ -92,9 +98,35 @@ def _get(args, name):
     return DEFAULTS[name] if v is None else v
 
 
+def family_of_checkpoint(checkpoint: str | None) -> str | None:
+    """The vidcache family of a local HF checkpoint directory, from its config.json ``model_type``."""
+    if not checkpoint:
+        return None
+    try:
+        with open(os.path.join(checkpoint, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None           # a hub id or an unreadable file: nothing to infer from here
+    return MODEL_TYPES.get(model_type)
+
+
+def family_from_args(args) -> str:
+    """``--vidcache-family``, checked against the checkpoint; inferred from it when not given.
+
+    Entries of one family given to another family's processor fail deep inside transformers (a reshape
+    error); this refuses the mismatch at startup, naming both."""
+    explicit = _get(args, "vidcache_family")
+    checkpoint = getattr(args, "hf_checkpoint", None) if args is not None else None
+    inferred = family_of_checkpoint(checkpoint)
+    if explicit is not None and inferred is not None and explicit != inferred:
+        raise ValueError(f"--vidcache-family {explicit} contradicts --hf-checkpoint {checkpoint} (config.json "
+                         f"model_type: {inferred}); drop --vidcache-family to use {inferred}")
+    return explicit or inferred or FALLBACK_FAMILY
+
+
 def video_options_from_args(args) -> VideoOptions:
     kw = {n: v for n in OPTION_NAMES if (v := _get(args, "vidcache_" + n)) is not None}
-    return VideoOptions(family=_get(args, "vidcache_family"), **kw)
+    return VideoOptions(family=family_from_args(args), **kw)
 
 
 def video_key_from_args(args) -> str:

@@ -46,8 +46,25 @@ def video_processor(processor):
     return getattr(processor, "video_processor", processor)
 
 
+def check_family(processor, manifests) -> None:
+    """Refuse frames of one family given to another family's processor (Qwen2.5-VL entries with a Qwen3-VL
+    processor fail deep in transformers with a reshape error): the patch sizes must agree."""
+    from .errors import ConfigError
+    from .options import PATCH_SIZE
+    patch = getattr(video_processor(processor), "patch_size", None)
+    if not isinstance(patch, int):
+        return
+    for m in manifests:
+        if PATCH_SIZE.get(m.family, patch) != patch:
+            fams = sorted(f for f, p in PATCH_SIZE.items() if p == patch)
+            raise ConfigError(f"the processor's patch size is {patch} ({' / '.join(fams)}), but entry {m.key} is "
+                              f"{m.family} (patch {PATCH_SIZE[m.family]}): use the {m.family} checkpoint's "
+                              f"processor, or prewarm with --family {fams[-1]}")
+
+
 def processor_kwargs(processor, manifests, mode: str) -> dict:
     """The HF processor kwargs for cached frames: sampling and resizing off (both were done once)."""
+    check_family(processor, manifests)
     kw = {"do_sample_frames": False, "do_resize": False, "return_tensors": "pt"}
     if hasattr(type(video_processor(processor)), "cap_pixels_per_frame"):
         # transformers >= 5.2x warns on every call unless this is explicit.  False is what it does

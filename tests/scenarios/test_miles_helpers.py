@@ -94,6 +94,24 @@ def test_mode_defaults_by_family():
     assert VidcacheConfig.from_args(argparse.Namespace(vidcache_family="qwen3_vl")).mode == "plugin"
 
 
+def test_family_comes_from_the_checkpoint_and_a_contradiction_is_refused_at_startup(tmp_path):
+    ckpt = tmp_path / "Qwen3-VL-8B"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"]}))
+    p = _parser()
+    p.add_argument("--hf-checkpoint")
+    cfg = VidcacheConfig.from_args(p.parse_args(["--hf-checkpoint", str(ckpt)]))
+    assert cfg.options.family == "qwen3_vl" and cfg.mode == "plugin"           # inferred, with its default mode
+    same = VidcacheConfig.from_args(p.parse_args(["--hf-checkpoint", str(ckpt), "--vidcache-family", "qwen3_vl"]))
+    assert same.options == cfg.options
+    with pytest.raises(ValueError) as e:
+        VidcacheConfig.from_args(p.parse_args(["--hf-checkpoint", str(ckpt), "--vidcache-family", "qwen2_5_vl"]))
+    assert "--vidcache-family qwen2_5_vl" in str(e.value) and "model_type: qwen3_vl" in str(e.value)
+    # No readable config.json (a hub id): the explicit family, else the documented fallback.
+    assert VidcacheConfig.from_args(p.parse_args(["--hf-checkpoint", "Qwen/Qwen2-VL-2B"])).options.family == \
+        "qwen2_5_vl"
+
+
 def test_qwen3_stock_off_the_224_grid_fails_at_startup_naming_both_fixes():
     p = _parser()
     with pytest.raises(ValueError) as e:
