@@ -71,21 +71,34 @@ class PreparedRequest:
         check_prompt_ids(self.expanded_ids, response)
 
 
+def video_prompt(prompt: str, n_videos: int) -> str:
+    """``prompt`` with one ``VIDEO_PLACEHOLDER`` per video: a dataset row's own ``<video>`` markers (as Miles
+    rows and ``vidcache prewarm`` datasets write them) are replaced in order; a chat-templated prompt that
+    already holds the placeholders is returned as it is."""
+    from ..dataset import VIDEO_TOKEN
+    n, m = prompt.count(VIDEO_PLACEHOLDER), prompt.count(VIDEO_TOKEN)
+    if n == n_videos and (m == 0 or n > 0):
+        return prompt
+    if n == 0 and m == n_videos:
+        return prompt.replace(VIDEO_TOKEN, VIDEO_PLACEHOLDER)
+    raise ValueError(f"prompt has {n} {VIDEO_PLACEHOLDER!r} and {m} {VIDEO_TOKEN!r} placeholder(s) but "
+                     f"{n_videos} video(s) were given: put one of either per video, in order")
+
+
 def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str | None = None,
             base_url: str | None = None, frozen_format: str | None = None,
             url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True) -> PreparedRequest:
     """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.
 
-    ``prompt`` is the chat-templated text with one ``<|vision_start|><|video_pad|><|vision_end|>``
-    per handle, in order.  ``transport``: see ``vidcache.sglang.transport`` (default: the shared
+    ``prompt`` is the text with one ``<|vision_start|><|video_pad|><|vision_end|>`` per handle, in order
+    (apply the chat template first, as SGLang's chat endpoint would), or a dataset row's prompt with one
+    ``<video>`` per handle (``video_prompt`` replaces them).  ``transport``: see ``vidcache.sglang.transport`` (default: the shared
     tier's URLs when the cache has one).  ``attest`` (plugin mode): put into each reference a digest
     of this video's train tensors, which the plugin checks against its own processor output (on by
     default; ``"values"`` also sends small videos' rows, so a mismatch reports the largest difference).
     """
     handles = list(handles)
-    n = prompt.count(VIDEO_PLACEHOLDER)
-    if n != len(handles):
-        raise ValueError(f"prompt has {n} video placeholder(s) but {len(handles)} handle(s) were given")
+    prompt = video_prompt(prompt, len(handles))
     tok = processor.tokenizer
     compact = tok(prompt, add_special_tokens=False)["input_ids"]
     if handles:
