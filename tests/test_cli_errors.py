@@ -127,3 +127,12 @@ def test_manifest_only_commands_do_not_import_torch(tmp_path, ds):
         assert r.stderr.strip().endswith("NO-TORCH"), (args, r.stderr[-500:])
     r = vc(["inspect", key, "--contact-sheet", str(tmp_path / "s.png")], tmp_path, code=code)
     assert r.returncode == 0 and r.stderr.strip().endswith("TORCH")        # frames: torch, as it should
+
+
+def test_prewarm_ray_keeps_rays_own_log_lines_out_of_the_terminal(tmp_path, ds):
+    """Ray's raylet/gcs/worker lines stay in Ray's log directory: stderr holds vidcache's lines only."""
+    r = vc(["prewarm", str(ds), "--ray", "--shared", str(tmp_path / "tier")], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "1 new" in r.stdout
+    foreign = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("prewarm")]
+    assert foreign == [], foreign[:10]
