@@ -25,7 +25,7 @@ def test_stats_inspect_and_contact_sheet(tmp_path, videos, capsys):
     meta = json.loads(out[: out.rindex("}") + 1])
     # The typed manifest, as JSON: provenance-carrying field names.
     assert meta["source"]["fps_from_header"] == "30000/1001" and meta["options"]["family"] == "qwen3_vl"
-    assert meta["options"]["size_factor"] == 32 and meta["schema"] == 2                    # qwen3's own grid
+    assert meta["options"]["size_factor"] == 32 and meta["schema"] == 3                    # qwen3's own grid
     assert (meta["source"]["width_from_decoder"], meta["source"]["height_from_decoder"]) == (320, 240)
     t, _, h, w = meta["frames"]["shape"]
     assert meta["tokens"]["video_grid_thw"] == [t // 2, h // 16, w // 16]

@@ -207,3 +207,18 @@ def test_a_tier_that_lost_its_identity_is_refused_with_the_repair(tmp_path, data
     assert ok(vc(["tier-id", "--restore", ident], node, tier)).stdout.strip() == ident
     assert json.loads(ok(vc(["stats"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
     failed(vc(["tier-id", "--restore", "tier-" + "0" * 32], node, tier), "config")   # never replaced
+
+
+def test_local_hits_are_published_to_a_newly_configured_tier(tmp_path, dataset):
+    """D17: a node that cached entries under tier S1 (or none) and is then pointed at S2 publishes them to S2
+    (prewarm counts them `published`), so a fresh node on S2 reads them."""
+    node, s1, s2, fresh = tmp_path / "nodeA", tmp_path / "s1", tmp_path / "s2", tmp_path / "nodeB"
+    assert "2 new, 0 hit" in ok(vc(["prewarm", str(dataset)], node, s1)).stdout
+    assert "0 new, 0 hit, 2 published" in ok(vc(["prewarm", str(dataset)], node, s2)).stdout
+    assert "0 new, 2 hit, 0 failed" in ok(vc(["prewarm", str(dataset)], node, s2)).stdout   # now a plain hit
+    assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], fresh, s2)).stdout
+    entries = json.loads(ok(vc(["ls", "--json"], fresh, s2)).stdout)
+    assert len(entries) == 2 and all(e["tiers"] == ["shared"] for e in entries)
+    c = VideoCache(fresh, shared=str(s2))
+    for e in entries:                                  # the frames themselves, on the fresh node
+        assert c.frames(e["key"]).shape[0] == e["frames"]

@@ -25,6 +25,7 @@ FLOORS = [
     ("store", ["store"]),
     ("loader", ["loader"]),
     ("entries", ["manifest", "encode", "config"]),
+    ("integrity", ["integrity"]),
     ("cache", ["cache"]),
     ("trainer", ["processing", "device"]),
     ("references", ["handle", "dataset"]),

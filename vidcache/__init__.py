@@ -8,6 +8,7 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, config        what an entry records; the one video writer; node settings and tiers
+  integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
   cache                           VideoCache: build, read, check, repair
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)
   handle, dataset                 lazy references above the cache; handles hand their frames down

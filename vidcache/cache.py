@@ -25,9 +25,10 @@ from .config import CacheConfig, local_identity, shared_identity
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      StoreError, VidcacheError)
+from .integrity import blob_matches, check_object, frozen_problem, is_sound
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir, tmp_bytes
-from .manifest import Manifest, build_manifest
+from .manifest import Manifest, SourceRecord, build_manifest
 from .options import VideoOptions
 from .store.base import Store
 
@@ -38,41 +39,11 @@ if TYPE_CHECKING:
 # copied out, not here: commands that only read manifests (stats, ls, verify, inspect, sglang-config,
 # evict, gc, doctor) then start in a fraction of torch's import time.
 
-cache_key = keys.cache_key   # re-exported: part of the public API
-
-
 @dataclass(frozen=True)
 class EnsureResult:
     key: str
-    status: str          # "hit" or "new"
+    status: str          # "hit", "new", or "published" (a local hit the shared tier lacked, now published)
     frame_bytes: int
-
-
-def blob_matches(blob: str, value) -> bool:
-    """Whether stored bytes are the blob ``blob`` names: raw, or zlib-compressed by a ``zlib`` cache."""
-    if str(Digest.of(value)) == blob:
-        return True
-    try:
-        return str(Digest.of(zlib.decompress(value))) == blob
-    except zlib.error:
-        return False
-
-
-def _check_object(key: str, value) -> None:
-    """The cache's check on bytes pulled from another tier (TieredStore's hook)."""
-    if key.startswith(keys.CAS):
-        if not blob_matches(key[len(keys.CAS):], value):
-            raise DigestMismatchError(f"shared object {key} does not hash to its digest")
-    elif key.startswith(keys.AC):
-        Manifest.from_json(value, keys.entry_key(key))
-
-
-def _copy_is_sound(store_key: str, value) -> bool:
-    try:
-        _check_object(store_key, value)
-        return True
-    except CorruptEntryError:
-        return False
 
 
 class VideoCache:
@@ -96,7 +67,7 @@ class VideoCache:
 
     def _check_pulled(self, key: str, value) -> None:
         """Check bytes pulled from the shared tier; a blob that passes counts as verified in this process."""
-        _check_object(key, value)
+        check_object(key, value)
         if key.startswith(keys.CAS):
             self._verified.add(key[len(keys.CAS):])
 
@@ -163,15 +134,8 @@ class VideoCache:
         if fp is None:
             return None
         raw = self.store.get(keys.src(source))
-        if raw is None:
-            return None
-        try:
-            rec = json.loads(raw)
-            if rec.get("source") != source or rec.get("fingerprint") != fp:
-                return None
-            return Digest.parse(rec["digest"])
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None          # a damaged hint is a miss: the source is hashed again
+        rec = None if raw is None else SourceRecord.from_json(raw)    # damaged: a miss, hashed again
+        return rec.digest if rec is not None and rec.matches(source, fp) else None
 
     def lookup(self, source: str, options: VideoOptions) -> str | None:
         """The key of a present entry for (source, options), without fetching; None when unknown."""
@@ -192,7 +156,7 @@ class VideoCache:
         if d is not None:
             key = keys.cache_key(d, options)
             if (m := self.sound_manifest(key)) is not None:
-                return EnsureResult(key, "hit", m.frames.nbytes)
+                return self._hit(key, m, {keys.src(source): SourceRecord.of(source, fp, d).to_json()})
         from .loader.build import decode_sample_resize
         from .loader.resize import aspect_distortion
         fetched = fetch(source, self.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
@@ -200,12 +164,11 @@ class VideoCache:
             key = keys.cache_key(fetched.digest, options)
             record = {}
             if fp is not None:
-                record[keys.src(source)] = json.dumps(
-                    {"source": source, "fingerprint": fp, "digest": str(fetched.digest)}).encode()
+                record[keys.src(source)] = SourceRecord.of(source, fp, fetched.digest).to_json()
             if (m := self.sound_manifest(key)) is not None:
                 if record:
                     self.store.set_many(record)
-                return EnsureResult(key, "hit", m.frames.nbytes)
+                return self._hit(key, m, {})
             budget = {} if self.config.max_decoded_bytes is None else {
                 "max_decoded_bytes": self.config.max_decoded_bytes}
             frames, built = decode_sample_resize(fetched.path, options, self.decoder,
@@ -224,6 +187,32 @@ class VideoCache:
         self.store.set_many({keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record})
         self._verified.add(str(blob))
         return EnsureResult(key, "new", raw.nbytes)
+
+    def _hit(self, key: str, m: Manifest, record: dict) -> EnsureResult:
+        status = "published" if self.publish_missing(key, m, record) else "hit"
+        return EnsureResult(key, status, m.frames.nbytes)
+
+    def publish_missing(self, key: str, m: Manifest | None = None, record: dict | None = None) -> bool:
+        """Publish a local entry that the configured shared tier lacks (a node that cached it before the
+        tier was configured, or under another one); True if it did.  Blob first, manifest last; a local
+        copy that is not sound is never published."""
+        sh = self.shared
+        if sh is None or self.read_only or sh.exists_many([keys.ac(key)])[0]:
+            return False
+        m = m or self.require_manifest(key)
+        blob_key = keys.cas(m.frames.blob)
+        items = {}
+        if not sh.exists_many([blob_key])[0]:
+            value = self.local.get(blob_key)
+            if value is None or not blob_matches(m.frames.blob, value):
+                raise CorruptEntryError(f"entry {key}: its local blob is missing or unsound; not published "
+                                        "(`vidcache verify --repair`)")
+            items[blob_key] = value
+        raw = self.local.get(keys.ac(key))
+        if raw is None:
+            return False
+        sh.set_many({**items, **(record or {}), keys.ac(key): raw})
+        return True
 
     def sound_manifest(self, key: str) -> Manifest | None:
         """The manifest of a present entry whose blob passes its checks; None (after quarantine) otherwise."""
@@ -344,7 +333,7 @@ class VideoCache:
             return
         for _, tier in self._tiers():
             value = tier.get(store_key)
-            if value is not None and not _copy_is_sound(store_key, value):
+            if value is not None and not is_sound(store_key, value):
                 tier.set_many({keys.quarantined(store_key): value})
                 tier.delete(store_key)
         if store_key.startswith(keys.AC):
@@ -366,11 +355,80 @@ class VideoCache:
             return raw, m, blob, f"blob {m.frames.blob} does not hash to its digest"
         return raw, m, blob, None
 
-    def verify(self, key: str, repair: bool = False) -> list[str]:
-        """Check ``key`` in every tier; the problems found (empty: sound).  ``repair`` quarantines bad copies,
-        restores them from a sound copy in another tier, or rebuilds the entry from its source."""
+    # --- frozen files (their bytes: sglang.frozen makes them) ---------------------------
+    @property
+    def frozen_dir(self) -> str:
+        """This node's frozen-file copies (files, because SGLang reads them by path or URL)."""
+        return os.path.join(self.path, "frozen")
+
+    def frozen_copies(self, key: str) -> list[tuple[str, str]]:
+        """(tier name, suffix) of every frozen file of ``key``: this node's files, the shared tier's objects."""
         keys.check_key(key)
+        out = []
+        with contextlib.suppress(FileNotFoundError):
+            out += [("local", n[len(key):]) for n in sorted(os.listdir(self.frozen_dir)) if n.startswith(key)]
+        if self.shared is not None:
+            out += [("shared", k[len(keys.FROZEN) + len(key):]) for k in self.shared.keys(keys.FROZEN + key)]
+        return out
+
+    def frozen_bytes(self, tier: str, key: str, suffix: str):
+        """(bytes, recorded digest) of one frozen copy; bytes None when absent."""
+        rkey = keys.frozen_digest(key, suffix)
+        if tier == "shared":
+            return self.shared.get(keys.frozen(key, suffix)), self.shared.get(rkey)
+        try:
+            with open(os.path.join(self.frozen_dir, keys.check_key(key) + suffix), "rb") as f:
+                value = f.read()
+        except FileNotFoundError:
+            value = None
+        return value, self.local.get(rkey)
+
+    def record_frozen(self, tier: str, key: str, suffix: str, value) -> None:
+        """Record the digest of a frozen copy that was just verified against the frames (by decoding)."""
+        store = self.shared if tier == "shared" else self.local
+        if not store.read_only:
+            store.set_many({keys.frozen_digest(key, suffix): str(Digest.of(value)).encode()})
+
+    def quarantine_frozen(self, tier: str, key: str, suffix: str) -> None:
+        """Move a bad frozen copy aside (never served again) and forget its record; it is rebuilt from the
+        frames on next use."""
+        if self.read_only:
+            return
+        rkey = keys.frozen_digest(key, suffix)
+        if tier == "shared":
+            skey = keys.frozen(key, suffix)
+            if (value := self.shared.get(skey)) is not None:
+                self.shared.set_many({keys.quarantined(skey): value})
+            self.shared.delete(skey)
+            self.shared.delete(rkey)
+            return
+        qdir = os.path.join(self.path, "quarantine")
+        os.makedirs(qdir, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(os.path.join(self.frozen_dir, keys.check_key(key) + suffix), os.path.join(qdir, key + suffix))
+        if not self.local.read_only:
+            self.local.delete(rkey)
+
+    def frozen_problems(self, key: str, repair: bool = False) -> list[str]:
+        """Frozen copies of ``key`` whose bytes are not the recorded ones (``repair``: quarantined).  A copy
+        made before copies were recorded is reported too; ``sglang.frozen.repair_frozen`` checks it by
+        decoding."""
         problems = []
+        for tier, suffix in self.frozen_copies(key):
+            value, record = self.frozen_bytes(tier, key, suffix)
+            if value is None or (why := frozen_problem(value, record)) is None:
+                continue
+            problems.append(f"{tier}: frozen file {suffix} {why}")
+            if repair and record is not None:
+                self.quarantine_frozen(tier, key, suffix)
+        return problems
+
+    def verify(self, key: str, repair: bool = False) -> list[str]:
+        """Check ``key`` in every tier, its frozen files included; the problems found (empty: sound).
+        ``repair`` quarantines bad copies, restores them from a sound copy in another tier, or rebuilds the
+        entry from its source (bad frozen files are quarantined here and remade by the serving layer)."""
+        keys.check_key(key)
+        problems = self.frozen_problems(key, repair)
         for name, tier in self._tiers():
             raw, m, blob, problem = self._tier_copy(tier, key)
             if problem is None:
@@ -417,14 +475,7 @@ class VideoCache:
 
     def _sources_of(self, key: str) -> list[str]:
         """Sources whose records point at ``key``'s content."""
-        want = str(keys.source_digest_of(key))
-        out = []
-        for k in self.store.keys(keys.SRC):
-            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                rec = json.loads(self.store.get(k))
-                if rec.get("digest") == want:
-                    out.append(rec["source"])
-        return out
+        return self.sources_by_digest().get(str(keys.source_digest_of(key)), [])
 
     def _quarantined_options(self, key: str) -> VideoOptions | None:
         # A quarantined manifest still records the options it was built with.
@@ -466,12 +517,12 @@ class VideoCache:
             blob = self._blob_of(tier.get(keys.ac(key)))
             if blob is not None and blob not in self._blobs_in_use(tier, key):
                 doomed.append(keys.cas(blob))
-            doomed += [k for k in tier.keys(keys.FROZEN + key)]
+            doomed += [*tier.keys(keys.FROZEN + key), *tier.keys(keys.FROZEN_DIGEST + key)]
             for k in doomed:
                 if tier.exists_many([k])[0]:
                     tier.delete(k)
                     removed = True
-        frozen_dir = os.path.join(self.path, "frozen")          # this node's frozen-file copies
+        frozen_dir = self.frozen_dir
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(frozen_dir):
                 if name.startswith(key):
@@ -508,9 +559,9 @@ class VideoCache:
         """Source digest -> the sources recorded for it (``src/`` records of every tier)."""
         out: dict[str, list[str]] = {}
         for k in self.store.keys(keys.SRC):
-            with contextlib.suppress(ValueError, TypeError, KeyError, AttributeError):
-                rec = json.loads(self.store.get(k))
-                out.setdefault(rec["digest"], []).append(rec["source"])
+            raw = self.store.get(k)
+            if raw is not None and (rec := SourceRecord.from_json(raw)) is not None:
+                out.setdefault(str(rec.digest), []).append(rec.source)
         return out
 
     def listing(self) -> list[dict]:

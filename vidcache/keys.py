@@ -5,6 +5,7 @@ Bazel's vocabulary:
   ``ac/<key>``              manifests (the "action cache"), addressed by the cache key
   ``src/<id>``              source records: source -> content digest, with fsspec's validators
   ``frozen/<key><suffix>``  frozen files for SGLang (same frames, another encoding)
+  ``frozen-digest/<key><suffix>``  the digest of that tier's frozen file, recorded when it was verified
   ``quarantine/...``        corrupt objects moved aside (never served, kept for inspection)
   ``meta/tier``             a shared tier's identity
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from .options import VideoOptions
 
 CAS, AC, SRC, FROZEN, QUARANTINE, META = "cas/", "ac/", "src/", "frozen/", "quarantine/", "meta/"
-NAMESPACES = (AC, CAS, SRC, FROZEN, QUARANTINE, META)
+FROZEN_DIGEST = "frozen-digest/"
 TIER = META + "tier"          # a shared tier's identity record (see vidcache.config)
 
 # Prefixes that stay on the node.  None today: source records are shared too, so a node that can see a
@@ -78,6 +79,10 @@ def src(source: str) -> str:
 
 def frozen(key: str, suffix: str) -> str:
     return FROZEN + check_key(key) + suffix
+
+
+def frozen_digest(key: str, suffix: str) -> str:
+    return FROZEN_DIGEST + check_key(key) + suffix
 
 
 def quarantined(store_key: str) -> str:

@@ -14,18 +14,25 @@ import functools
 import json
 import math
 import platform
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from dataclasses import dataclass, field
 from importlib import metadata as md
 from typing import Any
+
+import xxhash
 
 from .digest import Digest
 from .errors import CorruptManifestError, InvalidKeyError, OptionsError
 from .keys import check_blob, check_key
 from .options import MERGE_SIZE, TEMPORAL_PATCH_SIZE, VideoOptions
 
-# 2: typed manifest (provenance-carrying field names, aspect distortion).  Schema-1 entries are
-# unknown, hence corrupt: prewarm rebuilds them.
-SCHEMA = 2
+# 3: sealed (``seal``, an xxh3-128 of every other field), so a flipped byte anywhere, or a manifest pointed
+#    at another entry's blob of the same shape, is corruption.
+# 2: typed manifest (provenance-carrying field names, aspect distortion).  Still read, unsealed: an
+#    upgrade must not quarantine a shared tier whose sources are gone.  Schema 1 is unknown: rebuilt.
+SCHEMA = 3
+READ_SCHEMAS = (2, 3)
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,7 +149,10 @@ class Manifest:
 
     # --- JSON -----------------------------------------------------------------------
     def to_json(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+        d = dataclasses.asdict(self)
+        if self.schema >= 3:
+            d["seal"] = _seal(d)
+        return _canonical(d)
 
     @classmethod
     def from_json(cls, raw: bytes | memoryview, key: str | None = None) -> "Manifest":
@@ -154,9 +164,11 @@ class Manifest:
             raise CorruptManifestError(f"{where} is not JSON: {e}") from None
         if not isinstance(d, dict):
             raise CorruptManifestError(f"{where} is not a JSON object")
-        if d.get("schema") != SCHEMA:
-            raise CorruptManifestError(f"{where} has schema {d.get('schema')!r}, this vidcache reads {SCHEMA} "
+        schema = d.get("schema")
+        if schema not in READ_SCHEMAS or isinstance(schema, bool):
+            raise CorruptManifestError(f"{where} has schema {schema!r}, this vidcache reads {READ_SCHEMAS} "
                                        "(rebuild it: `vidcache prewarm` or `vidcache verify --repair`)")
+        seal = d.pop("seal", None)
         try:
             m = cls(key=d["key"], source_digest=d["source_digest"], options=dict(d["options"]),
                     options_digest=d["options_digest"],
@@ -164,13 +176,18 @@ class Manifest:
                     source=Source(**d["source"]),
                     sampling=Sampling(**{**d["sampling"], "frame_indices": tuple(d["sampling"]["frame_indices"])}),
                     tokens=Tokens(**{**d["tokens"], "video_grid_thw": tuple(d["tokens"]["video_grid_thw"])}),
-                    aspect_distortion=float(d["aspect_distortion"]), provenance=dict(d.get("provenance") or {}))
+                    aspect_distortion=float(d["aspect_distortion"]), provenance=dict(d.get("provenance") or {}),
+                    schema=schema)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CorruptManifestError(f"{where} does not have the schema-{SCHEMA} fields: "
                                        f"{type(e).__name__}: {e}") from None
         if key is not None and m.key != key:
             raise CorruptManifestError(f"manifest stored under {key} names key {m.key}")
-        m.check()
+        m.check()                                # the specific reasons first, then the seal for the rest
+        if schema >= 3 and seal != _seal(d):
+            raise CorruptManifestError(f"{where} does not match its seal (a changed byte: never served)")
+        if schema < 3 and seal is not None:      # schema 2 never had a seal: a flipped schema number
+            raise CorruptManifestError(f"{where} says schema {schema} but carries a seal")
         return m
 
     def check(self) -> None:
@@ -203,9 +220,95 @@ class Manifest:
             raise bad(f"{ww}x{hh} frames are not on the {grid}-pixel grid of these options")
         if len(self.sampling.frame_indices) != t:
             raise bad(f"{len(self.sampling.frame_indices)} frame indices for {t} frames")
+        self._check_timing(bad)
         g = grid_thw(opts, t, hh, ww)
         if tuple(self.tokens.video_grid_thw) != g or self.tokens.video_pad_tokens != pad_tokens(g):
             raise bad(f"token counts {self.tokens} do not follow from the shape (grid {g}, {pad_tokens(g)} pads)")
+
+
+    def _check_timing(self, bad) -> None:
+        """The timing fields feed ``second_per_grid_ts`` and Qwen3's timestamps: they must agree with each
+        other as qwen-vl-utils' sampling makes them (``loader.sample``), not only parse."""
+        s, src = self.sampling, self.source
+        n, fps = src.num_frames_from_decoder, src.average_fps_from_decoder
+        idx = s.frame_indices
+        if not (isinstance(n, int) and n > 0 and isinstance(fps, (int, float)) and not isinstance(fps, bool) and math.isfinite(fps) and fps > 0):
+            raise bad(f"source frame count {n!r} / fps {fps!r} are not a positive count and rate")
+        if any(not isinstance(i, int) or isinstance(i, bool) for i in idx) or list(idx) != sorted(idx) \
+                or idx[0] < 0 or idx[-1] >= n:
+            raise bad(f"frame indices are not ascending indices into the {n}-frame stream")
+        if not (isinstance(s.total_num_frames, int) and 0 < s.total_num_frames <= n):
+            raise bad(f"{s.total_num_frames!r} frames in range, but the stream has {n}")
+        if s.sample_fps != len(idx) / max(s.total_num_frames, 1e-6) * fps:   # loader.sample's own arithmetic
+            raise bad(f"sample_fps {s.sample_fps!r} does not follow from {len(idx)} frames of "
+                      f"{s.total_num_frames} at {fps} fps")
+        if not (isinstance(self.aspect_distortion, (int, float)) and math.isfinite(self.aspect_distortion)
+                and self.aspect_distortion > 0):
+            raise bad(f"aspect distortion {self.aspect_distortion!r} is not a positive ratio")
+
+
+def _canonical(d: dict) -> bytes:
+    return json.dumps(d, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _seal(d: dict) -> str:
+    """xxh3-128 of the canonical JSON of every field but the seal itself."""
+    return xxhash.xxh3_128_hexdigest(_canonical({k: v for k, v in d.items() if k != "seal"}))
+
+
+# --- source records (``src/``): source -> content digest -----------------------------------------
+# Query parameters that carry credentials (presigned S3/GCS/Azure URLs, tokens): recorded as "REDACTED".
+_SECRET_PARAMS = re.compile(r"(?i)^(x-amz-(signature|credential|security-token)|x-goog-(signature|credential)|"
+                            r"sig|signature|token|access_token|api_key|apikey|key|password|secret|"
+                            r"awsaccesskeyid|se|sp|sv)$")
+
+
+def redact_source(source: str) -> str:
+    """``source`` as recorded in the shared tier: without userinfo or credential-bearing query values.
+    Every node can read ``src/`` records, so no password or signature goes in."""
+    try:
+        u = urlsplit(source)
+    except ValueError:
+        return source
+    if not u.scheme or u.scheme == "file" or (u.username is None and u.password is None and not u.query):
+        return source
+    netloc = u.netloc.rpartition("@")[2]
+    query = u.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(_SECRET_PARAMS.match(k) for k, _ in pairs):
+            query = urlencode([(k, "REDACTED" if _SECRET_PARAMS.match(k) else v) for k, v in pairs])
+    return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """``src/<id>``: what ``source`` (redacted) hashed to, valid while its validators (``fingerprint``:
+    size + ETag, or size + mtime + inode) still match.  A hint, never trusted past its validators."""
+    source: str
+    fingerprint: dict
+    digest: Digest
+
+    @classmethod
+    def of(cls, source: str, fingerprint: dict, digest: Digest) -> "SourceRecord":
+        return cls(redact_source(source), fingerprint, digest)
+
+    def to_json(self) -> bytes:
+        return _canonical({"source": self.source, "fingerprint": self.fingerprint, "digest": str(self.digest)})
+
+    @classmethod
+    def from_json(cls, raw) -> "SourceRecord | None":
+        """The record, or None when it is damaged (a damaged hint is a miss: the source is hashed again)."""
+        try:
+            d = json.loads(bytes(raw))
+            if not isinstance(d.get("source"), str) or not isinstance(d.get("fingerprint"), dict):
+                return None
+            return cls(d["source"], d["fingerprint"], Digest.parse(d["digest"]))
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            return None
+
+    def matches(self, source: str, fingerprint: dict | None) -> bool:
+        return fingerprint is not None and self.source == redact_source(source) and self.fingerprint == fingerprint
 
 
 def build_manifest(key: str, source_digest: Digest, options: VideoOptions, blob: Digest, shape: tuple,

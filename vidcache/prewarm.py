@@ -42,13 +42,15 @@ class PrewarmSummary:
     new: int = 0
     hit: int = 0
     failed: int = 0
+    published: int = 0      # local hits the configured shared tier lacked, now published there
     bytes: int = 0
     seconds: float = 0.0
     failures: list = field(default_factory=list)
 
     def line(self) -> str:
-        rate = (self.new + self.hit) / self.seconds if self.seconds else 0.0
-        return (f"prewarm: {self.new} new, {self.hit} hit, {self.failed} failed, "
+        rate = (self.new + self.hit + self.published) / self.seconds if self.seconds else 0.0
+        pub = f"{self.published} published, " if self.published else ""
+        return (f"prewarm: {self.new} new, {self.hit} hit, {pub}{self.failed} failed, "
                 f"{self.bytes / 1e6:.1f} MB new frames, {self.seconds:.1f} s ({rate:.2f} videos/s)")
 
 
@@ -308,8 +310,13 @@ def _already_sound(cache: VideoCache, task: Task) -> bool:
         d = cache.known_digest(task.source)
     except (VidcacheError, OSError, ValueError):
         return False          # reported properly when a worker tries it
-    # A corrupt entry is quarantined by the check and counts as a miss.
-    return d is not None and cache.sound_manifest(keys.cache_key(d, task.options)) is not None
+    # A corrupt entry is quarantined by the check and counts as a miss; an entry the configured shared
+    # tier lacks goes to a worker, which publishes it.
+    if d is None:
+        return False
+    key = keys.cache_key(d, task.options)
+    return cache.sound_manifest(key) is not None and (
+        cache.shared is None or cache.shared.exists_many([keys.ac(key)])[0])
 
 
 class _ProgressLog:
@@ -325,7 +332,7 @@ class _ProgressLog:
             return
         self.last = now
         s = self.summary
-        done = s.new + s.hit + s.failed
+        done = s.new + s.hit + s.published + s.failed
         rate = done / (now - self.t0) if now > self.t0 else 0.0
         eta = f", ETA {(self.total - done) / rate:.0f} s" if rate and done < self.total else ""
         print(f"{self.desc}: {done}/{self.total} videos ({s.new} new, {s.hit} hit, {s.failed} failed), "
@@ -367,6 +374,7 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
                 else:
                     summary.new += res["status"] == "new"
                     summary.hit += res["status"] == "hit"
+                    summary.published += res["status"] == "published"
                     summary.bytes += res["bytes"]
                 bar.update(1)
                 log.tick()

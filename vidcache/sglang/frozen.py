@@ -25,6 +25,7 @@ import torch
 from .. import keys
 from ..encode import write_video
 from ..errors import FrozenFileError
+from ..integrity import frozen_problem
 from ..serving import FROZEN_FPS, SERVING_FORMAT
 from ..store.publish import publish
 
@@ -109,26 +110,113 @@ def verify_frozen(path: str, frames: torch.Tensor, rate: Fraction = FROZEN_FPS,
     return report
 
 
-# --- in the cache --------------------------------------------------------------------------
+# --- in the cache ---------------------------------------------------------------------------
+# Every frozen copy is checked before it is handed out: its bytes must hash to the digest its tier recorded
+# when the copy was verified by decoding (vidcache.integrity).  A process checks a copy once while it is
+# unchanged (same size, mtime and inode for a file; once per process for a shared object).
+_SOUND_FILES: set[tuple] = set()
+_SOUND_SHARED: set[tuple] = set()
+
+
+def _stat_id(path: str) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (path, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _decodes_to_frames(cache, key: str, value: bytes, suffix: str) -> bool:
+    """A copy without a record (made by an older vidcache): sound only if it decodes to the frames."""
+    import tempfile
+    os.makedirs(cache.tmp_dir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(suffix=suffix, dir=cache.tmp_dir) as tmp:
+        tmp.write(value)
+        tmp.flush()
+        try:
+            verify_frozen(tmp.name, cache.frames(key))
+        except (FrozenFileError, RuntimeError, ValueError, OSError):
+            return False
+    return True
+
+
+def _copy_is_sound(cache, tier: str, key: str, f: FrozenFormat) -> bool | None:
+    """Whether ``tier``'s copy is sound (None: absent).  Unrecorded copies are checked by decoding and
+    recorded; bad ones are quarantined."""
+    value, record = cache.frozen_bytes(tier, key, f.suffix)
+    if value is None:
+        return None
+    if record is None and _decodes_to_frames(cache, key, value, f.suffix):
+        cache.record_frozen(tier, key, f.suffix, value)
+        return True
+    if record is not None and frozen_problem(value, record) is None:
+        return True
+    cache.quarantine_frozen(tier, key, f.suffix)
+    if cache.read_only:
+        raise FrozenFileError(f"{tier} frozen file {key}{f.suffix} is corrupt and this cache is read-only: "
+                              "`vidcache verify --repair` on a writable node")
+    return False
+
+
 def local_frozen_path(cache, key: str, fmt: str | None = None) -> str:
-    """The node-local frozen file for ``key``: written and verified once, on first use."""
+    """The node-local frozen file for ``key``, checked against its recorded digest; written from the
+    digest-checked frames and verified by re-decoding when absent (or found corrupt)."""
     f = FORMATS[fmt or SERVING_FORMAT]
-    path = os.path.join(cache.path, "frozen", keys.check_key(key) + f.suffix)
-    if not os.path.isfile(path):     # built from digest-checked frames, then verified by re-decoding
-        frames = cache.frames(key)
-        write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
+    path = os.path.join(cache.frozen_dir, keys.check_key(key) + f.suffix)
+    if (sid := _stat_id(path)) in _SOUND_FILES:
+        return path
+    if sid is not None and _copy_is_sound(cache, "local", key, f):
+        _SOUND_FILES.add(_stat_id(path))
+        return path
+    frames = cache.frames(key)
+    write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
+    with open(path, "rb") as fh:
+        cache.record_frozen("local", key, f.suffix, fh.read())
+    _SOUND_FILES.add(_stat_id(path))
     return path
 
 
 def published_frozen_key(cache, key: str, fmt: str | None = None) -> str:
-    """Publish the frozen file of ``key`` into the shared tier (once: immutable, first writer wins);
-    its store key.  The file is verified where it is made, before it is published."""
+    """The shared tier's frozen file of ``key`` (its store key), checked against its recorded digest once
+    per process; published from the verified local copy when absent or found corrupt (immutable, first
+    writer wins, its digest recorded after it)."""
     f = FORMATS[fmt or SERVING_FORMAT]
     skey = keys.frozen(key, f.suffix)
     shared = cache.shared
     if shared is None:
         raise ValueError(f"{cache!r} has no shared tier to publish frozen files into")
-    if not shared.exists_many([skey])[0]:
+    memo = (cache.identity, skey)
+    if memo in _SOUND_SHARED:
+        return skey
+    for _ in range(2):                  # a writer on another node may win the publish: check theirs
+        if _copy_is_sound(cache, "shared", key, f):
+            _SOUND_SHARED.add(memo)
+            return skey
         with open(local_frozen_path(cache, key, f.name), "rb") as fh:
-            shared.set_if_not_exists(skey, fh.read())
-    return skey
+            value = fh.read()
+        if shared.set_if_not_exists(skey, value):
+            cache.record_frozen("shared", key, f.suffix, value)
+            _SOUND_SHARED.add(memo)
+            return skey
+    raise FrozenFileError(f"shared frozen file {skey} could not be published soundly")
+
+
+def repair_frozen(cache, key: str) -> list[str]:
+    """``verify --repair`` for frozen files: check unrecorded copies by decoding (recorded or
+    quarantined), and remake every copy that a check moved aside.  The formats remade."""
+    remade = []
+    quarantine = os.path.join(cache.path, "quarantine")
+    for f in FORMATS.values():
+        sound = _copy_is_sound(cache, "local", key, f)
+        if sound is False or (sound is None and os.path.exists(os.path.join(quarantine, key + f.suffix))):
+            local_frozen_path(cache, key, f.name)
+            remade.append(f"local {f.suffix}")
+        if cache.shared is None:
+            continue
+        bad = _copy_is_sound(cache, "shared", key, f) is False
+        if bad or (not cache.shared.exists_many([keys.frozen(key, f.suffix)])[0]
+                   and cache.shared.exists_many([keys.quarantined(keys.frozen(key, f.suffix))])[0]):
+            _SOUND_SHARED.discard((cache.identity, keys.frozen(key, f.suffix)))
+            published_frozen_key(cache, key, f.name)
+            remade.append(f"shared {f.suffix}")
+    return remade

@@ -1,0 +1,129 @@
+"""vidcache.sglang.frozen: frozen files are part of an entry's integrity (issue 18, D15).
+
+A flipped byte in a frozen file (UT Video or FFV1, this node's copy or the shared tier's) is never handed
+to SGLang: the copy is checked against the digest recorded when it was verified, moved aside, and remade
+from the frames.  ``verify --shared`` reports it and ``--repair`` restores it."""
+import os
+import subprocess
+import sys
+from urllib.parse import unquote, urlparse
+
+import pytest
+import torch
+
+import vidcache
+from vidcache import VideoCache, VideoOptions
+from vidcache import keys as K
+from vidcache.sglang import frozen
+from vidcache.sglang.frozen import FORMATS, decode_all, local_frozen_path, published_frozen_key
+from vidcache.sglang.transport import video_uri
+
+
+@pytest.fixture
+def node(tmp_path, videos):
+    c = VideoCache(tmp_path / "node", shared=str(tmp_path / "shared"))
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_5_vl"), c)
+    return c, h, tmp_path
+
+
+def _new_process_view():
+    """What a new process knows: no copy checked yet."""
+    frozen._SOUND_FILES.clear()
+    frozen._SOUND_SHARED.clear()
+
+
+def _flip(path: str, at: float = 0.6) -> None:
+    raw = bytearray(open(path, "rb").read())
+    raw[int(len(raw) * at)] ^= 0x10
+    with open(path, "wb") as f:
+        f.write(raw)
+
+
+def _shared_file(tmp_path, key, suffix) -> str:
+    [p] = [p for p in (tmp_path / "shared" / "frozen").rglob(key + suffix)]
+    return str(p)
+
+
+def _exact(path, frames) -> bool:
+    got, fps = decode_all(path, "decord")
+    return torch.equal(got, frames) and fps == 2.0
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_flipped_local_frozen_file_is_never_handed_out(node, fmt):
+    c, h, _ = node
+    path = local_frozen_path(c, h.key, fmt)
+    assert c.local.get(K.frozen_digest(h.key, FORMATS[fmt].suffix)) is not None      # recorded when made
+    _flip(path)
+    _new_process_view()
+    again = local_frozen_path(c, h.key, fmt)
+    assert again == path and _exact(again, h.frames())                 # remade from the frames
+    assert os.path.exists(os.path.join(c.path, "quarantine", h.key + FORMATS[fmt].suffix))   # the bad one, aside
+    assert unquote(urlparse(video_uri(h, transport="file", frozen_format=fmt)).path) == path
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_flipped_shared_frozen_file_is_never_handed_out(node, fmt):
+    c, h, tmp_path = node
+    suffix = FORMATS[fmt].suffix
+    uri = video_uri(h, transport="shared", frozen_format=fmt)
+    shared_path = _shared_file(tmp_path, h.key, suffix)
+    assert unquote(urlparse(uri).path) == shared_path
+    _flip(shared_path)
+    _new_process_view()
+    again = video_uri(h, transport="shared", frozen_format=fmt)
+    assert unquote(urlparse(again).path) == shared_path and _exact(shared_path, h.frames())   # republished
+    assert c.shared.get(K.quarantined(K.frozen(h.key, suffix))) is not None
+
+
+def _cli(args, env_dir, shared):
+    env = {**os.environ, "VIDCACHE_DIR": str(env_dir), "VIDCACHE_SHARED": str(shared)}
+    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_verify_shared_reports_flipped_frozen_files_and_repair_restores_them(node, fmt):
+    """CLI only, on a fresh node B (no VIDCACHE_DIR yet): node A's shared frozen file was flipped."""
+    c, h, tmp_path = node
+    suffix = FORMATS[fmt].suffix
+    published_frozen_key(c, h.key, fmt)
+    local = local_frozen_path(c, h.key, fmt)
+    _flip(_shared_file(tmp_path, h.key, suffix))
+    _flip(local, 0.4)
+    a = _cli(["verify"], c.path, tmp_path / "shared")                     # node A: both copies bad
+    assert a.returncode == 1 and f"local: frozen file {suffix}" in a.stdout and f"shared: frozen file {suffix}" in a.stdout
+    b_dir = tmp_path / "nodeB"
+    b = _cli(["verify", "--shared"], b_dir, tmp_path / "shared")
+    assert b.returncode == 1 and f"BAD {h.key}" in b.stdout and "frozen file" in b.stdout, b.stdout + b.stderr
+    assert not b_dir.exists()                                            # a read-only look creates nothing
+    r = _cli(["verify", "--repair"], c.path, tmp_path / "shared")
+    assert r.returncode == 1 and "-> repaired" in r.stdout, r.stdout + r.stderr
+    ok = _cli(["verify", "--shared"], b_dir, tmp_path / "shared")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert _exact(_shared_file(tmp_path, h.key, suffix), h.frames()) and _exact(local, h.frames())
+
+
+def test_frozen_files_of_an_older_vidcache_are_checked_by_decoding(node):
+    """A copy made before copies were recorded: served only after it decodes to the frames, then recorded."""
+    c, h, tmp_path = node
+    skey = published_frozen_key(c, h.key)
+    suffix = skey[len(K.FROZEN) + len(h.key):]
+    c.shared.delete(K.frozen_digest(h.key, suffix))                     # the older layout: no record
+    _new_process_view()
+    assert any("no recorded digest" in p for p in c.frozen_problems(h.key))
+    published_frozen_key(c, h.key)
+    assert c.shared.get(K.frozen_digest(h.key, suffix)) is not None and not c.frozen_problems(h.key)
+    c.shared.delete(K.frozen_digest(h.key, suffix))
+    _flip(_shared_file(tmp_path, h.key, suffix))                          # unrecorded and wrong: aside, remade
+    _new_process_view()
+    published_frozen_key(c, h.key)
+    assert _exact(_shared_file(tmp_path, h.key, suffix), h.frames())
+
+
+def test_evict_removes_frozen_files_and_their_records(node):
+    c, h, _ = node
+    published_frozen_key(c, h.key)
+    assert c.evict(h.key, shared=True)
+    assert not list(c.shared.keys(K.FROZEN + h.key)) and not list(c.shared.keys(K.FROZEN_DIGEST + h.key))
+    assert not list(c.local.keys(K.FROZEN_DIGEST + h.key))
