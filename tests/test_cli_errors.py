@@ -65,6 +65,25 @@ def test_an_unwritable_failures_path_is_refused_up_front(tmp_path, ds, where):
     nothing_created(tmp_path, "d.jsonl")
 
 
+@pytest.mark.parametrize("cmd", [["prewarm", "DS"], ["gc"]])
+@pytest.mark.parametrize("size", ["0", "-5", "0.4"])
+def test_a_local_budget_of_zero_or_below_is_refused(tmp_path, ds, cmd, size):
+    """A budget of 0 would evict every entry as it is written: a tier that silently keeps nothing (D30)."""
+    args = [str(ds) if a == "DS" else a for a in cmd] + ["--max-local-bytes", size]
+    refused(vc(args, tmp_path), "config", "--max-local-bytes", "above 0 bytes")
+    nothing_created(tmp_path, "d.jsonl")
+
+
+def test_a_local_budget_below_one_entry_warns_once(tmp_path, ds):
+    r = vc(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100000"], tmp_path)   # an entry: ~1 MB
+    assert r.returncode == 0 and "1 new" in r.stdout, r.stderr[-2000:]
+    assert r.stderr.count("is below one entry") == 1 and "100000 bytes" in r.stderr, r.stderr[-2000:]
+    assert json.loads(vc(["stats"], tmp_path).stdout)["local"]["entries"] == 0      # what the warning says
+    r = vc(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100MB"], tmp_path)    # room for it: kept
+    assert r.returncode == 0 and "below one entry" not in r.stderr, r.stderr[-2000:]
+    assert json.loads(vc(["stats"], tmp_path).stdout)["local"]["entries"] == 1
+
+
 def test_failed_rows_give_their_line_and_the_report_is_written_only_then(tmp_path, videos):
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n\n"

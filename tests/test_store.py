@@ -119,6 +119,32 @@ def test_gc_down_to_a_budget(tmp_path):
     assert s.gc(10 << 30)["evicted"] == 0      # within budget: nothing to do
 
 
+@pytest.mark.parametrize("budget", [0, -1])
+def test_a_budget_of_zero_or_below_is_refused(tmp_path, budget):
+    from vidcache import VideoCache
+    with pytest.raises(ValueError, match="max_bytes must be a positive"):
+        LMDBStore(tmp_path / "db", max_bytes=budget)
+    with pytest.raises(ValueError, match="max_local_bytes must be a positive"):
+        VideoCache(tmp_path / "cache", max_local_bytes=budget)
+    assert not (tmp_path / "db").exists() and not (tmp_path / "cache" / "lmdb").exists()
+
+
+def test_a_budget_below_one_entry_warns_once(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="vidcache.store.lmdb")
+    roomy = LMDBStore(tmp_path / "roomy", max_bytes=2 << 20)
+    for i in range(8):                          # evicts older keys, never the one just written: no warning
+        roomy.set_many({f"cas/{i}": os.urandom(512 << 10)})
+    assert roomy.get("cas/7") is not None and roomy.get("cas/0") is None
+    assert not caplog.records
+    tight = LMDBStore(tmp_path / "tight", max_bytes=100_000)
+    for i in range(3):                          # each write alone is over the budget: evicted at once
+        tight.set_many({f"cas/{i}": os.urandom(300 << 10)})
+        assert tight.get(f"cas/{i}") is None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1, warned             # once per file, not per write
+    assert "below one entry" in warned[0] and "100000 bytes" in warned[0] and "cas/0" in warned[0]
+
+
 def _evict_all(path, q):
     s = LMDBStore(path)
     q.put(s.gc(1)["evicted"])

@@ -48,11 +48,22 @@ _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 
 
 
 def parse_size(text: str) -> int:
-    """``20GB`` (10**9), ``1.5TiB`` (2**40), ``500M`` or plain bytes -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    """``20GB`` (10**9), ``1.5TiB`` (2**40), ``500M`` or plain bytes -> bytes.  A sign is parsed (not refused
+    here) so that a negative budget gets the same [config] error as 0 (``check_local_budget``)."""
+    m = re.fullmatch(r"\s*([-+]?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).upper() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 20GB, 500MiB, 1073741824)")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def check_local_budget(size: int | None) -> None:
+    """--max-local-bytes must leave room for entries: 0 would evict every entry as it is written (D30).
+    (Refused here, as a [config] error, not in the argparse type, whose errors are usage errors.)"""
+    if size is not None and size <= 0:
+        from .errors import ConfigError
+        raise ConfigError(f"--max-local-bytes {size}: a local budget must be above 0 bytes (this one would keep "
+                          "nothing); give a size above the largest entry, e.g. 200GB (prewarm: leave the flag out "
+                          "for no budget)")
 
 
 def source_arg(text: str) -> str:
@@ -134,6 +145,7 @@ def cmd_prewarm(args) -> int:
     from .prewarm import check_failures_path, default_failures_path, default_worker_memory, prewarm
 
     # Every mistake the user can make is refused before any work is done, and creates nothing.
+    check_local_budget(args.max_local_bytes)
     if not os.path.isfile(args.dataset):
         raise ConfigError(f"dataset not found: {args.dataset}" if not os.path.exists(args.dataset)
                           else f"dataset is not a file: {args.dataset}")
@@ -248,6 +260,7 @@ def cmd_evict(args) -> int:
 
 
 def cmd_gc(args) -> int:
+    check_local_budget(args.max_local_bytes)
     path = _node_dir(args)
     if not _has_local(path):
         print(json.dumps({"evicted": 0, "freed_bytes": 0, "used_bytes": 0, "entries_evicted": 0}, indent=2))

@@ -67,6 +67,10 @@ class CacheConfig:
             raise ValueError(f"encoding must be one of {ENCODINGS}")
         if self.verify_reads not in VERIFY_READS:
             raise ValueError(f"verify_reads must be one of {VERIFY_READS}")
+        if self.max_local_bytes is not None and self.max_local_bytes <= 0:
+            # 0 would evict every entry as it is written: a local tier that silently keeps nothing (D30).
+            raise ValueError(f"max_local_bytes must be a positive number of bytes or None for no budget, "
+                             f"got {self.max_local_bytes!r} (a budget of 0 keeps nothing)")
 
     @classmethod
     def resolve(cls, path=None, shared: str | None = None, **settings) -> "CacheConfig":

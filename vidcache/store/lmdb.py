@@ -9,10 +9,15 @@ Eviction: LMDB never shrinks its file, but pages freed by a delete are reused
 by later writes, so a budget bounds the file's growth.  Readers are MVCC
 snapshots: a process holding a zero-copy view keeps seeing the old pages until
 its transaction ends, so evicting an entry that is being read is safe.
+
+Damage: a damaged page surfaces from whichever call walks it first (an open, a get, a cursor walk, stat()).
+Every lmdb.Error leaving this module is a StoreError naming the file and the rebuild, never a raw lmdb
+traceback (``_lmdb_errors``).
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 import threading
@@ -27,6 +32,21 @@ from .base import Store
 
 
 LMDB_LIB_VERSION = 0       # LMDB 0.9.x, data format 1: what every py-lmdb release reads
+
+logger = logging.getLogger(__name__)
+
+# lmdb errors that mean the file itself is bad (not a full disk, a busy reader table or a bug of ours).
+_DAMAGED = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
+
+
+def _store_error(path: str, err: lmdb.Error) -> StoreError:
+    """The StoreError for an lmdb error on the environment at ``path``: the file and how to rebuild it."""
+    rebuild = (f"move {path!r} aside and re-run `vidcache prewarm` (with a shared tier, entries are pulled back "
+               "from it without decoding)")
+    if isinstance(err, _DAMAGED):
+        return StoreError(f"the LMDB file at {path!r} is damaged ({err}). Rebuild: {rebuild}")
+    return StoreError(f"LMDB error on {os.path.join(path, 'data.mdb')!r} ({type(err).__name__}: {err}). "
+                      f"If it persists, the file may be damaged; rebuild: {rebuild}")
 
 
 class _SharedEnv:
@@ -73,6 +93,7 @@ def _has_lru(env) -> bool:
 
 
 _ENVS: dict[str, _SharedEnv] = {}
+_WARNED_BUDGET: set[str] = set()     # paths whose below-one-entry budget was already warned about
 _ENVS_LOCK = threading.Lock()
 
 
@@ -136,6 +157,10 @@ class LMDBStore(Store):
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False, map_size: int = 1 << 30,
                  max_readers: int = 1024, max_bytes: int | None = None) -> None:
         """``max_bytes``: a budget for the data; writes past it evict least-recently-used keys."""
+        if max_bytes is not None and max_bytes <= 0:
+            # A budget of 0 evicts every write at once: the tier would silently keep nothing (D30).
+            raise ValueError(f"max_bytes must be a positive number of bytes or None for no budget, got {max_bytes!r}"
+                             " (a budget of 0 keeps nothing)")
         super().__init__(read_only=read_only)
         self.path = str(Path(path).absolute())
         e = _ENVS.get(self.path)
@@ -157,10 +182,8 @@ class LMDBStore(Store):
             raise StoreError(f"no LMDB cache at {self.path!r}")
         try:
             return _acquire(self.path, self.read_only, self.initial_map_size, self.max_readers)
-        except (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError) as e:
-            raise StoreError(f"the LMDB file at {self.path!r} is damaged ({e}). Rebuild: move {self.path!r} "
-                             "aside and re-run `vidcache prewarm` (with a shared tier, entries are pulled back "
-                             "from it without decoding)") from e
+        except _DAMAGED as e:
+            raise _store_error(self.path, e) from e
         except lmdb.Error as e:
             raise StoreError(f"cannot open LMDB at {self.path!r}: {e}") from e
 
@@ -168,11 +191,22 @@ class LMDBStore(Store):
     def env(self) -> lmdb.Environment:
         return self._shared().env
 
+    @contextlib.contextmanager
+    def _lmdb_errors(self) -> Iterator[None]:
+        """Turn an lmdb.Error into a StoreError naming the file and the rebuild (D9)."""
+        try:
+            yield
+        except (lmdb.MapFullError, lmdb.MapResizedError):
+            raise                      # not errors to the caller: _write grows the map, _begin adopts its size
+        except lmdb.Error as e:
+            raise _store_error(self.path, e) from e
+
     def sync(self) -> None:
         """fsync committed transactions (a durability checkpoint)."""
         if not self.read_only:
             self._flush_touched()
-            self.env.sync(True)
+            with self._lmdb_errors():
+                self.env.sync(True)
 
     def close(self) -> None:
         """Close this process's environment for the path if no transaction is open."""
@@ -213,13 +247,16 @@ class LMDBStore(Store):
         with e.lock:
             e.active += 1
         try:
-            try:
-                txn = e.env.begin(write=write, buffers=buffers)
-            except lmdb.MapResizedError:
-                e.env.set_mapsize(0)   # another process grew the map: adopt its size
-                txn = e.env.begin(write=write, buffers=buffers)
-            with txn:
-                yield txn
+            # Every verb's lmdb calls run in here (gets, puts, cursor walks, the commit), so this one
+            # translation covers them.
+            with self._lmdb_errors():
+                try:
+                    txn = e.env.begin(write=write, buffers=buffers)
+                except lmdb.MapResizedError:
+                    e.env.set_mapsize(0)   # another process grew the map: adopt its size
+                    txn = e.env.begin(write=write, buffers=buffers)
+                with txn:
+                    yield txn
         finally:
             with e.lock:
                 e.active -= 1
@@ -284,13 +321,29 @@ class LMDBStore(Store):
             except lmdb.MapFullError:
                 # Grow on demand; the failed txn is already aborted, so no txn of ours is open.
                 env = self.env
-                size = env.info()["map_size"]
-                env.set_mapsize(max(2 * size, size + 2 * getattr(fn, "needed", 0)))
+                with self._lmdb_errors():
+                    size = env.info()["map_size"]
+                    env.set_mapsize(max(2 * size, size + 2 * getattr(fn, "needed", 0)))
         else:
             raise StoreError(f"could not grow the LMDB map at {self.path!r}")
         if self.max_bytes is not None and self.used_bytes() > self.max_bytes:
-            self.gc(self.max_bytes)
+            _, victims = self._evict(self.max_bytes)
+            lost = [k for k in victims if k in getattr(fn, "keys", ())]
+            if lost:
+                self._warn_below_one_entry(lost)
         return out
+
+    def _warn_below_one_entry(self, lost: list[bytes]) -> None:
+        # Eviction takes the oldest keys first, so a key written just now goes only when it alone (with the
+        # rest of its write) is over the budget: every such write is lost at once, and a run reports
+        # "new" every time with nothing kept (D30).  Said once per file and process, not per write.
+        if self.path in _WARNED_BUDGET:
+            return
+        _WARNED_BUDGET.add(self.path)
+        logger.warning("vidcache: the local budget (max_local_bytes / --max-local-bytes = %d bytes) of %s is below "
+                       "one entry: the keys just written (%s) were evicted at once, so this tier keeps nothing of "
+                       "them. Give a budget larger than the largest entry, or none.",
+                       self.max_bytes, self.path, ", ".join(k.decode(errors="replace") for k in lost[:3]))
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
         now = struct.pack(">d", time.time())
@@ -301,6 +354,7 @@ class LMDBStore(Store):
                 txn.put(k.encode(), v)
                 txn.put(k.encode(), now, db=db)
         put.needed = sum(len(v) for v in items.values())
+        put.keys = {k.encode() for k in items}
         self._write(put)
 
     def set_if_not_exists(self, key: str, value: bytes) -> bool:
@@ -312,6 +366,7 @@ class LMDBStore(Store):
                 txn.put(key.encode(), now, db=self._shared().lru)
             return wrote
         put.needed = len(value)
+        put.keys = {key.encode()}
         return bool(self._write(put))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
@@ -338,16 +393,22 @@ class LMDBStore(Store):
     # --- budget -----------------------------------------------------------
     def used_bytes(self) -> int:
         """Bytes in pages holding data (LMDB's own accounting; the file may be larger, its free pages are reused)."""
-        st = self.env.stat()
+        env = self.env
+        with self._lmdb_errors():
+            st = env.stat()
         return (st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]) * st["psize"]
 
     def gc(self, max_bytes: int, low_water: float = 0.9) -> dict:
         """Evict least-recently-used keys until the data fits ``low_water * max_bytes``."""
+        return self._evict(max_bytes, low_water)[0]
+
+    def _evict(self, max_bytes: int, low_water: float = 0.9) -> tuple[dict, list[bytes]]:
+        """``gc``'s report, and the keys it evicted."""
         self._check_writable()
         self._flush_touched()
         used = self.used_bytes()
         if used <= max_bytes:
-            return {"evicted": 0, "freed_bytes": 0, "used_bytes": used}
+            return {"evicted": 0, "freed_bytes": 0, "used_bytes": used}, []
         target = int(max_bytes * low_water)
         e = self._shared()
         with self._begin(buffers=True) as txn:
@@ -367,11 +428,12 @@ class LMDBStore(Store):
                 txn.delete(k, db=e.lru)
         with self._begin(write=True) as txn:
             rm(txn)
-        return {"evicted": len(victims), "freed_bytes": freed, "used_bytes": self.used_bytes()}
+        return {"evicted": len(victims), "freed_bytes": freed, "used_bytes": self.used_bytes()}, victims
 
     def stats(self) -> dict:
         env = self.env
-        info, stat = env.info(), env.stat()
+        with self._lmdb_errors():
+            info, stat = env.info(), env.stat()
         return {"path": self.path, "map_size": info["map_size"], "entries": stat["entries"],
                 "used_bytes": self.used_bytes(), "max_bytes": self.max_bytes,
                 "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")), "page_size": stat["psize"]}

@@ -1,0 +1,114 @@
+"""A damaged LMDB file gives a clear StoreError naming the file and the rebuild, never a raw lmdb traceback
+(review D9): from every verb of LMDBStore, and from `vidcache stats` / `vidcache verify` run as users run them."""
+import os
+import struct
+import subprocess
+import sys
+
+import lmdb
+import pytest
+
+from vidcache import VideoCache, VideoOptions
+from vidcache.errors import StoreError
+from vidcache.store.lmdb import LMDBStore
+from vidcache.testing.videos import make_video
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAGE = 4096
+P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
+
+
+def structural_pages(raw: bytes) -> list[int]:
+    """Branch and leaf pages of a data.mdb (the B-tree's structure; not the two meta pages, not the
+    overflow pages holding frames).  A page header is pgno (8 bytes), pad (2), flags (2), lower (2), upper (2)."""
+    out = []
+    for k in range(2, len(raw) // PAGE):
+        pgno, _, flags = struct.unpack_from("<QHH", raw, k * PAGE)
+        if pgno == k and flags & (P_BRANCH | P_LEAF) and not flags & P_OVERFLOW:
+            out.append(k)
+    return out
+
+
+# Header bytes whose flips LMDB itself notices: the flags' low byte, and the high bytes of lower and upper
+# (the free-space bounds).  Flips of node offsets can instead make LMDB read past the end of the file,
+# which kills the process with SIGBUS inside LMDB's C code: nothing Python can catch (see the report).
+FLIP_OFFSETS = (10, 13, 15)
+
+
+def flip(path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([b ^ 0xFF]))
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    """A node directory holding three small entries, closed (as after a prewarm)."""
+    d = tmp_path_factory.mktemp("damage")
+    c = VideoCache(d / "node")
+    for i in range(3):
+        v = make_video(str(d / f"v{i}.mkv"), codec="ffv1", width=64, height=48, fps=10, n_frames=20, seed=i)
+        c.ensure(v, VideoOptions())
+    c.close()
+    return d / "node"
+
+
+def vc(cmd, node):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node)}
+    return subprocess.run([sys.executable, "-m", "vidcache.cli", cmd], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_structural_page_flips_give_a_clean_error_never_a_traceback(node):
+    data = node / "lmdb" / "data.mdb"
+    pristine = data.read_bytes()
+    pages = structural_pages(pristine)
+    assert len(pages) >= 4, pages              # several leaves and a branch: the tree has structure to damage
+    problems, damaged = [], 0
+    try:
+        for k in pages:
+            for off in FLIP_OFFSETS:
+                data.write_bytes(pristine)
+                flip(data, k * PAGE + off)
+                for cmd in ("stats", "verify"):
+                    r = vc(cmd, node)
+                    where = f"page {k} +{off}, {cmd}: rc {r.returncode}"
+                    if r.returncode not in (0, 1) or "Traceback" in r.stderr:
+                        problems.append(f"{where}: {r.stderr.strip()[-300:]}")
+                    elif r.returncode == 1 and not r.stderr.startswith("vidcache: error: ["):
+                        # verify's own verdict (BAD lines and a summary on stdout) is the other clean exit 1
+                        if not (cmd == "verify" and "verify:" in r.stdout and not r.stderr):
+                            problems.append(f"{where}: {r.stderr.strip()[-300:]!r}")
+                    if r.stderr.startswith("vidcache: error: [store]") and "damaged" in r.stderr:
+                        damaged += 1
+                        assert str(node / "lmdb") in r.stderr and "vidcache prewarm" in r.stderr, r.stderr
+    finally:
+        data.write_bytes(pristine)
+    assert not problems, "\n".join(problems)
+    assert damaged >= 1              # the flips did reach LMDB's checks, and each was reported with the fix
+
+
+def _damage_every_structural_page(path) -> None:
+    data = os.path.join(path, "data.mdb")
+    with open(data, "rb") as f:
+        pages = structural_pages(f.read())
+    for k in pages:
+        flip(data, k * PAGE + 10)      # the page's flags: every walk through it finds the wrong page type
+
+
+@pytest.mark.parametrize("verb", ["get", "read", "exists_many", "size", "keys", "set_many", "delete", "gc"])
+def test_every_verb_turns_a_damaged_page_into_a_store_error(tmp_path, verb):
+    s = LMDBStore(tmp_path / "db")
+    s.set_many({f"ac/{i:04d}": os.urandom(900) for i in range(40)})   # several leaves under a branch
+    s.set_many({"cas/big": os.urandom(64 << 10)})
+    assert s.get("ac/0001") is not None       # the environment is open: the damage meets the verbs, not open()
+    _damage_every_structural_page(s.path)     # written under the open map: LMDB sees it at once
+    calls = {"get": lambda: s.get("ac/0001"), "read": lambda: s.read("ac/0001").__enter__(),
+             "exists_many": lambda: s.exists_many(["ac/0001"]), "size": lambda: s.size("ac/0001"),
+             "keys": lambda: list(s.keys("ac/")), "set_many": lambda: s.set_many({"ac/new": b"x"}),
+             "delete": lambda: s.delete("ac/0002"), "gc": lambda: s.gc(1)}
+    with pytest.raises(StoreError, match="damaged.*Rebuild: move .* aside and re-run `vidcache prewarm`") as e:
+        calls[verb]()
+    assert s.path in str(e.value) and isinstance(e.value.__cause__, lmdb.Error)
