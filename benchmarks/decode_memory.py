@@ -33,12 +33,13 @@ base = status("VmRSS:")
 frames, built = decode_sample_resize(path, VideoOptions(), decoder=decoder, decoder_threads=threads,
                                      max_decoded_bytes=1 << 62)
 peak = status("VmHWM:")
-v, info = built["video"], probe(path)
-est = estimate_peak_bytes(v["num_frames"], info.height, info.width, v["height"], v["width"],
-                          bytes_per_sample=2 if info.bit_depth > 8 else 1,
-                          threads=built["provenance"]["decoder_threads"], stream_frames=v["source"]["num_frames"])
-print(json.dumps({"n": v["num_frames"], "growth": peak - base, "estimate": est, "base": base,
-                  "decoder": built["provenance"]["decoder"]}))
+n, _, h, w = frames.shape
+info = probe(path)
+est = estimate_peak_bytes(n, info.height, info.width, h, w, bytes_per_sample=2 if info.bit_depth > 8 else 1,
+                          threads=built.provenance["decoder_threads"],
+                          stream_frames=built.source.num_frames_from_decoder)
+print(json.dumps({"n": n, "growth": peak - base, "estimate": est, "base": base,
+                  "decoder": built.provenance["decoder"]}))
 """
 
 # name -> (ffmpeg encoder args, suffix)

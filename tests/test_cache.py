@@ -287,7 +287,7 @@ def test_corrupt_or_old_manifest_is_a_miss_and_is_rebuilt(cache, videos):
     assert any("not JSON" in p for p in fresh.verify(h.key))
     assert fresh.manifest(h.key) is None                       # quarantined, never parsed into an entry
     assert fresh.store.get(keys.quarantined(keys.ac(h.key))) == b"{not json"
-    assert fresh.lookup(h.source, h.options) is None
+    assert fresh.find(h.source, h.options) is None
     assert torch.equal(vidcache.lazy(h.source, h.options, fresh).frames(), good)
     assert fresh.verify(h.key) == []
 

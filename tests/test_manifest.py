@@ -147,3 +147,12 @@ def test_prewarmed_http_source_with_credentials_leaves_none_in_the_tier(tmp_path
         srv.shutdown()
     blobs = b"".join(p.read_bytes() for p in (tmp_path / "shared").rglob("*") if p.is_file() and "src" in p.parts)
     assert b"127.0.0.1" in blobs and b"hunter2" not in blobs and b"SECRETSIG" not in blobs
+
+
+def test_the_container_frame_count_is_recorded_beside_the_decoders(twins):
+    """torchcodec's provenance names: ``num_frames_from_header`` (what the MP4 declares) is kept, beside the
+    ``num_frames_from_decoder`` that sampling used."""
+    c, ks, ms = twins
+    src = ms[0].source
+    assert (src.num_frames_from_header, src.num_frames_from_decoder) == (25, 25)
+    assert _raw(c, ks[0])["source"]["num_frames_from_header"] == 25

@@ -51,12 +51,12 @@ def test_frames_equal_qwen_vl_utils(videos, name, kw, family):
     ref, meta, sample_fps = reference(videos[name], patch, **kw)
     assert frames.dtype == torch.uint8 and frames.shape == ref.shape
     assert torch.equal(frames, ref)
-    v = built["video"]
-    assert v["frame_indices"] == meta["frames_indices"]
-    assert v["total_num_frames"] == meta["total_num_frames"]
-    assert v["fps"] == meta["fps"]
-    assert v["sample_fps"] == sample_fps
-    assert (v["num_frames"], v["height"], v["width"]) == tuple(ref.shape[i] for i in (0, 2, 3))
+    s = built.sampling
+    assert list(s.frame_indices) == meta["frames_indices"]
+    assert s.total_num_frames == meta["total_num_frames"]
+    assert built.source.average_fps_from_decoder == meta["fps"]
+    assert s.sample_fps == sample_fps
+    assert len(s.frame_indices) == ref.shape[0]
 
 
 def test_long_clip_hits_the_frame_cap(videos):
@@ -89,9 +89,9 @@ def test_torchcodec_is_an_explicit_alternative(videos, name):
     opts = VideoOptions(family="qwen2_5_vl")
     a, built_a = decode_sample_resize(videos[name], opts, decoder="decord")
     b, built_b = decode_sample_resize(videos[name], opts, decoder="torchcodec")
-    assert built_b["provenance"]["decoder"] == "torchcodec"
+    assert built_b.provenance["decoder"] == "torchcodec"
     assert torch.equal(a, b)
-    assert built_a["video"]["frame_indices"] == built_b["video"]["frame_indices"]
+    assert built_a.sampling == built_b.sampling
 
 
 def test_unknown_decoder_is_refused(videos):

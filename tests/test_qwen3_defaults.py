@@ -25,7 +25,7 @@ def test_qwen3_defaults_equal_qwen_vl_utils(aspect_clips, size):
     ref, meta, sample_fps = reference(aspect_clips[size], QWEN3_PATCH)
     assert frames.shape == ref.shape
     assert torch.equal(frames, ref)
-    assert built["video"]["frame_indices"] == meta["frames_indices"] and built["video"]["sample_fps"] == sample_fps
+    assert list(built.sampling.frame_indices) == meta["frames_indices"] and built.sampling.sample_fps == sample_fps
 
 
 @pytest.mark.parametrize("size", SHAPES, ids=[f"{w}x{h}" for w, h in SHAPES])

@@ -126,10 +126,6 @@ class VideoCache:
             self.local.sync()
 
     # --- identity -----------------------------------------------------------
-    def known_digest(self, source: str) -> Digest | None:
-        """The digest recorded for ``source`` if its validators still match; never downloads."""
-        return self._recorded_digest(source, fingerprint(source, self.limits))
-
     def _recorded_digest(self, source: str, fp: dict | None) -> Digest | None:
         if fp is None:
             return None
@@ -137,12 +133,16 @@ class VideoCache:
         rec = None if raw is None else SourceRecord.from_json(raw)    # damaged: a miss, hashed again
         return rec.digest if rec is not None and rec.matches(source, fp) else None
 
-    def lookup(self, source: str, options: VideoOptions) -> str | None:
-        """The key of a present entry for (source, options), without fetching; None when unknown."""
-        d = self.known_digest(source)
+    def find(self, source: str, options: VideoOptions | None = None, *, sound: bool = False) -> str | None:
+        """The key of the entry cached for ``(source, options)``, found without fetching (one stat or HEAD
+        for the source's validators); None when the source is unknown or the entry absent.  ``sound``: its
+        blob must pass its checks too (a corrupt copy is quarantined and reported absent)."""
+        d = self._recorded_digest(source, fingerprint(source, self.limits))
         if d is None:
             return None
-        key = keys.cache_key(d, options)
+        key = keys.cache_key(d, options or VideoOptions())
+        if sound:
+            return key if self.sound_manifest(key) is not None else None
         return key if self.contains([key])[0] else None
 
     def contains(self, cache_keys: list[str]) -> list[bool]:
@@ -158,7 +158,6 @@ class VideoCache:
             if (m := self.sound_manifest(key)) is not None:
                 return self._hit(key, m, {keys.src(source): SourceRecord.of(source, fp, d).to_json()})
         from .loader.build import decode_sample_resize
-        from .loader.resize import aspect_distortion
         fetched = fetch(source, self.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
         try:
             key = keys.cache_key(fetched.digest, options)
@@ -178,10 +177,8 @@ class VideoCache:
         raw = memoryview(frames.numpy()).cast("B")     # no second copy of the frames (peak memory)
         blob = Digest.of(raw)
         payload = raw if self.config.encoding == "raw" else zlib.compress(raw, 1)
-        src = built["video"]["source"]
-        distortion = aspect_distortion(src["width"], src["height"], frames.shape[3], frames.shape[2])
         man = build_manifest(key, fetched.digest, options, blob, tuple(frames.shape), self.config.encoding, built,
-                             distortion, {"created_unix": round(time.time(), 3)})
+                             {"created_unix": round(time.time(), 3)})
         # Blob first, manifest last: one transaction locally; on the shared tier the manifest is
         # published only after its blob, so no reader sees a manifest without its frames.
         self.store.set_many({keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record})
@@ -587,7 +584,7 @@ class VideoCache:
 
     def options_cached_for(self, source: str) -> list[dict]:
         """The options under which ``source`` is cached (by its recorded digest), for a helpful miss."""
-        d = self.known_digest(source)
+        d = self._recorded_digest(source, fingerprint(source, self.limits))
         if d is None:
             return []
         prefix = f"{d.hash}.{d.size_bytes}."

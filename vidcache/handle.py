@@ -64,7 +64,7 @@ class VideoHandle:
         if self.source is None:
             raise NotCachedError("a handle without a source must carry its key")
         cache = self.cache
-        key = cache.lookup(self.source, self.options)
+        key = cache.find(self.source, self.options)
         if key is None:
             if not build:
                 raise NotCachedError(f"{self.source!r} is not cached in {cache!r} (run `vidcache prewarm`)")

@@ -25,6 +25,7 @@ import xxhash
 from .digest import Digest
 from .errors import CorruptManifestError, InvalidKeyError, OptionsError
 from .keys import check_blob, check_key
+from .loader.record import Built, Sampling, Source
 from .options import MERGE_SIZE, TEMPORAL_PATCH_SIZE, VideoOptions
 
 # 3: sealed (``seal``, an xxh3-128 of every other field), so a flipped byte anywhere, or a manifest pointed
@@ -75,24 +76,6 @@ class Frames:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class Source:
-    """What the decoder and the container said about the source video."""
-    codec: str
-    width_from_decoder: int
-    height_from_decoder: int
-    num_frames_from_decoder: int               # the stream length sampling used (decord's len())
-    average_fps_from_decoder: float            # the rate sampling used (decord's get_avg_fps())
-    fps_from_header: str | None                # the container's exact rational rate, "30000/1001"
-
-
-@dataclass(frozen=True)
-class Sampling:
-    frame_indices: tuple[int, ...]             # indices into the decoded stream
-    total_num_frames: int                      # frames in the [video_start, video_end] range
-    sample_fps: float                          # nframes / total * fps, in qwen-vl-utils' order
 
 
 @dataclass(frozen=True)
@@ -312,21 +295,16 @@ class SourceRecord:
 
 
 def build_manifest(key: str, source_digest: Digest, options: VideoOptions, blob: Digest, shape: tuple,
-                   encoding: str, built: dict, aspect_distortion: float, provenance: dict[str, Any]) -> Manifest:
-    """A manifest from ``decode_sample_resize``'s ``built`` record."""
-    v = built["video"]
-    src = v["source"]
+                   encoding: str, built: Built, provenance: dict[str, Any]) -> Manifest:
+    """A manifest from ``decode_sample_resize``'s :class:`Built` record."""
     t, _, h, w = shape
     grid = grid_thw(options, t, h, w)
     return Manifest(
         key=key, source_digest=str(source_digest), options=options.resolved().to_dict(),
         options_digest=options.digest,
         frames=Frames(str(blob), tuple(int(x) for x in shape), encoding=encoding),
-        source=Source(codec=src["codec"], width_from_decoder=src["width"], height_from_decoder=src["height"],
-                      num_frames_from_decoder=src["num_frames"], average_fps_from_decoder=v["fps"],
-                      fps_from_header=v["fps_rational"]),
-        sampling=Sampling(tuple(v["frame_indices"]), v["total_num_frames"], v["sample_fps"]),
+        source=built.source, sampling=built.sampling,
         tokens=Tokens(grid, pad_tokens(grid)),
-        aspect_distortion=aspect_distortion,
-        provenance={**built["provenance"], **versions(), **provenance},
+        aspect_distortion=built.aspect_distortion,
+        provenance={**built.provenance, **versions(), **provenance},
     )

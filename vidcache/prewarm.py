@@ -307,16 +307,12 @@ def _already_sound(cache: VideoCache, task: Task) -> bool:
     if scheme_of(task.source) != "file":
         return False
     try:
-        d = cache.known_digest(task.source)
+        # A corrupt entry is quarantined by the check and counts as a miss.
+        key = cache.find(task.source, task.options, sound=True)
     except (VidcacheError, OSError, ValueError):
         return False          # reported properly when a worker tries it
-    # A corrupt entry is quarantined by the check and counts as a miss; an entry the configured shared
-    # tier lacks goes to a worker, which publishes it.
-    if d is None:
-        return False
-    key = keys.cache_key(d, task.options)
-    return cache.sound_manifest(key) is not None and (
-        cache.shared is None or cache.shared.exists_many([keys.ac(key)])[0])
+    # An entry the configured shared tier lacks goes to a worker, which publishes it.
+    return key is not None and (cache.shared is None or cache.shared.exists_many([keys.ac(key)])[0])
 
 
 class _ProgressLog:

@@ -168,8 +168,8 @@ def test_thread_count_does_not_change_the_bytes(clips, name):
     frames, built = runs[0]
     for t, (other, other_built) in zip(THREADS[1:], runs[1:]):
         assert torch.equal(other, frames), f"{t} threads"
-        assert other_built["video"] == built["video"], f"{t} threads"
-    assert {b["provenance"]["decoder"] for _, b in runs} == {"decord" if CLIPS[name].decord else "pyav"}
+        assert (other_built.source, other_built.sampling) == (built.source, built.sampling), f"{t} threads"
+    assert {b.provenance["decoder"] for _, b in runs} == {"decord" if CLIPS[name].decord else "pyav"}
 
 
 @pytest.mark.parametrize("name", DECORD)
@@ -177,8 +177,8 @@ def test_frames_equal_qwen_vl_utils(clips, name, monkeypatch):
     frames, built = decode_sample_resize(clips(name), OPTS)
     ref, meta, sample_fps = pinned_reference(clips(name), monkeypatch)
     assert frames.shape == ref.shape and torch.equal(frames, ref)
-    v = built["video"]
-    assert (v["frame_indices"], v["total_num_frames"], v["fps"], v["sample_fps"]) == (
+    s = built.sampling
+    assert (list(s.frame_indices), s.total_num_frames, built.source.average_fps_from_decoder, s.sample_fps) == (
         meta["frames_indices"], meta["total_num_frames"], meta["fps"], sample_fps)
 
 
@@ -187,10 +187,10 @@ def test_streams_decord_cannot_open_land_through_pyav(clips, name):
     with pytest.raises(UnsupportedCodecError, match="decord cannot open"):
         decode_sample_resize(clips(name), OPTS, fallback=False)
     frames, built = decode_sample_resize(clips(name), OPTS)
-    p = built["provenance"]
+    p = built.provenance
     assert (p["decoder"], p["fallback_from"]) == ("pyav", "decord")
     assert "decord cannot open" in p["fallback_reason"]
-    assert frames.dtype == torch.uint8 and frames.shape[0] == built["video"]["num_frames"] >= 2
+    assert frames.dtype == torch.uint8 and frames.shape[0] == len(built.sampling.frame_indices) >= 2
 
 
 @pytest.mark.parametrize("name", REFUSED)
@@ -210,10 +210,10 @@ def test_fallback_equals_decord_on_a_lossless_copy(clips, name, tmp_path):
                    check=True)
     frames, built = decode_sample_resize(clips(name), OPTS)
     ref, ref_built = decode_sample_resize(lossless, OPTS)
-    assert (built["provenance"]["decoder"], ref_built["provenance"]["decoder"]) == ("pyav", "decord")
-    for k in ("fps", "total_num_frames", "frame_indices", "sample_fps"):
-        assert built["video"][k] == ref_built["video"][k], k
-    assert built["video"]["source"]["num_frames"] == ref_built["video"]["source"]["num_frames"]
+    assert (built.provenance["decoder"], ref_built.provenance["decoder"]) == ("pyav", "decord")
+    assert built.sampling == ref_built.sampling
+    assert built.source.average_fps_from_decoder == ref_built.source.average_fps_from_decoder
+    assert built.source.num_frames_from_decoder == ref_built.source.num_frames_from_decoder
     assert torch.equal(frames, ref)
 
 
@@ -222,9 +222,10 @@ def test_pyav_gives_decords_bytes_frame_count_and_fps(clips, name):
     """The evidence that keeps the decoder out of the cache key: on streams both can open, PyAV = decord."""
     a, built_a = decode_sample_resize(clips(name), OPTS, decoder="decord")
     b, built_b = decode_sample_resize(clips(name), OPTS, decoder="pyav")
-    src_a, src_b = built_a["video"]["source"], built_b["video"]["source"]
-    assert (src_b["num_frames"], built_b["video"]["fps"]) == (src_a["num_frames"], built_a["video"]["fps"])
-    assert built_b["video"]["frame_indices"] == built_a["video"]["frame_indices"]
+    src_a, src_b = built_a.source, built_b.source
+    assert (src_b.num_frames_from_decoder, src_b.average_fps_from_decoder) == (
+        src_a.num_frames_from_decoder, src_a.average_fps_from_decoder)
+    assert built_b.sampling == built_a.sampling
     assert torch.equal(a, b)
 
 
@@ -269,7 +270,7 @@ def test_decord_applies_the_display_rotation(clips):
 def test_cover_art_is_not_the_video(clips):
     frames, built = decode_sample_resize(clips("cover_art_mp4"), OPTS)
     plain, _ = decode_sample_resize(clips("h264_mp4"), OPTS)      # the same stream, without the cover
-    assert built["video"]["source"]["codec"] == "h264"
+    assert built.source.codec == "h264"
     assert torch.equal(frames, plain)
 
 
@@ -277,10 +278,10 @@ def test_vp9_failing_with_frame_threads_is_retried_single_threaded(clips):
     path = clips("vp9_two_pass_webm")
     one, built_one = decode_sample_resize(path, OPTS, decoder_threads=1)
     eight, built_eight = decode_sample_resize(path, OPTS, decoder_threads=8)
-    assert "retried_single_thread" not in built_one["provenance"]
+    assert "retried_single_thread" not in built_one.provenance
     # decord's own failure (dmlc/decord#246), not ours: if decord ever stops failing, drop the retry.
-    assert "Error sending packet" in built_eight["provenance"]["retried_single_thread"]
-    assert built_eight["provenance"]["decoder_threads"] == 1
+    assert "Error sending packet" in built_eight.provenance["retried_single_thread"]
+    assert built_eight.provenance["decoder_threads"] == 1
     assert torch.equal(one, eight)
 
 
@@ -290,7 +291,7 @@ def test_zero_threads_is_a_fixed_count_not_the_core_count(clips, monkeypatch):
     monkeypatch.setattr(decord, "VideoReader", lambda uri, *a, **k: seen.append(k["num_threads"]) or real(uri, *a, **k))
     _, built = decode_sample_resize(clips("h264_mp4"), OPTS, decoder_threads=0)
     assert seen == [decode.DEFAULT_DECODER_THREADS] and decode.DEFAULT_DECODER_THREADS > 0
-    assert built["provenance"]["decoder_threads"] == decode.DEFAULT_DECODER_THREADS
+    assert built.provenance["decoder_threads"] == decode.DEFAULT_DECODER_THREADS
 
 
 def test_a_codec_no_decoder_knows_is_unsupported(tmp_path):
@@ -317,10 +318,10 @@ def test_short_transport_stream_is_a_decode_error(tmp_path):
 
 def test_too_large_is_refused_before_decoding(clips, monkeypatch):
     path = clips("h264_mp4")
-    _, built = decode_sample_resize(path, OPTS)
-    v = built["video"]
-    need = estimate_peak_bytes(v["num_frames"], 120, 160, v["height"], v["width"],
-                               threads=built["provenance"]["decoder_threads"], stream_frames=v["source"]["num_frames"])
+    frames, built = decode_sample_resize(path, OPTS)
+    t, _, h, w = frames.shape
+    need = estimate_peak_bytes(t, 120, 160, h, w, threads=built.provenance["decoder_threads"],
+                               stream_frames=built.source.num_frames_from_decoder)
 
     def no_decoding(self, indices):
         raise AssertionError("frames were decoded before the budget check")
@@ -330,7 +331,7 @@ def test_too_large_is_refused_before_decoding(clips, monkeypatch):
     assert e.value.kind == "too_large"
     monkeypatch.undo()
     frames, _ = decode_sample_resize(path, OPTS, max_decoded_bytes=need)     # exactly the estimate fits
-    assert frames.shape[0] == v["num_frames"]
+    assert frames.shape[0] == t
 
 
 def _memory_bench():

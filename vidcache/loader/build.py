@@ -6,7 +6,8 @@ import torch
 from ..errors import FrameBudgetError
 from ..options import VideoOptions
 from .decode import open_reader
-from .resize import resize_frames, target_size
+from .record import Built, Sampling, Source
+from .resize import aspect_distortion, resize_frames, target_size
 from .sample import select_frames
 
 DEFAULT_MAX_DECODED_BYTES = 8 << 30
@@ -88,8 +89,8 @@ def _provenance(reader) -> dict:
 
 def decode_sample_resize(path: str, options: VideoOptions, decoder: str = "decord",
                          max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
-                         decoder_threads: int = 0, fallback: bool = True) -> tuple[torch.Tensor, dict]:
-    """Canonical frames of ``path`` plus the record the manifest is built from.
+                         decoder_threads: int = 0, fallback: bool = True) -> tuple[torch.Tensor, Built]:
+    """Canonical frames of ``path`` plus the :class:`Built` record the manifest is made from.
 
     ``max_decoded_bytes`` bounds ``estimate_peak_bytes``: a video that cannot fit is refused with
     ``FrameBudgetError`` (kind ``too_large``) before any frame is decoded.  ``decoder_threads=0`` is a
@@ -119,13 +120,9 @@ def decode_sample_resize(path: str, options: VideoOptions, decoder: str = "decor
     frames = _resize_chunked(raw, (h, w))
     del raw
     rate = info.fps_rational
-    video = {
-        "fps": float(avg_fps),
-        "fps_rational": f"{rate.numerator}/{rate.denominator}" if rate else None,
-        "total_num_frames": sel.total_num_frames,
-        "frame_indices": sel.frame_indices,
-        "sample_fps": sel.sample_fps,
-        "num_frames": n, "height": h, "width": w,
-        "source": {"codec": info.codec, "width": dec_w, "height": dec_h, "num_frames": num_frames},
-    }
-    return frames, {"video": video, "provenance": provenance}
+    source = Source(codec=info.codec, width_from_decoder=dec_w, height_from_decoder=dec_h,
+                    num_frames_from_decoder=num_frames, average_fps_from_decoder=float(avg_fps),
+                    fps_from_header=f"{rate.numerator}/{rate.denominator}" if rate else None,
+                    num_frames_from_header=int(info.num_frames_from_header or 0) or None)
+    sampling = Sampling(tuple(sel.frame_indices), sel.total_num_frames, sel.sample_fps)
+    return frames, Built(source, sampling, aspect_distortion(dec_w, dec_h, w, h), provenance)
