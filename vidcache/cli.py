@@ -368,7 +368,9 @@ def cmd_check_server(args) -> int:
 
 def cmd_serve(args) -> int:
     from .sglang.server import make_server
-    limits = {k: v for k, v in (("workers", args.workers), ("timeout_s", args.timeout)) if v is not None}
+    limits = {k: v for k, v in (("workers", args.workers), ("timeout_s", args.timeout),
+                                ("header_timeout_s", args.header_timeout), ("min_rate", args.min_rate),
+                                ("max_per_client", args.max_per_client)) if v is not None}
     srv = make_server(_cache(args), args.host, args.port, **limits)
     host, port = srv.server_address[:2]
     from .sglang.frozen import FORMATS
@@ -558,6 +560,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("demo", help="generate a small demo dataset of synthetic videos")
     p.add_argument("--dir", default="demo", help="where to write it")
     p.add_argument("--videos", type=int, default=12, help="synthetic videos")
+    # A total deadline: --timeout is per read, and a client dripping a byte at a time never trips it.
+    p.add_argument("--header-timeout", type=float, metavar="S",
+                   help="close a connection whose request line and headers are not all in this many seconds "
+                        "after it connected (default 10)")
+    # Bounds the send of a response: a client reading a trickle would otherwise hold a worker for ever.
+    p.add_argument("--min-rate", type=float, metavar="BYTES_PER_S",
+                   help="close a connection that reads a response slower than this on average, after --timeout "
+                        "seconds of grace (default 1048576)")
+    # So that one client cannot take every worker or fill the server's table of connections.
+    p.add_argument("--max-per-client", type=int, metavar="N",
+                   help="connections one client address may hold at once; more are refused with a 503; raise it "
+                        "for a node that fetches more files in parallel (default 8)")
     p.add_argument("--rows", type=int, default=24, help="dataset rows")
     p.set_defaults(fn=cmd_demo)
     return ap

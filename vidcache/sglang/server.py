@@ -7,16 +7,21 @@ a frozen file is written (and verified) on first request.
 
 Never a wrong byte: the key is checked against the cache before anything is read or
 written, and only a regular file at exactly ``<cache>/frozen/<key><suffix>`` is served,
-opened without following a symlink.  Never a stuck server: a fixed pool of ``workers``
-threads handles connections, a connection reaches a worker only once it has sent
-something (idle ones are closed after ``timeout_s`` without holding a thread), every
-socket read and write times out after ``timeout_s``, and a first-time freeze locks
-only its own file, so readers of existing files never wait for it.
+opened without following a symlink.  Never a stuck server, not even for a slow or
+hostile client (slowloris): a fixed pool of ``workers`` threads handles requests, and a
+request reaches a worker only once its whole head (request line and headers) is in.  One
+thread reads the heads of all connections; a head must be complete ``header_timeout_s``
+after the connection was made, with no silence longer than ``timeout_s``.  A response
+body must go out at ``min_rate`` bytes/s on average (after ``timeout_s`` of grace), one
+client address holds at most ``max_per_client`` connections, and a first-time freeze
+locks only its own file, so readers of existing files never wait for it.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import http.server
+import io
 import os
 import re
 import selectors
@@ -32,8 +37,29 @@ from .frozen import local_frozen_path
 
 _PATH = re.compile(r"/frozen/([0-9a-f]{32}\.[0-9]{1,20}\.[0-9a-f]{32})(" +
                    "|".join(re.escape(x) for x in _SUFFIX) + ")")
+_END_OF_HEAD = re.compile(rb"\r?\n\r?\n")     # the blank line after the headers (bare LF too, as http.server)
 DEFAULT_WORKERS = 16
 DEFAULT_TIMEOUT_S = 30.0
+# A total deadline for the request head: a per-read timeout alone lets a client that drips a
+# byte every few seconds keep its connection forever.  A real head is one small write.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+# The slowest average a response body may go out at (after timeout_s of grace), so a client
+# that reads a trickle cannot hold a worker forever; 1 MiB/s is far below any real link.
+DEFAULT_MIN_RATE = 1 << 20
+# Connections one client address may hold at once (reading its head, or in a worker), so one
+# client cannot fill the pool or the table of connections being read.
+DEFAULT_MAX_PER_CLIENT = 8
+MAX_HEAD_BYTES = 64 * 1024      # a GET of a frozen file needs a few hundred; more is not a client of ours
+
+
+def _reply(conn, status: str) -> None:
+    """Best effort, never waiting on the client: a bodiless answer before the connection is closed.
+    What the client sent is read and dropped, so the close is a FIN that lets it read the answer
+    (closing on unread bytes would reset the connection)."""
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(f"HTTP/1.0 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
+        conn.recv(MAX_HEAD_BYTES)
 
 
 class _NotServable(Exception):
@@ -78,69 +104,143 @@ class _FileLocks:
                     del self._locks[name]
 
 
+@dataclasses.dataclass
+class _Arriving:
+    """A connection whose request head is still coming in."""
+    addr: tuple
+    head_deadline: float          # the whole head must be in by then...
+    idle_deadline: float          # ...with no silence longer than timeout_s
+    head: bytearray = dataclasses.field(default_factory=bytearray)
+
+
+class HeadReadHandler(http.server.BaseHTTPRequestHandler):
+    """A handler whose request head the server has already read: its request is ``(socket, head)``."""
+
+    def setup(self) -> None:
+        self.request, head = self.request
+        super().setup()
+        self.rfile.close()
+        self.rfile = io.BytesIO(head)     # GET/HEAD only: nothing to read after the head
+
+
 class FrozenFileServer(http.server.HTTPServer):
     """An HTTPServer with a fixed pool of worker threads.
 
-    One thread (``serve_forever``) accepts connections and waits, in one selector, until
-    each has sent something; only then does a worker get it.  A connection that sends
-    nothing is closed after ``timeout_s``, and at most ``max_waiting`` wait at once
-    (the oldest is dropped), so idle clients cost neither threads nor workers.
+    One thread (``serve_forever``) accepts connections and reads, in one selector, the
+    request head of each; only a complete head gets a worker, so clients that are slow (or
+    hostile) in sending their request cost neither threads nor workers.  A head must be in
+    ``header_timeout_s`` after the connection was made and the client may not go silent for
+    ``timeout_s``: past either the connection is closed (with a 408 if it sent a part).  At
+    most ``max_waiting`` heads are read at once (the oldest connection is dropped), and one
+    address holds at most ``max_per_client`` connections (more get a 503 on arrival).
+    The handler must be a HeadReadHandler.
     """
     request_queue_size = 128
     max_waiting = 256
 
-    def __init__(self, address, handler, *, workers: int, timeout_s: float):
-        if workers < 1 or not timeout_s > 0:
-            raise ValueError(f"need workers >= 1 and timeout_s > 0, got {workers}, {timeout_s}")
+    def __init__(self, address, handler, *, workers: int, timeout_s: float,
+                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, min_rate: float = DEFAULT_MIN_RATE,
+                 max_per_client: int = DEFAULT_MAX_PER_CLIENT):
+        if workers < 1 or max_per_client < 1 or not (timeout_s > 0 and header_timeout_s > 0 and min_rate > 0):
+            raise ValueError(f"need workers >= 1, max_per_client >= 1 and positive timeouts and min_rate, got "
+                             f"workers={workers}, max_per_client={max_per_client}, timeout_s={timeout_s}, "
+                             f"header_timeout_s={header_timeout_s}, min_rate={min_rate}")
         super().__init__(address, handler)
         self.workers, self.timeout_s = workers, timeout_s
+        self.header_timeout_s, self.min_rate, self.max_per_client = header_timeout_s, min_rate, max_per_client
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vidcache-serve")
         self._stop, self._stopped = threading.Event(), threading.Event()
+        self._per_client: dict[str, int] = {}     # client host -> its open connections (arriving or in a worker)
+        self._per_client_guard = threading.Lock()  # workers release theirs
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self._stop.clear()
         self._stopped.clear()
-        waiting: dict = {}        # connection -> (client address, deadline); oldest first
+        arriving: dict = {}       # connection -> _Arriving; oldest first
         try:
             with selectors.DefaultSelector() as sel:
                 sel.register(self.socket, selectors.EVENT_READ)
                 while not self._stop.is_set():
                     for k, _ in sel.select(poll_interval):
                         if k.fileobj is self.socket:
-                            try:
-                                conn, addr = self.get_request()
-                            except OSError:
-                                continue
-                            sel.register(conn, selectors.EVENT_READ)
-                            waiting[conn] = (addr, time.monotonic() + self.timeout_s)
-                            if len(waiting) > self.max_waiting:
-                                self._drop(sel, waiting, next(iter(waiting)))
-                        else:             # it sent something (or hung up): a worker takes it
-                            sel.unregister(k.fileobj)
-                            addr, _ = waiting.pop(k.fileobj)
-                            self._pool.submit(self._work, k.fileobj, addr)
+                            self._accept(sel, arriving)
+                        else:
+                            self._read_head(sel, arriving, k.fileobj)
                     now = time.monotonic()
-                    for conn in [c for c, (_, deadline) in waiting.items() if deadline <= now]:
-                        self._drop(sel, waiting, conn)
+                    late = [(c, a) for c, a in arriving.items() if min(a.head_deadline, a.idle_deadline) <= now]
+                    for conn, a in late:
+                        # Out of time while sending its head: told so.  Silent from the start: just closed.
+                        self._drop(sel, arriving, conn, "408 Request Timeout" if a.head else None)
         finally:
-            for conn in waiting:
-                self.shutdown_request(conn)
+            for conn, a in arriving.items():
+                self._close(conn, a.addr)
             self._stopped.set()
 
-    def _drop(self, sel, waiting: dict, conn) -> None:
-        sel.unregister(conn)
-        del waiting[conn]
-        self.shutdown_request(conn)
-
-    def _work(self, conn, addr) -> None:
+    def _accept(self, sel, arriving: dict) -> None:
         try:
-            self.finish_request(conn, addr)
+            conn, addr = self.get_request()
+        except OSError:
+            return
+        with self._per_client_guard:
+            n = self._per_client.get(addr[0], 0)
+            if n < self.max_per_client:
+                self._per_client[addr[0]] = n + 1
+        if n >= self.max_per_client:   # refused here, at once: it never waits for, or takes, a worker
+            _reply(conn, "503 Service Unavailable")
+            self.shutdown_request(conn)
+            return
+        conn.setblocking(False)          # this thread reads all heads: no read may block it
+        sel.register(conn, selectors.EVENT_READ)
+        now = time.monotonic()
+        arriving[conn] = _Arriving(addr, now + self.header_timeout_s, now + self.timeout_s)
+        if len(arriving) > self.max_waiting:
+            self._drop(sel, arriving, next(iter(arriving)))
+
+    def _read_head(self, sel, arriving: dict, conn) -> None:
+        a = arriving[conn]
+        try:
+            data = conn.recv(MAX_HEAD_BYTES)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:                     # it hung up (or failed) before its head was in
+            self._drop(sel, arriving, conn)
+            return
+        seen = len(a.head)
+        a.head += data
+        if _END_OF_HEAD.search(a.head, max(0, seen - 3)):   # only the new bytes (and 3 before) can end it
+            sel.unregister(conn)
+            del arriving[conn]
+            self._pool.submit(self._work, conn, a.addr, bytes(a.head))
+        elif len(a.head) > MAX_HEAD_BYTES:
+            self._drop(sel, arriving, conn, "431 Request Header Fields Too Large")
+        else:
+            a.idle_deadline = time.monotonic() + self.timeout_s
+
+    def _drop(self, sel, arriving: dict, conn, status: str | None = None) -> None:
+        sel.unregister(conn)
+        addr = arriving.pop(conn).addr
+        if status is not None:
+            _reply(conn, status)
+        self._close(conn, addr)
+
+    def _close(self, conn, addr) -> None:
+        self.shutdown_request(conn)
+        with self._per_client_guard:
+            self._per_client[addr[0]] -= 1
+            if self._per_client[addr[0]] == 0:
+                del self._per_client[addr[0]]
+
+    def _work(self, conn, addr, head: bytes) -> None:
+        try:
+            self.finish_request((conn, head), addr)
         except (ConnectionError, TimeoutError):   # the client went away or stalled: nothing to report
             pass
         except Exception:  # noqa: BLE001 -- reported as socketserver does; the pool thread lives on
             self.handle_error(conn, addr)
         finally:
-            self.shutdown_request(conn)
+            self._close(conn, addr)
 
     def shutdown(self) -> None:
         """Stop ``serve_forever`` and wait until it has returned (running requests finish on their own)."""
@@ -152,14 +252,35 @@ class FrozenFileServer(http.server.HTTPServer):
         self._pool.shutdown(wait=False)
 
 
+def _send_file(conn, fd: int, size: int, deadline: float) -> None:
+    """All ``size`` bytes of ``fd`` to ``conn`` by ``deadline`` (monotonic), else TimeoutError.
+    socket.sendfile would time out only a single wait, and a trickling reader never makes one that long."""
+    offset = 0
+    with selectors.DefaultSelector() as sel:
+        sel.register(conn, selectors.EVENT_WRITE)
+        while offset < size:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                raise TimeoutError(f"response not sent by its deadline ({offset} of {size} bytes)")
+            try:                  # conn has a timeout, so it is non-blocking: sendfile sends what fits
+                sent = os.sendfile(conn.fileno(), fd, offset, size - offset)
+            except BlockingIOError:
+                continue
+            if sent == 0:
+                raise ConnectionError(f"file ended at {offset} of {size} bytes")
+            offset += sent
+
+
 def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0, *,
-                workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S) -> FrozenFileServer:
+                workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S,
+                header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, min_rate: float = DEFAULT_MIN_RATE,
+                max_per_client: int = DEFAULT_MAX_PER_CLIENT) -> FrozenFileServer:
     frozen_dir = os.path.join(cache.path, "frozen")
     freezing = _FileLocks()       # one first-time freeze per file; readers of existing files take no lock
 
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(HeadReadHandler):
         server_version = "vidcache"
-        timeout = timeout_s       # every read and write on the connection
+        timeout = timeout_s       # every write of headers and errors (the body has its own deadline)
 
         def log_message(self, *args) -> None:
             pass
@@ -206,7 +327,9 @@ def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0, *,
                 self.send_header("Cache-Control", "public, max-age=31536000, immutable")
                 self.end_headers()
                 if body:
-                    self.connection.sendfile(f, 0, st.st_size)
+                    # A total deadline, so a client reading a trickle cannot hold this worker for ever.
+                    _send_file(self.connection, f.fileno(), st.st_size,
+                               time.monotonic() + timeout_s + st.st_size / min_rate)
 
         def do_HEAD(self) -> None:
             self._respond(body=False)
@@ -214,4 +337,5 @@ def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0, *,
         def do_GET(self) -> None:
             self._respond(body=True)
 
-    return FrozenFileServer((host, port), Handler, workers=workers, timeout_s=timeout_s)
+    return FrozenFileServer((host, port), Handler, workers=workers, timeout_s=timeout_s,
+                            header_timeout_s=header_timeout_s, min_rate=min_rate, max_per_client=max_per_client)
