@@ -84,7 +84,8 @@ class VideoCache:
     decoder = property(lambda self: self.config.decoder)
     limits = property(lambda self: self.config.limits)
     read_only = property(lambda self: self.config.read_only)
-    tmp_dir = property(lambda self: os.path.join(self.config.path, "tmp"))
+    layout = property(lambda self: self.config.layout)        # where the node directory keeps what
+    tmp_dir = property(lambda self: self.config.layout.tmp_dir)
 
     @property
     def local(self) -> Store:
@@ -356,7 +357,7 @@ class VideoCache:
     @property
     def frozen_dir(self) -> str:
         """This node's frozen-file copies (files, because SGLang reads them by path or URL)."""
-        return os.path.join(self.path, "frozen")
+        return self.layout.frozen_dir
 
     def frozen_copies(self, key: str) -> list[tuple[str, str]]:
         """(tier name, suffix) of every frozen file of ``key``: this node's files, the shared tier's objects."""
@@ -399,7 +400,7 @@ class VideoCache:
             self.shared.delete(skey)
             self.shared.delete(rkey)
             return
-        qdir = os.path.join(self.path, "quarantine")
+        qdir = self.layout.quarantine_dir
         os.makedirs(qdir, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.replace(os.path.join(self.frozen_dir, keys.check_key(key) + suffix), os.path.join(qdir, key + suffix))
@@ -641,9 +642,9 @@ def cache_for(identity: str) -> VideoCache:
     c = _REGISTRY.get(identity)
     if c is not None:
         return c
-    from .config import NODE_FILE, CacheConfig
+    from .config import CacheConfig
     cfg = CacheConfig.resolve(read_only=True)
-    if not cfg.shared and not os.path.exists(os.path.join(cfg.path, NODE_FILE)):
+    if not cfg.shared and not os.path.exists(cfg.layout.node_file):
         # No shared tier and no local cache here yet: nothing can match, and nothing is created to say so.
         raise TierMismatchError(f"this names cache {identity!r}, but this node has no cache at {cfg.path} and "
                                 "no VIDCACHE_SHARED: set it to the shared tier that made it")

@@ -8,6 +8,7 @@ only read manifests (``--help``, ``stats``, ``ls``, ``verify``, ``inspect``, ``s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -95,7 +96,8 @@ def _node_dir(args) -> str:
 
 
 def _has_local(path: str) -> bool:
-    return os.path.exists(os.path.join(path, "lmdb", "data.mdb"))
+    from .config import NodeLayout
+    return NodeLayout(path).has_local_tier()
 
 
 def _shared_url(args, path: str) -> str | None:
@@ -222,6 +224,10 @@ def cmd_verify(args) -> int:
             problems = cache.verify(key, repair=args.repair)
         except VidcacheError as e:
             problems = [f"[{e.kind}] {e}"]
+        if problems and args.repair and any("frozen file" in p for p in problems):
+            from .sglang.frozen import repair_frozen      # remakes frozen files from the frames (imports torch)
+            with contextlib.suppress(VidcacheError):
+                repair_frozen(cache, key)
         if problems:
             bad += 1
             after = (" -> repaired" if not cache.verify(key) else " -> still bad") if args.repair else ""
@@ -306,7 +312,7 @@ def cmd_inspect(args) -> int:
         candidates = [target] + (["file://" + target] if target.startswith("/") else [])
         options = _options(args)
         for src in candidates:             # prewarm records a dataset's source as written: path or file:// URL
-            if (key := cache.lookup(src, options)) is not None:
+            if (key := cache.find(src, options)) is not None:
                 m = cache.manifest(key)
                 break
         if m is None:
@@ -555,11 +561,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads handling requests; idle connections hold none (default 16)")
     p.add_argument("--timeout", type=float, metavar="S",
                    help="close a connection idle or stalled this many seconds (default 30)")
-    p.set_defaults(fn=cmd_serve)
-
-    p = add("demo", help="generate a small demo dataset of synthetic videos")
-    p.add_argument("--dir", default="demo", help="where to write it")
-    p.add_argument("--videos", type=int, default=12, help="synthetic videos")
     # A total deadline: --timeout is per read, and a client dripping a byte at a time never trips it.
     p.add_argument("--header-timeout", type=float, metavar="S",
                    help="close a connection whose request line and headers are not all in this many seconds "
@@ -571,7 +572,12 @@ def build_parser() -> argparse.ArgumentParser:
     # So that one client cannot take every worker or fill the server's table of connections.
     p.add_argument("--max-per-client", type=int, metavar="N",
                    help="connections one client address may hold at once; more are refused with a 503; raise it "
-                        "for a node that fetches more files in parallel (default 8)")
+                        "for a node that fetches more files in parallel (default 32)")
+    p.set_defaults(fn=cmd_serve)
+
+    p = add("demo", help="generate a small demo dataset of synthetic videos")
+    p.add_argument("--dir", default="demo", help="where to write it")
+    p.add_argument("--videos", type=int, default=12, help="synthetic videos")
     p.add_argument("--rows", type=int, default=24, help="dataset rows")
     p.set_defaults(fn=cmd_demo)
     return ap

@@ -34,6 +34,23 @@ ENV_SHARED = "VIDCACHE_SHARED"
 ENCODINGS = ("raw", "zlib")
 VERIFY_READS = ("first", "always", "never")
 NODE_FILE = "config.json"
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """What a node directory (``VIDCACHE_DIR``) holds: the one place that names its parts."""
+    root: str
+
+    lmdb_dir = property(lambda self: os.path.join(self.root, "lmdb"))          # the local tier (LMDB)
+    lmdb_file = property(lambda self: os.path.join(self.root, "lmdb", "data.mdb"))   # LMDB's own file name
+    tmp_dir = property(lambda self: os.path.join(self.root, "tmp"))            # per-process downloads
+    frozen_dir = property(lambda self: os.path.join(self.root, "frozen"))      # this node's frozen files
+    quarantine_dir = property(lambda self: os.path.join(self.root, "quarantine"))   # bad frozen files, aside
+    node_file = property(lambda self: os.path.join(self.root, NODE_FILE))      # identity, shared tier
+
+    def has_local_tier(self) -> bool:
+        """Whether this node has made its local tier yet (read-only commands create nothing)."""
+        return os.path.exists(self.lmdb_file)
 _SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
                 "aws_session_token"}
 
@@ -83,18 +100,22 @@ class CacheConfig:
             record_shared(p, shared, settings.get("shared_storage_options") or {})
         return cls(path=p, shared=shared or None, **settings)
 
+    @property
+    def layout(self) -> NodeLayout:
+        return NodeLayout(self.path)
+
     def replace(self, **changes) -> "CacheConfig":
         return dataclasses.replace(self, **changes)
 
     # --- tiers -----------------------------------------------------------------
     def local_store(self) -> Store:
         from .store.lmdb import LMDBStore
-        if self.read_only and self.shared and not os.path.exists(os.path.join(self.path, "lmdb", "data.mdb")):
+        if self.read_only and self.shared and not self.layout.has_local_tier():
             # A fresh node (VIDCACHE_DIR absent or empty) reading through to the shared tier: an empty
             # local tier, and nothing is created on the node.
             from .store.memory import MemoryStore
             return MemoryStore(read_only=True)
-        return LMDBStore(os.path.join(self.path, "lmdb"), read_only=self.read_only, max_bytes=self.max_local_bytes)
+        return LMDBStore(self.layout.lmdb_dir, read_only=self.read_only, max_bytes=self.max_local_bytes)
 
     def shared_store(self) -> Store | None:
         if not self.shared:
@@ -119,7 +140,7 @@ class CacheConfig:
 # --- the node directory's small record ----------------------------------------------
 def read_node_file(path: str) -> dict:
     try:
-        with open(os.path.join(path, NODE_FILE)) as f:
+        with open(NodeLayout(path).node_file) as f:
             d = json.load(f)
         return d if isinstance(d, dict) else {}
     except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
@@ -127,7 +148,7 @@ def read_node_file(path: str) -> dict:
 
 
 def _write_node_file(path: str, record: dict) -> None:
-    publish_bytes(os.path.join(path, NODE_FILE), json.dumps(record, sort_keys=True).encode())
+    publish_bytes(NodeLayout(path).node_file, json.dumps(record, sort_keys=True).encode())
 
 
 def record_shared(path: str, shared: str, storage_options: dict) -> None:

@@ -83,7 +83,8 @@ def node_dir(path: str) -> Check:
     if fs in NETWORK_FS:
         return Check("VIDCACHE_DIR", False, f"{path} is on {fs}",
                      "LMDB must be on a local disk: point VIDCACHE_DIR at node-local storage")
-    if not os.path.exists(os.path.join(path, "lmdb", "data.mdb")):
+    from .config import NodeLayout
+    if not NodeLayout(path).has_local_tier():
         return Check("VIDCACHE_DIR", True, f"{path} (empty: a fresh node; prewarm or the first read fills it)")
     if not os.access(path, os.W_OK):
         return Check("VIDCACHE_DIR", False, f"{path} is not writable", "fix its permissions or choose another")

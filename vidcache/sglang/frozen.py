@@ -205,7 +205,7 @@ def repair_frozen(cache, key: str) -> list[str]:
     """``verify --repair`` for frozen files: check unrecorded copies by decoding (recorded or
     quarantined), and remake every copy that a check moved aside.  The formats remade."""
     remade = []
-    quarantine = os.path.join(cache.path, "quarantine")
+    quarantine = cache.layout.quarantine_dir
     for f in FORMATS.values():
         sound = _copy_is_sound(cache, "local", key, f)
         if sound is False or (sound is None and os.path.exists(os.path.join(quarantine, key + f.suffix))):

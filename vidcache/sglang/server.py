@@ -48,7 +48,7 @@ DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_MIN_RATE = 1 << 20
 # Connections one client address may hold at once (reading its head, or in a worker), so one
 # client cannot fill the pool or the table of connections being read.
-DEFAULT_MAX_PER_CLIENT = 8
+DEFAULT_MAX_PER_CLIENT = 32
 MAX_HEAD_BYTES = 64 * 1024      # a GET of a frozen file needs a few hundred; more is not a client of ours
 
 
@@ -275,7 +275,7 @@ def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0, *,
                 workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S,
                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, min_rate: float = DEFAULT_MIN_RATE,
                 max_per_client: int = DEFAULT_MAX_PER_CLIENT) -> FrozenFileServer:
-    frozen_dir = os.path.join(cache.path, "frozen")
+    frozen_dir = cache.frozen_dir
     freezing = _FileLocks()       # one first-time freeze per file; readers of existing files take no lock
 
     class Handler(HeadReadHandler):
@@ -297,15 +297,17 @@ def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0, *,
                 # Only keys the cache holds: a file (or link) at a key-shaped name is not enough.
                 if cache.manifest(key) is None:
                     raise NotCachedError(key)
+                if (first := _open_regular(path)) is not None:   # a symlink or FIFO is refused before any read
+                    os.close(first[0])
+                with freezing(path):
+                    # Every request: the file is checked against its recorded digest (once per process while
+                    # unchanged), and written, or remade when corrupt, from the frames.
+                    written = local_frozen_path(cache, key, fmt.name)
+                if written != path:   # the file must be the one checked below, in the frozen dir
+                    raise _NotServable(f"frozen file written to {written}, expected {path}")
                 opened = _open_regular(path)
                 if opened is None:
-                    with freezing(path):
-                        written = local_frozen_path(cache, key, fmt.name)
-                    if written != path:   # the file must be the one checked below, in the frozen dir
-                        raise _NotServable(f"frozen file written to {written}, expected {path}")
-                    opened = _open_regular(path)
-                    if opened is None:
-                        raise _NotServable(f"{key + fmt.suffix} vanished after it was written")
+                    raise _NotServable(f"{key + fmt.suffix} vanished after it was written")
             except NotCachedError:
                 self.send_error(404, f"no entry {key}")
                 return None
