@@ -1,11 +1,12 @@
 """``VideoCache``: resolve (source, options) to cached canonical frames, building on a miss.
 
-Integrity: every blob digest is checked on its first read in a process (or on
-every read, or never: ``verify_reads``), every pull from the shared tier is
-checked before it is served or backfilled, and every manifest is checked
-against the options and its blob's size.  A corrupt object is never served: it
-is moved aside (``quarantine/``), and the entry becomes a miss that the next
-``ensure`` (or ``verify --repair``) rebuilds.
+Integrity (the checks themselves live in ``vidcache.integrity``): every blob digest
+is checked on its first read in a process (or on every read, or never:
+``verify_reads``), every pull from the shared tier is checked before it is served
+or backfilled, every manifest is sealed and checked against its options and its
+blob's size.  A corrupt object is never served: it is moved aside
+(``quarantine/``), and the entry becomes a miss that the next ``ensure`` (or
+``verify --repair``) rebuilds.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from .config import CacheConfig, local_identity, shared_identity
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      StoreError, VidcacheError)
-from .integrity import blob_matches, check_object, frozen_problem, is_sound
+from .integrity import blob_matches, check_object, checked_frames, frozen_problem, quarantine, tier_copy
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir, tmp_bytes
 from .manifest import Manifest, SourceRecord, build_manifest
@@ -276,7 +277,9 @@ class VideoCache:
                         if why is not None:    # every copy was corrupt and is now quarantined
                             raise why
                         raise NotCachedError(f"entry {m.key}: its blob {fr.blob} is not in {self!r}")
-                    src = self._checked(m, view, verify)
+                    src = checked_frames(m, view, verify)
+                    if verify:
+                        self._verified.add(m.frames.blob)
                 except DigestMismatchError as e:
                     why = e if m.key in str(e) else DigestMismatchError(f"entry {m.key}: {e}")
                 else:
@@ -286,20 +289,6 @@ class VideoCache:
             self._quarantine_bad(blob_key)
             if attempt:
                 raise why
-
-    def _checked(self, m: Manifest, view, verify: bool):
-        fr = m.frames
-        try:
-            src = zlib.decompress(view) if fr.encoding == "zlib" else view
-        except zlib.error as e:
-            raise DigestMismatchError(f"entry {m.key}: blob {fr.blob} does not decompress: {e}") from None
-        if len(src) != fr.nbytes:
-            raise DigestMismatchError(f"entry {m.key}: blob {fr.blob} has {len(src)} bytes, expected {fr.nbytes}")
-        if verify:
-            if str(got := Digest.of(src)) != fr.blob:
-                raise DigestMismatchError(f"entry {m.key}: blob hashes to {got}, expected {fr.blob}")
-            self._verified.add(fr.blob)
-        return src
 
     @contextlib.contextmanager
     def read_frames(self, key: str):
@@ -329,29 +318,9 @@ class VideoCache:
         """Move every copy of ``store_key`` that fails its check aside (``quarantine/``); keep sound ones."""
         if self.read_only:
             return
-        for _, tier in self._tiers():
-            value = tier.get(store_key)
-            if value is not None and not is_sound(store_key, value):
-                tier.set_many({keys.quarantined(store_key): value})
-                tier.delete(store_key)
+        quarantine([t for _, t in self._tiers()], store_key)
         if store_key.startswith(keys.AC):
             self._manifests.pop(store_key[len(keys.AC):], None)
-
-    def _tier_copy(self, tier: Store, key: str):
-        """One tier's copy of entry ``key``: (manifest bytes, Manifest, blob bytes, problem or None)."""
-        raw = tier.get(keys.ac(key))
-        if raw is None:
-            return None, None, None, "no manifest"
-        try:
-            m = Manifest.from_json(raw, key)
-        except CorruptManifestError as e:
-            return raw, None, None, str(e)
-        blob = tier.get(keys.cas(m.frames.blob))
-        if blob is None:
-            return raw, m, None, f"blob {m.frames.blob} missing"
-        if not blob_matches(m.frames.blob, blob):
-            return raw, m, blob, f"blob {m.frames.blob} does not hash to its digest"
-        return raw, m, blob, None
 
     # --- frozen files (their bytes: sglang.frozen makes them) ---------------------------
     @property
@@ -428,7 +397,7 @@ class VideoCache:
         keys.check_key(key)
         problems = self.frozen_problems(key, repair)
         for name, tier in self._tiers():
-            raw, m, blob, problem = self._tier_copy(tier, key)
+            raw, m, blob, problem = tier_copy(tier, key)
             if problem is None:
                 continue
             if name == "local" and (raw is None or (m is not None and blob is None and self.shared is not None)):
@@ -444,7 +413,7 @@ class VideoCache:
         good = None                            # (manifest bytes, blob bytes, digest) of a sound copy, any tier
         options = None
         for _, tier in self._tiers():
-            raw, m, blob, problem = self._tier_copy(tier, key)
+            raw, m, blob, problem = tier_copy(tier, key)
             if raw is not None and m is None:
                 self._quarantine_bad(keys.ac(key))
             if m is None:

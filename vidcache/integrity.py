@@ -15,11 +15,15 @@ Functions over bytes and keys only: no cache, no store is needed to answer.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING, NamedTuple
 
 from . import keys
 from .digest import Digest
-from .errors import CorruptEntryError, DigestMismatchError, FrozenFileError
+from .errors import CorruptEntryError, CorruptManifestError, DigestMismatchError, FrozenFileError
 from .manifest import Manifest
+
+if TYPE_CHECKING:
+    from .store.base import Store
 
 
 def blob_matches(blob: str, value) -> bool:
@@ -64,3 +68,52 @@ def is_sound(store_key: str, value, record=None) -> bool:
         return True
     except (CorruptEntryError, FrozenFileError):
         return False
+
+
+def checked_frames(m: Manifest, view, verify: bool):
+    """The frame bytes of ``m`` from a stored ``view``: decompressed, sized, and (``verify``) hashed;
+    ``DigestMismatchError`` naming the entry otherwise."""
+    fr = m.frames
+    try:
+        src = zlib.decompress(view) if fr.encoding == "zlib" else view
+    except zlib.error as e:
+        raise DigestMismatchError(f"entry {m.key}: blob {fr.blob} does not decompress: {e}") from None
+    if len(src) != fr.nbytes:
+        raise DigestMismatchError(f"entry {m.key}: blob {fr.blob} has {len(src)} bytes, expected {fr.nbytes}")
+    if verify and str(got := Digest.of(src)) != fr.blob:
+        raise DigestMismatchError(f"entry {m.key}: blob hashes to {got}, expected {fr.blob}")
+    return src
+
+
+class TierCopy(NamedTuple):
+    """One tier's copy of an entry, as ``verify`` and repair see it."""
+    raw: bytes | None              # the manifest's bytes
+    manifest: Manifest | None      # parsed and checked (None: absent or corrupt)
+    blob: bytes | None             # the frames' stored bytes
+    problem: str | None            # why this copy is not sound (None: it is)
+
+
+def tier_copy(tier: "Store", key: str) -> TierCopy:
+    raw = tier.get(keys.ac(key))
+    if raw is None:
+        return TierCopy(None, None, None, "no manifest")
+    try:
+        m = Manifest.from_json(raw, key)
+    except CorruptManifestError as e:
+        return TierCopy(raw, None, None, str(e))
+    blob = tier.get(keys.cas(m.frames.blob))
+    if blob is None:
+        return TierCopy(raw, m, None, f"blob {m.frames.blob} missing")
+    if not blob_matches(m.frames.blob, blob):
+        return TierCopy(raw, m, blob, f"blob {m.frames.blob} does not hash to its digest")
+    return TierCopy(raw, m, blob, None)
+
+
+def quarantine(tiers: "list[Store]", store_key: str) -> None:
+    """Move every copy of ``store_key`` that fails its check aside (``quarantine/``, kept for inspection,
+    never served); sound copies stay."""
+    for tier in tiers:
+        value = tier.get(store_key)
+        if value is not None and not is_sound(store_key, value):
+            tier.set_many({keys.quarantined(store_key): value})
+            tier.delete(store_key)
