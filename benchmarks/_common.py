@@ -26,9 +26,7 @@ def clips(directory: str, n: int, seconds: float = 4.0) -> list[str]:
 def get_handle(cache, source: str, options):
     """A pinned handle to (source, options) in ``cache``, built on a miss (``vidcache.get``)."""
     import vidcache
-    if hasattr(vidcache, "get"):
-        return vidcache.get(source, options, cache)
-    return cache.get(source, options)          # the API before handles moved above the cache
+    return vidcache.get(source, options, cache)
 
 
 def best_of(fn, repeat: int = 3) -> float:

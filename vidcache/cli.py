@@ -1,6 +1,7 @@
 """The ``vidcache`` command: prewarm, ls, stats, verify, inspect, evict, gc, sglang-config, doctor, ...
 
-The only module that reads environment variables or draws progress bars.  It imports lazily: commands that
+Thin commands over the library (the node's settings, VIDCACHE_DIR and VIDCACHE_SHARED, are read by
+``vidcache.config``; prewarm draws its own bar).  It imports lazily: commands that
 only read manifests (``--help``, ``stats``, ``ls``, ``verify``, ``inspect``, ``sglang-config``, ``evict``,
 ``gc``, ``doctor``) never import torch, so they answer in a fraction of torch's import time
 (benchmarks/cli_speed.py).

@@ -430,12 +430,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     return summary
 
 
-def prewarm_ray(dataset: str, cache: VideoCache, options: VideoOptions, **kw) -> PrewarmSummary:
-    """``prewarm(..., ray=True)``: give the cache a shared tier so that entries land where every node reads them."""
-    return prewarm(dataset, cache, options, ray=True, **kw)
-
-
-__all__ = ["prewarm", "prewarm_ray", "plan", "run", "PrewarmSummary", "LocalSubmitter", "RaySubmitter"]
+__all__ = ["prewarm", "plan", "run", "PrewarmSummary", "LocalSubmitter", "RaySubmitter"]
 
 
 class _CallableModule(types.ModuleType):
