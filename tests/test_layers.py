@@ -298,6 +298,21 @@ def test_every_public_name_imports():
         vidcache.NoSuchName  # noqa: B018
 
 
+def test_type_checkers_see_every_public_name():
+    """The face's ``if TYPE_CHECKING:`` block imports each name of ``_EXPORTS`` from its module, and nothing else
+    (type checkers cannot see through the lazy ``__getattr__``)."""
+    from vidcache import _EXPORTS
+
+    tree = ast.parse((ROOT / "__init__.py").read_text())
+    seen = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom) and imp.level == 0, ast.dump(imp)
+                seen.update({a.asname or a.name: imp.module for a in imp.names})
+    assert seen == _EXPORTS
+
+
 def test_star_import_in_a_fresh_interpreter():
     """``from vidcache import *`` in a clean process (no test has imported anything yet) binds every name."""
     code = ("import vidcache\nns = {}\nexec('from vidcache import *', ns)\n"

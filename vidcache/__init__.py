@@ -16,6 +16,7 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   prewarm, cli, doctor            the jobs
 """
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"       # pyproject.toml reads it from here
 
@@ -31,6 +32,18 @@ _EXPORTS = {
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",
 }
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:      # the same names, for type checkers and IDEs (at run time they stay lazy: __getattr__)
+    from vidcache.cache import VideoCache, node_cache, open_cache
+    from vidcache.config import CacheConfig
+    from vidcache.dataset import LazyVideoDataset
+    from vidcache.digest import Digest
+    from vidcache.errors import NotCachedError, ParityError, VidcacheError
+    from vidcache.handle import VideoHandle, from_key, get, lazy, train_inputs, train_inputs_batch
+    from vidcache.keys import cache_key
+    from vidcache.options import VideoOptions
+    from vidcache.prewarm import PrewarmSummary, prewarm
+    from vidcache.sglang.request import PreparedRequest, prepare
 
 
 def __getattr__(name):

@@ -104,6 +104,31 @@ class ReadOnlyStoreError(StoreError):
     kind = "read_only"
 
 
+class ReadOnlyFilesystemError(ReadOnlyStoreError):
+    """A tier on a filesystem mounted read-only (EROFS): the store was opened writable, the mount is not."""
+    kind = "read_only_fs"
+
+
+class PermissionDeniedError(StoreError, PermissionError):
+    """The tier refused this node (EACCES/EPERM, S3 AccessDenied or missing credentials)."""
+    kind = "permission_denied"
+
+
+class NoSpaceError(StoreError):
+    """A tier has no room left for a write (ENOSPC, a quota, a full LMDB map that cannot grow)."""
+    kind = "no_space"
+
+
+class SharedUnavailableError(StoreError, ConnectionError):
+    """The shared tier cannot be reached (connection refused or reset, unknown host, S3 throttling)."""
+    kind = "shared_unavailable"
+
+
+class SharedTimeoutError(SharedUnavailableError, TimeoutError):
+    """A call to the shared tier got no answer within its time limit (a hung endpoint or NFS server)."""
+    kind = "shared_timeout"
+
+
 class CorruptEntryError(StoreError):
     """Stored bytes or a manifest fail their checks: never served; the entry is quarantined."""
     kind = "corrupt"

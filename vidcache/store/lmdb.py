@@ -1,9 +1,10 @@
 """The per-node LMDB tier, with an optional byte budget and LRU eviction.
 
-LMDB's rules (see notes/prior-art.md): one writer at a time (LMDB's own lock
-serialises writers across processes), one environment per file per process,
-never use an environment across fork, never on a network filesystem.  A write
-is one transaction, so a killed writer leaves nothing visible.
+LMDB's rules: one writer at a time (LMDB's own lock serialises writers across
+processes), one environment per file per process, never use an environment
+across fork (both kept by ``lmdb_env``, the per-process registry of open
+environments), never on a network filesystem.  A write is one transaction, so a
+killed writer leaves nothing visible.
 
 Eviction: LMDB never shrinks its file, but pages freed by a delete are reused
 by later writes, so a budget bounds the file's growth.  Readers are MVCC
@@ -20,7 +21,6 @@ import contextlib
 import logging
 import os
 import struct
-import threading
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
@@ -28,15 +28,16 @@ from typing import Iterable, Iterator, Mapping
 import lmdb
 
 from ..errors import StoreError
+from . import lmdb_env
 from .base import Store
-
-
-LMDB_LIB_VERSION = 0       # LMDB 0.9.x, data format 1: what every py-lmdb release reads
+from .lmdb_env import LMDB_LIB_VERSION, LRU_DB  # noqa: F401  (LMDB_LIB_VERSION: still importable from here)
 
 logger = logging.getLogger(__name__)
 
 # lmdb errors that mean the file itself is bad (not a full disk, a busy reader table or a bug of ours).
 _DAMAGED = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb.VersionMismatchError)
+
+_WARNED_BUDGET: set[str] = set()     # paths whose below-one-entry budget was already warned about
 
 
 def _store_error(path: str, err: lmdb.Error) -> StoreError:
@@ -49,110 +50,6 @@ def _store_error(path: str, err: lmdb.Error) -> StoreError:
                       f"If it persists, the file may be damaged; rebuild: {rebuild}")
 
 
-class _SharedEnv:
-    """One open environment per (file, process), shared by every store on that path."""
-
-    def __init__(self, path: str, readonly: bool, map_size: int, max_readers: int) -> None:
-        # sync=False: commits reach the OS but are not fsync'd, so kill -9 loses nothing, and a power
-        # loss may lose the last commits -- and, on filesystems that reorder writes, can damage the
-        # file (LMDB's docs).  Callers that need durability call ``sync()`` at a checkpoint (prewarm
-        # does, after each batch); a damaged file is detected on open and reported with its fix.
-        # The on-disk format is ours to choose, not the environment's: py-lmdb 3.x bundles LMDB 0.9 (data
-        # format 1) and 1.0 (format 3), and its LMDB_DEFAULT_LIB_VERSION variable (set by another library
-        # or a test suite) would switch new files to 1.0, which 0.9 readers and py-lmdb < 3 cannot open.
-        # New environments are always LMDB_LIB_VERSION; an existing file opens in its own format.
-        new = not os.path.exists(os.path.join(path, "data.mdb"))
-        self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True, sync=False,
-                             readahead=False, meminit=False, max_readers=max_readers, max_dbs=1,
-                             lib_version=LMDB_LIB_VERSION if new else None)
-        # Last-access times for LRU eviction, beside the data (a named sub-database).
-        try:
-            self.lru = self._open_lru(readonly)
-        except lmdb.MapResizedError:
-            self.env.set_mapsize(0)    # another process grew the map: adopt its size
-            self.lru = self._open_lru(readonly)
-        self.env.reader_check()        # clear reader slots left by killed processes
-        self.file_id = _file_id(path)
-        self.readonly = readonly
-        self.pid = os.getpid()
-        self.active = 0                # open transactions
-        self.lock = threading.Lock()
-
-    def _open_lru(self, readonly: bool):
-        if readonly and not _has_lru(self.env):
-            return None
-        return self.env.open_db(_LRU_DB, create=not readonly)
-
-
-_LRU_DB = b"vidcache-lru"     # a sub-database name: no namespaced key ("ns/...") equals it; hidden from keys()
-
-
-def _has_lru(env) -> bool:
-    with env.begin() as txn:
-        return txn.get(_LRU_DB) is not None
-
-
-_ENVS: dict[str, _SharedEnv] = {}
-_WARNED_BUDGET: set[str] = set()     # paths whose below-one-entry budget was already warned about
-_ENVS_LOCK = threading.Lock()
-
-
-def _file_id(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(os.path.join(path, "data.mdb"))
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _acquire(path: str, readonly: bool, map_size: int, max_readers: int) -> _SharedEnv:
-    with _ENVS_LOCK:
-        e = _ENVS.get(path)
-        if e is not None and e.pid != os.getpid():
-            e = None                   # inherited through fork: never touch the parent's handle
-        if e is not None and e.file_id != _file_id(path):
-            # The directory was deleted or replaced under us: the open environment is a deleted file's,
-            # whose writes nobody would see.  Reopen the one at the path now (if it is idle).
-            with e.lock:
-                if e.active == 0:
-                    e.env.close()
-                    e = None
-        if e is None or (e.readonly and not readonly):
-            if e is not None:
-                e.env.close()
-            e = _SharedEnv(path, readonly, map_size, max_readers)
-            _ENVS[path] = e
-        return e
-
-
-def _forget(path: str) -> None:
-    with _ENVS_LOCK:
-        e = _ENVS.get(path)
-        if e is not None and e.active == 0:
-            e.env.close()
-            del _ENVS[path]
-
-
-def _close_before_fork() -> None:
-    # A forked child inherits py-lmdb's "already open in this process" registry and
-    # must not use the parent's environment, so idle environments are closed before
-    # fork (DataLoader workers, prewarm pools); both sides reopen lazily.
-    with _ENVS_LOCK:
-        for path, e in list(_ENVS.items()):
-            with e.lock:
-                if e.active == 0 and e.pid == os.getpid():
-                    e.env.close()
-                    del _ENVS[path]
-
-
-def _drop_inherited() -> None:
-    _ENVS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=_close_before_fork, after_in_child=_drop_inherited)
-
-
 class LMDBStore(Store):
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False, map_size: int = 1 << 30,
                  max_readers: int = 1024, max_bytes: int | None = None) -> None:
@@ -163,25 +60,23 @@ class LMDBStore(Store):
                              " (a budget of 0 keeps nothing)")
         super().__init__(read_only=read_only)
         self.path = str(Path(path).absolute())
-        e = _ENVS.get(self.path)
-        if e is not None and e.pid == os.getpid() and e.file_id != _file_id(self.path):
-            _forget(self.path)        # the directory was deleted or replaced: reopen lazily, at the path
+        lmdb_env.forget_if_replaced(self.path)   # the directory was deleted or replaced: reopen lazily, at the path
         self.initial_map_size = map_size
         self.max_readers = max_readers
         self.max_bytes = max_bytes
         self._touched: dict[bytes, float] = {}   # reads not yet written to the LRU table
 
     # --- lifecycle --------------------------------------------------------
-    def _shared(self) -> _SharedEnv:
-        e = _ENVS.get(self.path)    # fast path: every transaction starts here
-        if e is not None and e.pid == os.getpid() and (self.read_only or not e.readonly):
+    def _shared(self) -> lmdb_env.SharedEnv:
+        e = lmdb_env.cached(self.path, self.read_only)    # fast path: every transaction starts here
+        if e is not None:
             return e
         if not self.read_only:
             Path(self.path).mkdir(parents=True, exist_ok=True)
         elif not Path(self.path, "data.mdb").exists():
             raise StoreError(f"no LMDB cache at {self.path!r}")
         try:
-            return _acquire(self.path, self.read_only, self.initial_map_size, self.max_readers)
+            return lmdb_env.acquire(self.path, self.read_only, self.initial_map_size, self.max_readers)
         except _DAMAGED as e:
             raise _store_error(self.path, e) from e
         except lmdb.Error as e:
@@ -213,11 +108,7 @@ class LMDBStore(Store):
         if self._touched and not self.read_only:
             with contextlib.suppress(lmdb.Error, StoreError):
                 self._flush_touched()
-        with _ENVS_LOCK:
-            e = _ENVS.get(self.path)
-            if e is not None and e.pid == os.getpid() and e.active == 0:
-                e.env.close()
-                del _ENVS[self.path]
+        lmdb_env.forget(self.path)
 
     def with_read_only(self, read_only: bool = True) -> "LMDBStore":
         return LMDBStore(self.path, read_only=read_only, map_size=self.initial_map_size,
@@ -379,7 +270,7 @@ class LMDBStore(Store):
                 k = cur.key()
                 if not k.startswith(p):
                     break
-                if k != _LRU_DB:
+                if k != LRU_DB:
                     out.append(k.decode())
                 found = cur.next()
         return iter(out)
@@ -413,7 +304,7 @@ class LMDBStore(Store):
         e = self._shared()
         with self._begin(buffers=True) as txn:
             ages = {bytes(k): struct.unpack(">d", v)[0] for k, v in txn.cursor(db=e.lru)}
-            sizes = [(ages.get(bytes(k), 0.0), bytes(k), len(v)) for k, v in txn.cursor() if bytes(k) != _LRU_DB]
+            sizes = [(ages.get(bytes(k), 0.0), bytes(k), len(v)) for k, v in txn.cursor() if bytes(k) != LRU_DB]
         sizes.sort()
         victims, freed = [], 0
         for _, k, n in sizes:
@@ -421,13 +312,10 @@ class LMDBStore(Store):
                 break
             victims.append(k)
             freed += n
-
-        def rm(txn):
+        with self._begin(write=True) as txn:
             for k in victims:
                 txn.delete(k)
                 txn.delete(k, db=e.lru)
-        with self._begin(write=True) as txn:
-            rm(txn)
         return {"evicted": len(victims), "freed_bytes": freed, "used_bytes": self.used_bytes()}, victims
 
     def stats(self) -> dict:

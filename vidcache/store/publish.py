@@ -15,6 +15,9 @@ import uuid
 from typing import Callable
 
 PARTIAL = ".partial"
+# A temp file this old belongs to a writer that died mid-publish (killed, node lost): a publish takes
+# seconds, so a sweep that keeps younger ones never removes another node's write in progress (D25).
+PARTIAL_MAX_AGE_S = 3600.0
 
 
 def _fsync_dir(d: str) -> None:

@@ -6,17 +6,73 @@ only then serve and backfill them.  Writes go to the shared tier first
 (durable, visible to every node), then the local one.  Keys under
 ``local_only`` prefixes never reach the shared tier; the policy comes from the
 caller, the store only compares prefixes.
+
+The local copy of a shared value is a convenience: when the node's disk is
+full, the value is served (or published) without it, with one warning per
+process (D20).  A key held locally is answered without touching the shared
+tier, so local hits keep working while the shared tier is down.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
+import os
 from typing import Callable, Iterable, Iterator, Mapping
 
+import lmdb
+
+from ..errors import NoSpaceError
 from .base import Store
+
+logger = logging.getLogger(__name__)
 
 
 def _no_check(key: str, value: bytes) -> None:
     pass
+
+
+def _free_bytes(path) -> float:
+    try:
+        st = os.statvfs(path)
+    except (OSError, TypeError):
+        return float("inf")
+    return st.f_bavail * st.f_frsize
+
+
+def out_of_space(exc: BaseException, local: Store | None = None, needed: int = 0) -> bool:
+    """Whether a failed write to ``local`` failed for lack of room (``exc`` or the error it was raised from).
+
+    LMDB says so in several ways: MapFullError, "No space left on device", and EIO -- its report of a
+    commit that a full disk cut short -- so an EIO counts when the disk under ``local.path`` has no room
+    for ``needed`` bytes (and a margin).
+    """
+    for e in (exc, exc.__cause__):
+        if isinstance(e, (NoSpaceError, lmdb.MapFullError)):
+            return True
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(e, lmdb.Error):
+            msg = str(e)
+            if os.strerror(errno.ENOSPC) in msg or os.strerror(errno.EDQUOT) in msg:
+                return True
+            if os.strerror(errno.EIO) in msg and _free_bytes(getattr(local, "path", None)) < needed + (1 << 20):
+                return True
+    return False
+
+
+_warned_pid: int | None = None
+
+
+def _warn_no_space(local: Store, exc: BaseException) -> None:
+    global _warned_pid
+    if _warned_pid == os.getpid():       # once per process: a full disk stays full for every read
+        return
+    _warned_pid = os.getpid()
+    logger.warning("vidcache: the local tier %r is out of space (%s); shared-tier entries are served without "
+                   "a local copy (slower reads) until there is room: free space on its disk, or set a local "
+                   "budget that fits it (max_local_bytes, --max-local-bytes). Not repeated in this process.",
+                   local, exc)
 
 
 class TieredStore(Store):
@@ -45,8 +101,18 @@ class TieredStore(Store):
         if v is not None:
             self.check(key, v)                    # raises on corrupt bytes: never served, never backfilled
             if not self.local.read_only:
-                self.local.set_many({key: v})
+                self._keep_local(lambda: self.local.set_many({key: v}), len(v))
         return v
+
+    def _keep_local(self, write: Callable[[], object], nbytes: int) -> None:
+        """Make the local copy of a value the shared tier holds; a full local disk skips it (and warns once):
+        the shared copy is the durable one, so there is nothing to fail for."""
+        try:
+            write()
+        except Exception as e:
+            if not out_of_space(e, self.local, nbytes):
+                raise
+            _warn_no_space(self.local, e)
 
     def get(self, key: str) -> bytes | None:
         v = self.local.get(key)
@@ -83,12 +149,17 @@ class TieredStore(Store):
         shared = {k: v for k, v in items.items() if not self._is_local_only(k)}
         if shared:
             self.shared.set_many(shared)
-        self.local.set_many(items)
+        if len(shared) == len(items):           # all published: the local copies are a convenience
+            self._keep_local(lambda: self.local.set_many(items), sum(len(v) for v in items.values()))
+        else:
+            self.local.set_many(items)
 
     def set_if_not_exists(self, key: str, value: bytes) -> bool:
         self._check_writable()
-        wrote = self._is_local_only(key) or self.shared.set_if_not_exists(key, value)
-        self.local.set_if_not_exists(key, value)
+        if self._is_local_only(key):
+            return bool(self.local.set_if_not_exists(key, value))
+        wrote = self.shared.set_if_not_exists(key, value)
+        self._keep_local(lambda: self.local.set_if_not_exists(key, value), len(value))
         return bool(wrote)
 
     def keys(self, prefix: str = "") -> Iterator[str]:
