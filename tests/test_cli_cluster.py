@@ -104,18 +104,20 @@ def test_evict_from_the_shared_tier_needs_the_flag_and_confirmation(tmp_path, da
     ok(vc(["evict", key, "--shared", "--yes"], node, tier))
     after = tier_files(tier)
     has = lambda files: any(f.startswith("ac/") and f.endswith("/" + key) for f in files)   # noqa: E731
-    assert has(before) and not has(after) and len(after) == len(before) - 2   # its manifest and its blob
+    # its manifest, its compact object and that object's digest record
+    assert has(before) and not has(after) and len(after) == len(before) - 3
     assert [e["key"] for e in json.loads(ok(vc(["ls", "--json"], tmp_path / "other", tier)).stdout)] != [key]
 
 
 def test_evict_keeps_a_blob_other_entries_share_and_drops_frozen_files(tmp_path, videos):
     """D18: qwen2_vl and qwen2_5_vl build the same frames (one blob) under two keys."""
-    from vidcache.sglang.frozen import published_frozen_key
+    from vidcache.sglang.frozen import local_frozen_path, published_frozen_key
     c = VideoCache(tmp_path / "node", shared=str(tmp_path / "tier"))
     a = c.ensure(videos["ffv1_10_small"], VideoOptions(family="qwen2_vl")).key
     b = c.ensure(videos["ffv1_10_small"], VideoOptions(family="qwen2_5_vl")).key
     assert a != b and c.manifest(a).frames.blob == c.manifest(b).frames.blob
     published_frozen_key(c, a)
+    local_frozen_path(c, a)
     assert list(c.shared.keys(K.FROZEN + a)) and os.listdir(tmp_path / "node" / "frozen")
     assert c.evict(a, shared=True)
     assert c.manifest(a) is None and not list(c.shared.keys(K.FROZEN + a))

@@ -24,7 +24,7 @@ FLOORS = [
     ("facts", ["errors", "digest", "keys", "options", "serving", "attest"]),
     ("store", ["store"]),
     ("loader", ["loader"]),
-    ("entries", ["manifest", "encode", "config"]),
+    ("entries", ["manifest", "encode", "frozen_file", "config"]),
     ("integrity", ["integrity"]),
     ("cache", ["cache"]),
     ("trainer", ["processing", "device"]),

@@ -10,6 +10,7 @@ import torch
 import vidcache
 
 from vidcache import VideoCache, VideoOptions
+from vidcache import keys as K
 from vidcache.errors import DigestMismatchError, InvalidKeyError
 from vidcache.store.fsspec_cas import FsspecStore
 from vidcache.store.lmdb import LMDBStore
@@ -134,21 +135,25 @@ def test_second_node_reads_through_without_decoding(tmp_path, videos, count_deco
     assert not os.path.exists(os.path.join(shared, "lmdb"))   # never LMDB on the shared tier
 
 
-def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos):
+@pytest.mark.parametrize("layout", ["compact", "raw"])
+def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos, layout):
+    """A flipped byte in the shared tier's copy, its compact object or (older layout) its raw frames."""
     shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
+    a = VideoCache(tmp_path / "a", shared=shared, shared_layout=layout)
     key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
     good = a.frames(key)
     m = a.manifest(key)
-    blob_path = a.shared._path("cas/" + m.frames.blob)
+    store_key = a.compact_key(key) if layout == "compact" else "cas/" + m.frames.blob
+    assert (a.shared.get("cas/" + m.frames.blob) is None) == (layout == "compact")   # no raw copy, compact
+    blob_path = a.shared._path(store_key)
     raw = bytearray(open(blob_path, "rb").read())
-    raw[1000] ^= 0x01
+    raw[len(raw) // 2] ^= 0x01
     open(blob_path, "wb").write(bytes(raw))
     b = VideoCache(tmp_path / "b", shared=shared)
     with pytest.raises(DigestMismatchError, match=key):
         b.frames(key)                                # node B pulls, checks, refuses
     assert b.local.get("cas/" + m.frames.blob) is None      # nothing bad was backfilled
-    assert b.shared.get("quarantine/cas~" + m.frames.blob) == bytes(raw)   # moved aside, not deleted
+    assert b.shared.get(K.quarantined(store_key)) == bytes(raw)   # moved aside, not deleted
     # node A still holds a sound copy: verify --repair publishes it back under its own digest
     assert a.verify(key, repair=True) != [] and a.verify(key) == []
     assert torch.equal(VideoCache(tmp_path / "c", shared=shared).frames(key), good)
@@ -175,7 +180,8 @@ def test_shared_tier_on_s3(tmp_path, videos, s3):
     a = VideoCache(tmp_path / "a", shared="s3://cache/vc", shared_storage_options=opts)
     key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
     names = [o["Key"] for o in s3.client.list_objects_v2(Bucket="cache")["Contents"]]
-    assert any(n.startswith("vc/ac/") for n in names) and any(n.startswith("vc/cas/") for n in names)
+    assert any(n.startswith("vc/ac/") for n in names) and any(n.startswith("vc/frozen/") for n in names)
+    assert not any(n.startswith("vc/cas/") for n in names)          # one compact object: no raw frames sent
     b = VideoCache(tmp_path / "b", shared="s3://cache/vc", shared_storage_options=opts)
     assert b.identity == a.identity and torch.equal(b.frames(key), a.frames(key))
     assert "secret" not in open(tmp_path / "b" / "config.json").read()

@@ -7,7 +7,7 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   errors, digest, keys, options, serving, attest   facts: exceptions, digests, keys, options, SGLang facts, digests of train tensors
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
-  manifest, encode, config        what an entry records; the one video writer; node settings and tiers
+  manifest, encode, frozen_file, config   entry records; the video writer; the frozen-file format; node settings
   integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
   cache                           VideoCache: build, read, check, repair
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
@@ -26,12 +27,16 @@ from .config import CacheConfig, local_identity, shared_identity
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      StoreError, VidcacheError)
-from .integrity import blob_matches, check_object, checked_frames, frozen_problem, quarantine, tier_copy
+from .integrity import (blob_matches, check_object, checked_frames, compact_frames, frozen_problem, quarantine,
+                        tier_copy)
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir, tmp_bytes
 from .manifest import Manifest, SourceRecord, build_manifest
 from .options import VideoOptions
+from .serving import COMPACT_FORMAT
 from .store.base import Store
+
+log = logging.getLogger("vidcache")
 
 if TYPE_CHECKING:
     import torch
@@ -182,10 +187,70 @@ class VideoCache:
         man = build_manifest(key, fetched.digest, options, blob, tuple(frames.shape), self.config.encoding, built,
                              {"created_unix": round(time.time(), 3)})
         # Blob first, manifest last: one transaction locally; on the shared tier the manifest is
-        # published only after its blob, so no reader sees a manifest without its frames.
-        self.store.set_many({keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record})
+        # published only after its frames (compact or raw), so no reader sees a manifest without them.
+        items = {keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record}
+        if self._publish_compact(key, frames):
+            self.shared.set_many({k: v for k, v in items.items() if not k.startswith(keys.CAS)})
+            self.local.set_many(items)
+        else:
+            self.store.set_many(items)
         self._verified.add(str(blob))
         return EnsureResult(key, "new", raw.nbytes)
+
+    # --- the shared tier's compact copy (one UT Video object per entry) ----------------------
+    def compact_key(self, key: str) -> str:
+        from .frozen_file import FORMATS
+        return keys.frozen(key, FORMATS[COMPACT_FORMAT].suffix)
+
+    def _publish_compact(self, key: str, frames) -> bool:
+        """Put ``key``'s frames into the shared tier as its compact object, verified to decode exactly with
+        every decoder SGLang may use, its digest recorded after it.  False: the tier keeps raw frames for
+        this entry (a raw-layout cache, no shared tier, or a clip no frozen file holds exactly)."""
+        if self.shared is None or self.read_only or self.config.shared_layout != "compact":
+            return False
+        import tempfile
+
+        from .errors import FrozenFileError
+        from .frozen_file import FORMATS, verify_frozen, write_frozen
+        f = FORMATS[COMPACT_FORMAT]
+        os.makedirs(self.tmp_dir, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.tmp_dir) as d:
+            path = os.path.join(d, key + f.suffix)
+            try:
+                write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
+            except FrozenFileError as e:      # e.g. decord cannot open a 2-frame NUT: raw frames instead
+                log.info("entry %s stays raw in the shared tier: %s", key, e)
+                return False
+            with open(path, "rb") as fh:
+                value = fh.read()
+        ckey = self.compact_key(key)
+        if self.shared.set_if_not_exists(ckey, value):
+            self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
+        return True
+
+    def _expand_compact(self, m: Manifest) -> bytes | None:
+        """``m``'s frames from the shared tier's compact object: decoded, checked against the blob digest,
+        and only then backfilled into the local tier.  None when the tier has no compact object for it; a
+        copy that decodes to other bytes is quarantined and raised (``DigestMismatchError``), never served."""
+        if self.shared is None:
+            return None
+        ckey = self.compact_key(m.key)
+        value = self.shared.get(ckey)
+        if value is None:
+            return None
+        raw, why = compact_frames(value, m)
+        if why is not None:
+            if not self.read_only:
+                self.quarantine_frozen("shared", m.key, ckey[len(keys.FROZEN) + len(m.key):])
+            raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
+        self._verified.add(m.frames.blob)
+        if not self.local.read_only:
+            payload = raw if m.frames.encoding == "raw" else zlib.compress(raw, 1)
+            try:
+                self.local.set_many({keys.cas(m.frames.blob): payload})
+            except (StoreError, OSError) as e:   # a full local disk: serve the sound frames without the copy
+                _warn_once("backfill", f"serving shared-tier entries without a local copy: {e}")
+        return raw
 
     def _hit(self, key: str, m: Manifest, record: dict) -> EnsureResult:
         status = "published" if self.publish_missing(key, m, record) else "hit"
@@ -201,12 +266,13 @@ class VideoCache:
         m = m or self.require_manifest(key)
         blob_key = keys.cas(m.frames.blob)
         items = {}
-        if not sh.exists_many([blob_key])[0]:
+        if not any(sh.exists_many([blob_key, self.compact_key(key)])):
             value = self.local.get(blob_key)
             if value is None or not blob_matches(m.frames.blob, value):
                 raise CorruptEntryError(f"entry {key}: its local blob is missing or unsound; not published "
                                         "(`vidcache verify --repair`)")
-            items[blob_key] = value
+            if not self._publish_compact(key, self.frames(key, m)):
+                items[blob_key] = value
         raw = self.local.get(keys.ac(key))
         if raw is None:
             return False
@@ -223,7 +289,7 @@ class VideoCache:
             if self.shared is not None and not self.local.exists_many([blob_key])[0]:
                 # Only in the shared tier: present is enough here (every pull is checked), and a resume on
                 # a fresh node must not download the whole tier to count its hits.
-                return m if self.shared.exists_many([blob_key])[0] else None
+                return m if any(self.shared.exists_many([blob_key, self.compact_key(key)])) else None
             with self._blob(m):
                 pass
             return m
@@ -271,15 +337,22 @@ class VideoCache:
         why = None
         for attempt in range(2):
             with contextlib.ExitStack() as stack:
-                try:   # a pull from the shared tier is checked inside read(): it may raise too
-                    view = stack.enter_context(self.store.read(blob_key))
-                    if view is None:
-                        if why is not None:    # every copy was corrupt and is now quarantined
-                            raise why
-                        raise NotCachedError(f"entry {m.key}: its blob {fr.blob} is not in {self!r}")
-                    src = checked_frames(m, view, verify)
-                    if verify:
-                        self._verified.add(m.frames.blob)
+                try:   # every pull from the shared tier is checked before it is served: it may raise too
+                    view = src = None
+                    if self.shared is not None:    # local, then the compact object, then raw frames
+                        view = stack.enter_context(self.local.read(blob_key))
+                        if view is None and (expanded := self._expand_compact(m)) is not None:
+                            src = memoryview(expanded)       # decoded and digest-checked already
+                    if src is None:
+                        if view is None:
+                            view = stack.enter_context(self.store.read(blob_key))
+                        if view is None:
+                            if why is not None:    # every copy was corrupt and is now quarantined
+                                raise why
+                            raise NotCachedError(f"entry {m.key}: its blob {fr.blob} is not in {self!r}")
+                        src = checked_frames(m, view, verify)
+                        if verify:
+                            self._verified.add(m.frames.blob)
                 except DigestMismatchError as e:
                     why = e if m.key in str(e) else DigestMismatchError(f"entry {m.key}: {e}")
                 else:
@@ -397,7 +470,7 @@ class VideoCache:
         keys.check_key(key)
         problems = self.frozen_problems(key, repair)
         for name, tier in self._tiers():
-            raw, m, blob, problem = tier_copy(tier, key)
+            raw, m, blob, problem, _ = self._tier_copy(name, tier, key)
             if problem is None:
                 continue
             if name == "local" and (raw is None or (m is not None and blob is None and self.shared is not None)):
@@ -409,28 +482,29 @@ class VideoCache:
             self._repair(key)
         return problems
 
+    def _tier_copy(self, name: str, tier: Store, key: str):
+        return tier_copy(tier, key, self.compact_key(key) if name == "shared" else None)
+
     def _repair(self, key: str) -> None:
-        good = None                            # (manifest bytes, blob bytes, digest) of a sound copy, any tier
+        good = None                            # (manifest bytes, raw frame bytes, manifest) of a sound copy
         options = None
-        for _, tier in self._tiers():
-            raw, m, blob, problem = tier_copy(tier, key)
+        for name, tier in self._tiers():
+            raw, m, blob, problem, compact = self._tier_copy(name, tier, key)
             if raw is not None and m is None:
                 self._quarantine_bad(keys.ac(key))
             if m is None:
                 continue
             options = m.video_options()
             if problem is None:
-                good = good or (raw, blob, m.frames.blob)
+                frames = blob if compact or m.frames.encoding == "raw" else zlib.decompress(blob)
+                good = good or (raw, frames, m)
+            elif compact:
+                self.quarantine_frozen("shared", key, self.compact_key(key)[len(keys.FROZEN) + len(key):])
             elif blob is not None:
                 self._quarantine_bad(keys.cas(m.frames.blob))
         self._manifests.pop(key, None)
         if good is not None:
-            raw, blob, digest = good
-            for _, tier in self._tiers():      # blob under its own digest first, then the manifest
-                if not tier.exists_many([keys.cas(digest)])[0]:
-                    tier.set_many({keys.cas(digest): blob})
-                if not tier.exists_many([keys.ac(key)])[0]:
-                    tier.set_many({keys.ac(key): raw})
+            self._restore(key, *good)
             return
         options = options or self._quarantined_options(key)
         if options is None:
@@ -439,6 +513,56 @@ class VideoCache:
             with contextlib.suppress(VidcacheError):    # an unreachable source: try the next one
                 if self.ensure(src, options).key == key:
                     return
+
+    def _restore(self, key: str, manifest_raw: bytes, frames: bytes, m: Manifest) -> None:
+        """Put a sound copy back into every tier that lacks one: frames first (raw locally; the shared tier
+        its compact object, or raw frames), the manifest last."""
+        blob_key = keys.cas(m.frames.blob)
+        for name, tier in self._tiers():
+            if name == "shared":
+                if not any(tier.exists_many([blob_key, self.compact_key(key)])):
+                    import torch
+                    tensor = torch.frombuffer(bytearray(frames), dtype=torch.uint8).reshape(m.frames.shape)
+                    if not self._publish_compact(key, tensor):
+                        tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
+            elif not tier.exists_many([blob_key])[0]:
+                tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
+            if not tier.exists_many([keys.ac(key)])[0]:
+                tier.set_many({keys.ac(key): manifest_raw})
+
+    def upgrade_shared(self, entry_keys: list[str]) -> dict:
+        """Convert entries an older vidcache wrote to the shared tier as raw frames (``cas/``) into compact
+        objects.  Each raw blob is deleted from the tier only after every entry there that uses it has its
+        compact object.  Only on request (``vidcache verify --shared --upgrade``): nothing converts silently."""
+        sh = self.shared
+        if sh is None or self.read_only:
+            raise ConfigError(f"{self!r}: upgrading needs a writable shared tier")
+        out = {"converted": 0, "already": 0, "kept_raw": 0, "freed_bytes": 0}
+        users: dict[str, list[str]] = {}           # blob -> every entry of the tier that names it
+        for k in sh.keys(keys.AC):
+            if (b := self._blob_of(sh.get(k))) is not None:
+                users.setdefault(b, []).append(keys.entry_key(k))
+        import torch
+        touched = set()
+        for key in entry_keys:
+            raw, m, blob, problem, compact = self._tier_copy("shared", sh, key)
+            if m is None or problem is not None:
+                continue                     # verify reports it; nothing is converted from a bad copy
+            if compact:
+                out["already"] += 1
+                continue
+            frames = blob if m.frames.encoding == "raw" else zlib.decompress(blob)
+            tensor = torch.frombuffer(bytearray(frames), dtype=torch.uint8).reshape(m.frames.shape)
+            if self._publish_compact(key, tensor):
+                out["converted"] += 1
+                touched.add(m.frames.blob)
+            else:
+                out["kept_raw"] += 1
+        for b in touched:
+            if all(sh.exists_many([self.compact_key(k)])[0] for k in users.get(b, [])):
+                out["freed_bytes"] += sh.size(keys.cas(b)) or 0
+                sh.delete(keys.cas(b))
+        return out
 
     def _sources_of(self, key: str) -> list[str]:
         """Sources whose records point at ``key``'s content."""
@@ -583,6 +707,15 @@ class VideoCache:
                              "sources": n.get("src", 0), "frozen_files": n.get("frozen", 0),
                              "quarantined": n.get("quarantine", 0), **u}
         return out
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(what: str, message: str) -> None:
+    if what not in _WARNED:
+        _WARNED.add(what)
+        log.warning(message)
 
 
 # --- the caches of this process, by identity ------------------------------------------

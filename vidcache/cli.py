@@ -204,7 +204,10 @@ def cmd_verify(args) -> int:
     whole_shared = args.shared is not None
     if args.shared is True:
         args.shared = None              # bare --shared: the configured tier
-    cache = _cache(args, read_only=not args.repair)
+    if args.upgrade and not whole_shared:
+        from .errors import ConfigError
+        raise ConfigError("--upgrade converts the shared tier: give it with --shared (and VIDCACHE_SHARED or a URL)")
+    cache = _cache(args, read_only=not (args.repair or args.upgrade))
     if args.keys:
         todo = args.keys
     else:
@@ -236,6 +239,10 @@ def cmd_verify(args) -> int:
         else:
             print(f"OK  {key}")
     print(f"verify: {len(todo) - bad} ok, {bad} bad" + (" (repair attempted)" if args.repair and bad else ""))
+    if args.upgrade:
+        up = cache.upgrade_shared(todo)
+        print(f"upgrade: {up['converted']} converted to compact objects, {up['already']} already compact, "
+              f"{up['kept_raw']} kept raw, {_human(up['freed_bytes'])} of raw frames deleted from the shared tier")
     return 1 if bad else 0
 
 
@@ -490,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check every entry of the shared tier (URL, or the configured $VIDCACHE_SHARED)")
     p.add_argument("--repair", action="store_true", help="quarantine bad copies; restore from a sound tier or "
                                                          "rebuild from the source")
+    p.add_argument("--upgrade", action="store_true",
+                   help="convert entries an older vidcache wrote to the shared tier as raw frames into one compact "
+                        "object each (raw frames are deleted there only when no other entry needs them); nothing "
+                        "is converted without this flag")
     p.set_defaults(fn=cmd_verify)
 
     p = add("evict", help="drop entries from this node (manifest, unshared frames, frozen files); --shared: "

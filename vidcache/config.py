@@ -33,6 +33,9 @@ ENV_DIR = "VIDCACHE_DIR"
 ENV_SHARED = "VIDCACHE_SHARED"
 ENCODINGS = ("raw", "zlib")
 VERIFY_READS = ("first", "always", "never")
+# How entries are written to the shared tier: "compact", one lossless UT Video object per entry (frozen/,
+# also what stock SGLang reads); "raw", the frames' bytes (cas/), as vidcache 0.1 wrote.  Both are read.
+SHARED_LAYOUTS = ("compact", "raw")
 NODE_FILE = "config.json"
 
 
@@ -77,6 +80,7 @@ class CacheConfig:
     decoder_threads: int = 0                       # 0: FFmpeg's choice; prewarm splits cores among workers
     max_local_bytes: int | None = None             # local tier budget (LRU); the shared tier is never evicted
     verify_reads: str = "first"                    # blob digests: on the first read of a key per process
+    shared_layout: str = "compact"                 # what new entries put in the shared tier (SHARED_LAYOUTS)
     read_only: bool = False
 
     def __post_init__(self) -> None:
@@ -84,6 +88,8 @@ class CacheConfig:
             raise ValueError(f"encoding must be one of {ENCODINGS}")
         if self.verify_reads not in VERIFY_READS:
             raise ValueError(f"verify_reads must be one of {VERIFY_READS}")
+        if self.shared_layout not in SHARED_LAYOUTS:
+            raise ValueError(f"shared_layout must be one of {SHARED_LAYOUTS}")
         if self.max_local_bytes is not None and self.max_local_bytes <= 0:
             # 0 would evict every entry as it is written: a local tier that silently keeps nothing (D30).
             raise ValueError(f"max_local_bytes must be a positive number of bytes or None for no budget, "

@@ -89,11 +89,13 @@ class TierCopy(NamedTuple):
     """One tier's copy of an entry, as ``verify`` and repair see it."""
     raw: bytes | None              # the manifest's bytes
     manifest: Manifest | None      # parsed and checked (None: absent or corrupt)
-    blob: bytes | None             # the frames' stored bytes
+    blob: bytes | None             # the frames' stored bytes (decoded, for a compact copy)
     problem: str | None            # why this copy is not sound (None: it is)
+    compact: bool = False          # the frames are the tier's compact object, not raw bytes
 
 
-def tier_copy(tier: "Store", key: str) -> TierCopy:
+def tier_copy(tier: "Store", key: str, compact_key: str | None = None) -> TierCopy:
+    """``compact_key``: where this tier may hold the entry's compact object instead of raw frames."""
     raw = tier.get(keys.ac(key))
     if raw is None:
         return TierCopy(None, None, None, "no manifest")
@@ -102,6 +104,9 @@ def tier_copy(tier: "Store", key: str) -> TierCopy:
     except CorruptManifestError as e:
         return TierCopy(raw, None, None, str(e))
     blob = tier.get(keys.cas(m.frames.blob))
+    if blob is None and compact_key is not None and (value := tier.get(compact_key)) is not None:
+        frames, why = compact_frames(value, m)
+        return TierCopy(raw, m, frames, None if why is None else f"compact object {compact_key} {why}", True)
     if blob is None:
         return TierCopy(raw, m, None, f"blob {m.frames.blob} missing")
     if not blob_matches(m.frames.blob, blob):
@@ -117,3 +122,18 @@ def quarantine(tiers: "list[Store]", store_key: str) -> None:
         if value is not None and not is_sound(store_key, value):
             tier.set_many({keys.quarantined(store_key): value})
             tier.delete(store_key)
+
+
+def compact_frames(value, m: Manifest) -> tuple[bytes | None, str | None]:
+    """(frames, None) when a compact object (a frozen file) decodes to exactly ``m``'s frames, else (None, why).
+    The blob digest is the frames' own, so this check needs no record of the object."""
+    from .frozen_file import frames_bytes
+    try:
+        raw, shape = frames_bytes(bytes(value))
+    except FrozenFileError as e:
+        return None, str(e)
+    if shape != tuple(m.frames.shape):
+        return None, f"decodes to shape {shape}, the entry has {tuple(m.frames.shape)}"
+    if str(got := Digest.of(raw)) != m.frames.blob:
+        return None, f"decodes to frames hashing to {got}, expected {m.frames.blob}"
+    return raw, None

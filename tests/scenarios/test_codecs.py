@@ -353,3 +353,17 @@ def test_peak_rss_stays_under_the_estimate(tmp_path, codec):
     r = bench.measure(path, tiny, threads=2)
     assert r["decoder"] == "decord"
     assert 0 < r["growth"] <= r["estimate"], r
+
+
+def test_every_landing_clip_comes_back_from_the_compact_shared_tier_exactly(clips, tmp_path):
+    """Issue 17: node A builds each clip into a shared tier of compact objects; a fresh node B, which decodes
+    nothing from the sources, expands every entry to exactly A's frames."""
+    from vidcache import VideoCache
+    tier = str(tmp_path / "tier")
+    a = VideoCache(tmp_path / "a", shared=tier)
+    built = {n: a.ensure(clips(n), OPTS).key for n in LANDING}
+    compact = [n for n, k in built.items() if a.shared.exists_many([a.compact_key(k)])[0]]
+    assert len(compact) >= len(LANDING) - 2, f"only {compact} are compact"       # 2-frame clips may stay raw
+    b = VideoCache(tmp_path / "b", shared=tier)
+    for n, k in built.items():
+        assert torch.equal(b.frames(k), a.frames(k)), n

@@ -1,113 +1,22 @@
-"""Frozen frames: lossless video files holding exactly the cached frames, for stock SGLang.
-
-Two formats, both intra-only, lossless for RGB and verified bit-exact with
-decord, torchcodec and PyAV (benchmarks/formats.py):
-  ``ffv1``     FFV1 bgr0 in Matroska: the smallest.
-  ``utvideo``  UT Video gbrp in NUT: ~1.5x larger, ~5x faster to decode, which is
-               what stock SGLang pays on every request (``serving.SERVING_FORMAT``).
-Any YUV format would round-trip inexactly.  Files are stamped at a fixed rate
-so that SGLang's fps sampler, configured by ``vidcache sglang-config``, selects
-every stored frame once; at 2 fps Matroska's 1 ms timebase is exact too.
+"""Frozen files in the cache, for stock SGLang: this node's copies and the shared tier's, each checked
+against the digest its tier recorded before it is handed out, remade from the frames when it is not.
 
 Where they live: a node-local copy under ``<VIDCACHE_DIR>/frozen/`` (written and
 verified once), and, with a shared tier, an immutable object ``frozen/<key><suffix>``
-published there once, so that every SGLang node can read it by URL.
+published there once, so that every SGLang node can read it by URL.  The UT Video
+object is also the shared tier's compact copy of the entry (``VideoCache``), so a
+stock-mode cluster stores each entry once.  The format itself: ``vidcache.frozen_file``.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from fractions import Fraction
-
-import numpy as np
-import torch
 
 from .. import keys
-from ..encode import write_video
 from ..errors import FrozenFileError
+from ..frozen_file import (BY_SUFFIX, FORMATS, FrozenFormat, available_decoders, decode_all,  # noqa: F401 (re-exported)
+                           verify_frozen, write_frozen)
 from ..integrity import frozen_problem
-from ..serving import FROZEN_FPS, SERVING_FORMAT
-from ..store.publish import publish
-
-
-@dataclass(frozen=True)
-class FrozenFormat:
-    name: str
-    container: str
-    suffix: str
-    codec: str
-    pix_fmt: str
-    media_type: str
-
-
-FORMATS = {
-    "ffv1": FrozenFormat("ffv1", "matroska", ".mkv", "ffv1", "bgr0", "video/x-matroska"),
-    "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut"),
-}
-BY_SUFFIX = {f.suffix: f for f in FORMATS.values()}
-
-
-def write_frozen(frames: torch.Tensor, path: str, fmt: str = SERVING_FORMAT, rate: Fraction = FROZEN_FPS,
-                 verify=None) -> None:
-    """Write uint8 TCHW RGB ``frames`` to ``path`` atomically: temp file, ``verify(tmp)``, publish."""
-    f = FORMATS[fmt]
-    if frames.dtype != torch.uint8 or frames.ndim != 4 or frames.shape[1] != 3:
-        raise ValueError(f"expected uint8 TCHW RGB frames, got {tuple(frames.shape)} {frames.dtype}")
-    thwc = frames.permute(0, 2, 3, 1).contiguous().numpy()
-
-    def fill(tmp: str) -> None:
-        write_video(tmp, thwc, codec=f.codec, rate=rate, pix_fmt=f.pix_fmt, container=f.container,
-                    exact_time_base=f.container == "nut")
-        if verify is not None:
-            verify(tmp)
-    publish(path, fill)
-
-
-def decode_all(path: str, decoder: str) -> tuple[torch.Tensor, float]:
-    """All frames of ``path`` as uint8 TCHW, plus the fps the decoder reports."""
-    if decoder == "decord":
-        import decord
-        vr = decord.VideoReader(path, ctx=decord.cpu(0))
-        arr = vr.get_batch(list(range(len(vr)))).asnumpy()
-        return torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2), vr.get_avg_fps()
-    if decoder == "torchcodec":
-        from torchcodec.decoders import VideoDecoder
-        dec = VideoDecoder(path, num_ffmpeg_threads=1)
-        return dec.get_frames_in_range(0, dec.metadata.num_frames).data, float(dec.metadata.average_fps)
-    if decoder == "pyav":
-        import av
-        with av.open(path) as c:
-            s = c.streams.video[0]
-            arr = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(s)])
-            fps = float(s.average_rate)
-        return torch.from_numpy(arr).permute(0, 3, 1, 2), fps
-    raise ValueError(f"unknown decoder {decoder!r}")
-
-
-def available_decoders() -> list[str]:
-    names = ["decord", "pyav"]
-    try:
-        from torchcodec.decoders import VideoDecoder  # noqa: F401
-        names.insert(1, "torchcodec")
-    except (ImportError, OSError, RuntimeError):  # torchcodec missing, or its FFmpeg/torch libraries do not load
-        pass
-    return names
-
-
-def verify_frozen(path: str, frames: torch.Tensor, rate: Fraction = FROZEN_FPS,
-                  decoders: list[str] | None = None) -> dict:
-    """Re-decode ``path`` with every available decoder; raise unless all give ``frames`` bit-exactly."""
-    report = {}
-    for name in decoders or available_decoders():
-        got, fps = decode_all(path, name)
-        if got.shape != frames.shape or not torch.equal(got, frames):
-            diff = "shape " + str(tuple(got.shape)) if got.shape != frames.shape else \
-                f"max |diff| {int((got.int() - frames.int()).abs().max())}"
-            raise FrozenFileError(f"{name} re-decodes {path} inexactly ({diff})")
-        if fps != float(rate):
-            raise FrozenFileError(f"{name} reports {fps} fps for {path}, expected exactly {float(rate)}")
-        report[name] = fps
-    return report
+from ..serving import SERVING_FORMAT
 
 
 # --- in the cache ---------------------------------------------------------------------------

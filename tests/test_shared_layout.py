@@ -1,0 +1,128 @@
+"""The shared tier's compact layout (issue 17): one lossless object per entry, expanded exactly on each node,
+older raw tiers still read, converted only on request."""
+import errno
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vidcache import VideoCache, VideoOptions
+from vidcache import keys as K
+from vidcache.errors import StoreError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def vc(args, node, shared):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node), "VIDCACHE_SHARED": str(shared)}
+    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def tier_names(tier) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), tier) for d, _, fs in os.walk(tier) for f in fs)
+
+
+def ns(tier, namespace) -> list[str]:
+    return [n for n in tier_names(tier) if n.startswith(namespace)]
+
+
+def test_a_new_entry_crosses_the_network_once_and_compact(tmp_path, videos):
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    keys = [a.ensure(videos[n], VideoOptions()).key for n in ("h264_30", "mjpeg_24")]
+    assert ns(tier, "cas/") == [] and len(ns(tier, "frozen/")) == 2          # no raw frames in the tier
+    compact = sum(os.path.getsize(tier / n) for n in ns(tier, "frozen/"))
+    raw = sum(a.manifest(k).frames.nbytes for k in keys)
+    assert compact < raw                                                    # smaller than the frames
+    b = VideoCache(tmp_path / "b", shared=str(tier))                         # a fresh node: expanded exactly
+    for k in keys:
+        assert torch.equal(b.frames(k), a.frames(k))
+        assert b.local.get("cas/" + b.manifest(k).frames.blob) is not None  # ... once, into its local tier
+    assert b.verify(keys[0]) == [] and a.verify(keys[0]) == []
+
+
+def test_an_older_raw_tier_is_read_and_converted_only_when_asked(tmp_path, videos):
+    """CLI only, on fresh nodes: a tier written by the older layout (raw frames) is read as it is; `verify
+    --shared --upgrade` converts it, deleting a raw blob only once every entry using it is compact."""
+    tier = tmp_path / "tier"
+    old = VideoCache(tmp_path / "old", shared=str(tier), shared_layout="raw")
+    k1 = old.ensure(videos["ffv1_10_small"], VideoOptions(family="qwen2_vl")).key
+    k2 = old.ensure(videos["ffv1_10_small"], VideoOptions(family="qwen2_5_vl")).key   # the same frames: one blob
+    k3 = old.ensure(videos["mjpeg_24"], VideoOptions()).key
+    want = {k: old.frames(k) for k in (k1, k2, k3)}
+    assert len(ns(tier, "cas/")) == 2 and ns(tier, "frozen/") == []
+    before = tier_names(tier)
+
+    b = tmp_path / "nodeB"
+    r = vc(["verify", "--shared"], b, tier)
+    assert r.returncode == 0 and "verify: 3 ok, 0 bad" in r.stdout, r.stdout + r.stderr
+    reader = VideoCache(tmp_path / "reader", shared=str(tier))              # reads the old layout ...
+    assert all(torch.equal(reader.frames(k), v) for k, v in want.items())
+    assert tier_names(tier) == before                                        # ... and rewrites nothing
+
+    r = vc(["verify", "--shared", "--upgrade"], b, tier)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "upgrade: 3 converted to compact objects, 0 already compact, 0 kept raw" in r.stdout
+    assert ns(tier, "cas/") == [] and len(ns(tier, "frozen/")) == 3
+    assert "verify: 3 ok, 0 bad" in vc(["verify", "--shared"], tmp_path / "nodeC", tier).stdout
+    fresh = VideoCache(tmp_path / "nodeD", shared=str(tier))
+    assert all(torch.equal(fresh.frames(k), v) for k, v in want.items())
+    r = vc(["verify", "--shared", "--upgrade"], b, tier)
+    assert "0 converted to compact objects, 3 already compact" in r.stdout
+
+
+def test_upgrade_needs_the_shared_tier_named(tmp_path):
+    r = vc(["verify", "--upgrade"], tmp_path / "n", tmp_path / "tier")
+    assert r.returncode == 1 and "vidcache: error: [config]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_full_local_disk_still_serves_a_sound_compact_entry(tmp_path, videos, monkeypatch, caplog):
+    """D20 for compact objects: the backfill is skipped with one warning; the checked frames are served."""
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    k = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    b = VideoCache(tmp_path / "b", shared=str(tier))
+    b.manifest(k)
+    real = type(b.local).set_many
+
+    def full(self, items):
+        if any(key.startswith(K.CAS) for key in items):
+            raise StoreError(f"mdb_txn_commit: {os.strerror(errno.ENOSPC)}")
+        return real(self, items)
+    monkeypatch.setattr(type(b.local), "set_many", full)
+    with caplog.at_level(logging.WARNING, logger="vidcache"):
+        assert torch.equal(b.frames(k), a.frames(k)) and torch.equal(b.frames(k), a.frames(k))
+    assert sum("without a local copy" in r.message for r in caplog.records) <= 1
+    assert b.local.get("cas/" + b.manifest(k).frames.blob) is None
+
+
+def test_an_entry_no_frozen_file_can_hold_stays_raw(tmp_path, videos):
+    """decord cannot open a 2-frame NUT: such an entry keeps raw frames in the tier rather than an object some
+    SGLang decoder cannot read."""
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    k = a.ensure(videos["mjpeg_24"], VideoOptions(nframes=2, min_frames=2)).key
+    assert a.manifest(k).num_frames == 2
+    assert len(ns(tier, "cas/")) == 1 and ns(tier, "frozen/") == []
+    assert torch.equal(VideoCache(tmp_path / "b", shared=str(tier)).frames(k), a.frames(k))
+
+
+def test_stock_mode_is_served_the_compact_object_itself(tmp_path, videos):
+    """One object per entry for a stock-mode cluster: the shared transport's URL names the compact object."""
+    from urllib.parse import unquote, urlparse
+
+    import vidcache
+    from vidcache.sglang.transport import video_uri
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_5_vl"), a)
+    before = tier_names(tier)
+    uri = video_uri(h, transport="shared")
+    assert tier_names(tier) == before                       # nothing new was published
+    assert os.path.relpath(unquote(urlparse(uri).path), tier) in ns(tier, "frozen/")
+    assert json.loads(json.dumps(uri))                      # a plain string SGLang can take
