@@ -17,6 +17,7 @@ import uuid
 
 import lmdb
 import pytest
+import torch
 
 from vidcache.errors import (ConfigError, NoSpaceError, PermissionDeniedError, ReadOnlyFilesystemError,
                              ReadOnlyStoreError, SharedTimeoutError, SharedUnavailableError, StoreError)
@@ -364,3 +365,27 @@ def test_sweep_removes_old_partials_only(tmp_path):
     assert store.usage()["partial_files"] == 0
     with pytest.raises(ReadOnlyStoreError):
         store.with_read_only().sweep_partials()
+
+
+def test_a_node_serves_what_it_holds_while_its_shared_tier_is_down(tmp_path, s3, videos, monkeypatch):
+    """D21 at the cache: a node that once read its tier's identity keeps serving its own entries, the plugin's
+    path (``cache_for(identity)``) included, while the S3 endpoint refuses every connection; a node that
+    never read it gets the specific error, never a hang."""
+    import vidcache
+    from vidcache import VideoCache, VideoOptions
+    from vidcache.cache import cache_for
+    shared = "s3://cache/" + uuid.uuid4().hex
+    up = {"endpoint_url": s3.endpoint, **S3_OPTS}
+    a = VideoCache(tmp_path / "a", shared=shared, shared_storage_options=up)
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(), a)
+    want, ident = h.frames(), a.identity
+    monkeypatch.setenv(fsspec_cas.ENV_TIMEOUT, "5")
+    down = {"endpoint_url": f"http://127.0.0.1:{free_port()}", **S3_OPTS}
+    again = VideoCache(tmp_path / "a", shared=shared, shared_storage_options=down)      # a new process's view
+    assert again.identity == ident and torch.equal(again.frames(h.key), want)
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("VIDCACHE_SHARED", shared)
+    assert torch.equal(vidcache.from_key(h.key, again).frames(), want)
+    assert cache_for(ident) is again                        # what the plugin resolves a reference through
+    with pytest.raises(SharedUnavailableError):
+        VideoCache(tmp_path / "fresh", shared=shared, shared_storage_options=down).identity

@@ -126,3 +126,22 @@ def test_stock_mode_is_served_the_compact_object_itself(tmp_path, videos):
     assert tier_names(tier) == before                       # nothing new was published
     assert os.path.relpath(unquote(urlparse(uri).path), tier) in ns(tier, "frozen/")
     assert json.loads(json.dumps(uri))                      # a plain string SGLang can take
+
+
+def test_prewarm_sweeps_old_partial_files_of_killed_publishes(tmp_path, videos):
+    """D25: a node killed mid-publish left a .partial in the tier; the next prewarm (any node) removes it once
+    it is old enough that no live writer can own it, and leaves a young one alone."""
+    import time
+    tier = tmp_path / "tier"
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["mjpeg_24"]]}) + "\n")
+    r = vc(["prewarm", str(ds)], tmp_path / "a", tier)
+    assert r.returncode == 0, r.stderr
+    ac_dir = next(p for p in (tier / "ac").iterdir() if p.is_dir())
+    old, young = ac_dir / ".x.deadbeef.partial", ac_dir / ".y.cafef00d.partial"
+    old.write_bytes(b"\0" * 1000)
+    young.write_bytes(b"\0" * 10)
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    r = vc(["prewarm", str(ds)], tmp_path / "b", tier)
+    assert r.returncode == 0 and "removed 1 partial file(s)" in r.stderr, r.stderr
+    assert not old.exists() and young.exists()

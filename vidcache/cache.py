@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import keys
-from .config import CacheConfig, local_identity, shared_identity
+from .config import CacheConfig, local_identity, remember_identity, remembered_identity, shared_identity
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
-                     StoreError, VidcacheError)
+                     PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
 from .integrity import (blob_matches, check_object, checked_frames, compact_frames, frozen_problem, quarantine,
                         tier_copy)
 from .loader.fetch import fetch, fingerprint
@@ -107,7 +107,7 @@ class VideoCache:
         if self._identity is None:
             shared = self.shared
             if shared is not None:
-                self._identity = shared_identity(shared, create=not self.read_only)
+                self._identity = self._shared_identity(shared)
             else:
                 ident = local_identity(self.path, create=not self.read_only)
                 if ident is None:
@@ -116,6 +116,22 @@ class VideoCache:
                 self._identity = ident
             _register(self)
         return self._identity
+
+    def _shared_identity(self, shared: Store) -> str:
+        """Read from the tier, and remembered in the node directory: while the tier is down, a node that
+        read it before still serves the entries it holds (the plugin included) instead of failing them."""
+        try:
+            ident = shared_identity(shared, create=not self.read_only)
+        except SharedUnavailableError as e:
+            known = remembered_identity(self.path, self.config.shared)
+            if known is None:
+                raise
+            _warn_once("identity", f"{e}; serving this node's own entries under the identity it last read "
+                                   f"({known})")
+            return known
+        if not self.read_only:
+            remember_identity(self.path, self.config.shared, ident)
+        return ident
 
     def with_settings(self, **changes) -> "VideoCache":
         return VideoCache(config=self.config.replace(**changes))
@@ -391,7 +407,11 @@ class VideoCache:
         """Move every copy of ``store_key`` that fails its check aside (``quarantine/``); keep sound ones."""
         if self.read_only:
             return
-        quarantine([t for _, t in self._tiers()], store_key)
+        for _, tier in self._tiers():
+            try:
+                quarantine([tier], store_key)
+            except (ReadOnlyStoreError, PermissionDeniedError) as e:   # a read-only or refusing tier: the
+                _warn_once("quarantine", f"could not move a corrupt copy aside: {e}")   # bad copy stays, unserved
         if store_key.startswith(keys.AC):
             self._manifests.pop(store_key[len(keys.AC):], None)
 
@@ -437,10 +457,13 @@ class VideoCache:
         rkey = keys.frozen_digest(key, suffix)
         if tier == "shared":
             skey = keys.frozen(key, suffix)
-            if (value := self.shared.get(skey)) is not None:
-                self.shared.set_many({keys.quarantined(skey): value})
-            self.shared.delete(skey)
-            self.shared.delete(rkey)
+            try:
+                if (value := self.shared.get(skey)) is not None:
+                    self.shared.set_many({keys.quarantined(skey): value})
+                self.shared.delete(skey)
+                self.shared.delete(rkey)
+            except (ReadOnlyStoreError, PermissionDeniedError) as e:    # the caller still refuses the copy
+                _warn_once("quarantine", f"could not move a corrupt copy aside: {e}")
             return
         qdir = self.layout.quarantine_dir
         os.makedirs(qdir, exist_ok=True)

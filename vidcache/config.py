@@ -165,6 +165,19 @@ def record_shared(path: str, shared: str, storage_options: dict) -> None:
         _write_node_file(path, {**rec, "shared": shared, "shared_storage_options": clean})
 
 
+def remembered_identity(path: str, shared: str) -> str | None:
+    """The identity this node last read from ``shared`` (``config.json``): what lets a node serve the entries
+    it holds while the shared tier is unreachable."""
+    rec = read_node_file(path)
+    return rec.get("shared_identity") if rec.get("shared") == shared else None
+
+
+def remember_identity(path: str, shared: str, identity: str) -> None:
+    rec = read_node_file(path)
+    if os.path.isdir(path) and (rec.get("shared"), rec.get("shared_identity")) != (shared, identity):
+        _write_node_file(path, {**rec, "shared": shared, "shared_identity": identity})
+
+
 def local_identity(path: str, create: bool) -> str | None:
     """The identity of a cache without a shared tier: node-local by construction."""
     rec = read_node_file(path)

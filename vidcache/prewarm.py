@@ -301,6 +301,22 @@ def default_failures_path(dataset) -> str | None:
     return beside if os.access(os.path.dirname(path), os.W_OK) else os.path.abspath(name)
 
 
+def _sweep_shared_partials(cache: VideoCache) -> None:
+    """A node killed mid-publish leaves a ``.partial`` file in a directory tier; the next prewarm on any node
+    removes those older than an hour (younger ones may be another node's write in progress)."""
+    sweep = getattr(cache.shared, "sweep_partials", None)
+    if sweep is None or cache.read_only:
+        return
+    try:
+        swept = sweep()
+    except VidcacheError as e:           # a sweep never fails a prewarm
+        print(f"vidcache: could not sweep the shared tier's partial files: {e}", file=sys.stderr)
+        return
+    if swept.get("partial_files_removed"):
+        print(f"vidcache: removed {swept['partial_files_removed']} partial file(s) of killed publishes "
+              f"({swept['partial_bytes_removed']} bytes) from the shared tier", file=sys.stderr)
+
+
 def _already_sound(cache: VideoCache, task: Task) -> bool:
     """Resume check for local sources (one stat); remote sources are fingerprinted in the workers,
     under the timeout, because a hung server must not stall the driver."""
@@ -405,6 +421,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     tasks, bad_rows = plan(dataset, options, input_key, video_key)
     failures = list(bad_rows)
     sweep_stale(cache.tmp_dir)       # temp files of killed workers from earlier runs
+    _sweep_shared_partials(cache)
     if ray:
         try:
             import ray as ray_mod
