@@ -5,10 +5,11 @@
 
 Measures, on this machine, one clip profile end to end with vidcache's own pipeline: a generated 30 s
 1280x720 h264 clip (ffmpeg testsrc2, 30 fps, x264 veryfast) prewarmed with ``VideoOptions(family=
-"qwen2_5_vl", fps=2.0)`` (qwen-vl-utils defaults) by ``prewarm(..., workers=1)`` with ``decoder_threads=1``:
-seconds per clip on one core, and the entry's bytes (frames x 3 x H x W, from its manifest).  Stock mode
-also publishes one frozen file per served entry into the shared tier (``prepare(mode="stock")`` with the
-shared transport, in the serving format); its size is measured with ``local_frozen_path``.
+"qwen2_5_vl", fps=2.0)`` (qwen-vl-utils defaults) by ``prewarm(..., workers=1)`` with ``decoder_threads=1``
+into a shared directory tier, once per shared layout: seconds per clip on one core, and the bytes the entry
+puts into the shared tier.  Before (``raw``): the frames, plus in stock mode one frozen file per served entry
+(measured with ``local_frozen_path``); after (``compact``, issue 17): one UT Video object that stock mode
+reads too.
 
 Then, on paper:
   wall time    = clips / (rate per core x nodes x cores)
@@ -91,13 +92,21 @@ def main() -> None:
         with open(ds, "w") as f:
             f.write(json.dumps({"prompt": "<video>", "videos": [src]}) + "\n")
         opts = VideoOptions(family="qwen2_5_vl", fps=2.0)
-        best = float("inf")
-        for i in range(a.repeat):
-            cache = VideoCache(os.path.join(work, f"c{i}"), decoder_threads=1)
-            t = time.perf_counter()
-            s = prewarm(ds, cache, opts, workers=1, progress=False)
-            best = min(best, time.perf_counter() - t)
-            assert s.new == 1 and s.failed == 0, s.line()
+        measured = {}
+        for layout in ("raw", "compact"):          # before / after issue 17: what one entry puts in the tier
+            best = float("inf")
+            for i in range(a.repeat):
+                shared = os.path.join(work, f"shared-{layout}-{i}")
+                cache = VideoCache(os.path.join(work, f"c-{layout}-{i}"), shared=shared, decoder_threads=1,
+                                   shared_layout=layout)
+                t = time.perf_counter()
+                s = prewarm(ds, cache, opts, workers=1, progress=False)
+                best = min(best, time.perf_counter() - t)
+                assert s.new == 1 and s.failed == 0, s.line()
+            tier_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(shared) for f in fs
+                             if "/meta/" not in os.path.join(d, f) and "/src/" not in os.path.join(d, f))
+            measured[layout] = (best, tier_bytes, cache)
+        cache = measured["raw"][2]
         key = cache.entries()[0]
         m = cache.require_manifest(key)
         entry = m.frames.nbytes
@@ -107,19 +116,27 @@ def main() -> None:
         t = time.perf_counter()
         frozen = os.path.getsize(local_frozen_path(cache, key, SERVING_FORMAT))   # written and verified once
         t_frozen = time.perf_counter() - t
-        rate = 1 / best
+        (raw_s, raw_tier, _), (cmp_s, cmp_tier, _) = measured["raw"], measured["compact"]
 
         rows = [
             ("measured clip", f"1280x720 h264 {a.seconds:g} s 30 fps, {os.path.getsize(src) / 1e6:.1f} MB "
                               f"(generated in {t_gen:.1f} s)"),
             ("options", "VideoOptions(family='qwen2_5_vl', fps=2.0): qwen-vl-utils defaults"),
             ("entry", f"{tuple(m.frames.shape)} uint8 = {human(entry)}; manifest {human(manifest_bytes)}"),
-            ("prewarm, 1 worker, decoder_threads=1 (best of "
-             f"{a.repeat})", f"{best:.2f} s per clip = {rate:.3f} videos/s per core"),
+            ("prewarm, 1 worker, decoder_threads=1, raw shared tier (best of "
+             f"{a.repeat})", f"{raw_s:.2f} s per clip = {1 / raw_s:.3f} videos/s per core"),
+            ("prewarm, same, compact shared tier", f"{cmp_s:.2f} s per clip = {1 / cmp_s:.3f} videos/s per core "
+                                                   f"({cmp_s / raw_s:.2f}x the raw layout's time)"),
             (f"frozen file ({SERVING_FORMAT}, stock mode's serving format)",
              f"{human(frozen)} = {frozen / entry:.2f}x the frames; made + verified in {t_frozen:.1f} s"),
+            ("shared tier per entry, raw layout", f"{human(raw_tier)} = {raw_tier / entry:.2f}x the frames "
+                                                  f"(+ {frozen / entry:.2f}x frozen in stock mode)"),
+            ("shared tier per entry, compact layout", f"{human(cmp_tier)} = {cmp_tier / entry:.2f}x the frames "
+                                                      "(stock mode reads the same object)"),
         ]
-        project(rows, "720p/30s", a.clips, cores, rate, entry, frozen, manifest_bytes)
+        project(rows, "before (raw)", a.clips, cores, 1 / raw_s, raw_tier - manifest_bytes, frozen, manifest_bytes)
+        project(rows, "after (compact)", a.clips, cores, 1 / cmp_s, cmp_tier - manifest_bytes, None,
+                manifest_bytes)
         rows.append(("  per node: its own LMDB copies of what it built",
                      f"{human(a.clips / a.nodes * (entry + manifest_bytes))} (without a max_local_bytes budget)"))
         if a.rate_per_core:
