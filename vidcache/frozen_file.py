@@ -34,11 +34,14 @@ class FrozenFormat:
     codec: str
     pix_fmt: str
     media_type: str
+    options: tuple = ()      # encoder options, as (name, value) pairs
 
 
 FORMATS = {
     "ffv1": FrozenFormat("ffv1", "matroska", ".mkv", "ffv1", "bgr0", "video/x-matroska"),
-    "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut"),
+    # Median prediction: 19-24% smaller than UT Video's default (left) on camera-like 720p/1080p frames, the same
+    # decode speed, exact with decord, torchcodec and PyAV (benchmarks/compact_tier.py).
+    "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut", (("pred", "median"),)),
 }
 BY_SUFFIX = {f.suffix: f for f in FORMATS.values()}
 
@@ -54,7 +57,7 @@ def write_frozen(frames: "torch.Tensor", path: str, fmt: str = SERVING_FORMAT, r
 
     def fill(tmp: str) -> None:
         write_video(tmp, thwc, codec=f.codec, rate=rate, pix_fmt=f.pix_fmt, container=f.container,
-                    exact_time_base=f.container == "nut")
+                    options=dict(f.options), exact_time_base=f.container == "nut")
         if verify is not None:
             verify(tmp)
     publish(path, fill)
