@@ -11,6 +11,7 @@ import os
 import pickle
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -389,3 +390,25 @@ def test_a_node_serves_what_it_holds_while_its_shared_tier_is_down(tmp_path, s3,
     assert cache_for(ident) is again                        # what the plugin resolves a reference through
     with pytest.raises(SharedUnavailableError):
         VideoCache(tmp_path / "fresh", shared=shared, shared_storage_options=down).identity
+
+
+@pytest.mark.parametrize("endpoint_kind", ["refused", "hung"])
+def test_every_command_is_bounded_and_named_when_the_s3_tier_is_down(tmp_path, request, endpoint_kind, videos):
+    """D21 from the CLI, on a fresh node with nothing but VIDCACHE_DIR + VIDCACHE_SHARED (and the endpoint, as
+    a user sets it): stats, verify and prewarm end with one [shared_*] line, no traceback, within a bound."""
+    endpoint = request.getfixturevalue(endpoint_kind)
+    ds = tmp_path / "d.jsonl"
+    ds.write_text('{"prompt": "<video>", "videos": ["%s"]}\n' % videos["mjpeg_24"])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node"),
+           "VIDCACHE_SHARED": "s3://cache/down", "FSSPEC_S3_ENDPOINT_URL": endpoint,
+           "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           fsspec_cas.ENV_TIMEOUT: "3"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for args in (["stats"], ["verify", "--shared"], ["prewarm", str(ds)]):
+        t = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=root, env=env, capture_output=True,
+                           text=True, timeout=240)
+        took = time.monotonic() - t
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
+        assert "vidcache: error: [shared_" in r.stderr, (args, r.stderr[-2000:])
+        assert took < 120, (args, took)            # bounded: 3 s per call, a few calls, plus start-up
