@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import best_of, report  # noqa: E402
-from toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402

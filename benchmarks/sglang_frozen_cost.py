@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/sglang_frozen_cost.py [--source VIDEO | --size 1280x720 --seconds 30]
                                                       [--repeat 5] [--families ...]
 
-Runs SGLang's own ``_process_mm_data_uncached`` in this process (tests/sglang_peer.py, CPU) for:
+Runs SGLang's own ``_process_mm_data_uncached`` in this process (tests/support/sglang_peer.py, CPU) for:
 
   original  the source file, SGLang's default config (it decodes, samples and resizes itself)
   frozen    vidcache's stock-mode URI (the FFV1 frozen file) with ``vidcache sglang-config``
@@ -53,9 +53,9 @@ def main() -> None:
     args = ap.parse_args()
     logging.disable(logging.WARNING)              # SGLang's CPU-fallback notices on every decode
 
-    import sglang_peer as sp
+    from support import sglang_peer as sp
     from _common import get_handle
-    from toy_processors import build_processor
+    from support.toy_processors import build_processor
 
     from vidcache import VideoOptions, prepare
     from vidcache.cache import open_cache

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import report  # noqa: E402
-from toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402

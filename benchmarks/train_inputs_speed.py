@@ -12,7 +12,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from _common import best_of, clips, get_handle, report  # noqa: E402
-from toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 

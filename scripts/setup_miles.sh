@@ -13,7 +13,7 @@
 #      sglang itself comes from scripts/setup_peer_env.sh (sglang --no-deps + its small deps); it is run
 #      here if sglang is missing. sglang-router is installed --no-deps (its deps are listed explicitly).
 #   2. Verify that the Miles modules vidcache uses import (with the test-only encoding_dsv4 stub, see
-#      tests/miles_compat.py).
+#      tests/support/miles_compat.py).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -44,7 +44,7 @@ probe() {
 import importlib, importlib.util, sys, types, logging, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
-name = "sglang.srt.entrypoints.openai.encoding_dsv4"   # TEST-ONLY stub, see tests/miles_compat.py
+name = "sglang.srt.entrypoints.openai.encoding_dsv4"   # TEST-ONLY stub, see tests/support/miles_compat.py
 try:
     have = importlib.util.find_spec(name) is not None
 except ModuleNotFoundError:

@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))   # shared helpers: toy_processors, sglang_peer
+sys.path.insert(0, os.path.dirname(__file__))   # the support package (tests/support/): toy_processors, sglang_peer, ...
 
 # scripts/setup_miles.sh checks Miles out here; point the Miles tests at it unless told otherwise.
 _MILES = os.path.join(os.path.dirname(__file__), "..", "third_party", "miles")
@@ -123,7 +123,7 @@ class _MilesExtrasInstalled(pytest.Item):
 def pytest_pycollect_makemodule(module_path, parent):
     if module_path.name not in _MILES_TEST_FILES:
         return None
-    from miles_compat import missing_miles_dependency
+    from support.miles_compat import missing_miles_dependency
     problem = missing_miles_dependency(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if problem is None:
         return None

@@ -1,6 +1,6 @@
 """Entries of one family given to another family's processor are refused, naming both (issue 13 item 5)."""
 import pytest
-from toy_processors import build_processor
+from support.toy_processors import build_processor
 
 import vidcache
 from vidcache import VideoOptions

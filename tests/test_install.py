@@ -69,7 +69,7 @@ def test_miles_present_without_its_extras_fails_with_the_command_but_collection_
     """MILES_SRC set, one of Miles' extra packages missing: the other tests still run, the run fails,
     and the output names the one command that installs the extras."""
     import shutil
-    from miles_compat import miles_src
+    from support.miles_compat import miles_src
     src = miles_src(ROOT) or pytest.fail("MILES_SRC names no Miles checkout (the test suite runs with one)")
     broken = tmp_path / "miles"
     shutil.copytree(src / "miles", broken / "miles")

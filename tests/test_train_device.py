@@ -11,7 +11,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from toy_processors import build_processor
+from support.toy_processors import build_processor
 
 import vidcache
 from vidcache import VideoCache, VideoOptions

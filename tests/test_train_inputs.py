@@ -1,7 +1,7 @@
 """train_inputs() equals the HF processor bitwise, for all three families (offline toy processors)."""
 import pytest
 import torch
-from toy_processors import build_processor
+from support.toy_processors import build_processor
 
 import vidcache
 from vidcache import VideoOptions
@@ -74,7 +74,7 @@ def test_prepare_counts_placeholders(cache, videos, processors):
 
 
 def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, processors):
-    from toy_processors import build_processor
+    from support.toy_processors import build_processor
 
     from vidcache.processing import MEMO
     h = vidcache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_vl"), cache)

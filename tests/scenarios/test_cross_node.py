@@ -3,7 +3,7 @@
 Two simulated nodes share one tier (a directory, and S3 on a moto server over loopback).  Node A
 (this process) prewarms a private copy of the videos, prepares stock and plugin requests for all
 three families and pickles its handles.  Then A's local directory and the sources are deleted, and
-node B (tests/node_b.py, its own process, its own empty VIDCACHE_DIR, the same VIDCACHE_SHARED) runs
+node B (tests/support/node_b.py, its own process, its own empty VIDCACHE_DIR, the same VIDCACHE_SHARED) runs
 SGLang 0.5.23's own processor on every URI A produced and hydrates A's handles, with decoding
 disabled.  Every output must equal A's under torch.equal.
 """
@@ -18,9 +18,9 @@ import pytest
 import torch
 
 pytest.importorskip("sglang", reason="SGLang peer not installed: run scripts/setup_peer_env.sh")
-import sglang_peer as sp  # noqa: E402
+from support import sglang_peer as sp  # noqa: E402
 
-from toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions, prepare  # noqa: E402
@@ -75,7 +75,8 @@ def _node_a(tmp_path, videos, shared, storage_options, workdir):
 
 def _node_b(tmp_path, workdir, shared, env_extra=()):
     env = {**os.environ, "VIDCACHE_DIR": str(tmp_path / "node_b"), "VIDCACHE_SHARED": shared, **dict(env_extra)}
-    r = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "..", "node_b.py"), str(workdir)],
+    node_b = os.path.join(os.path.dirname(__file__), "..", "support", "node_b.py")
+    r = subprocess.run([sys.executable, node_b, str(workdir)],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.load(open(workdir / "report.json"))

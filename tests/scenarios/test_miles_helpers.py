@@ -22,7 +22,7 @@ from miles_integration.train_hooks import (
     install_train_hooks,
     patch_get_batch,
 )
-from toy_processors import build_processor
+from support.toy_processors import build_processor
 from vidcache import Digest, PreparedRequest, VideoHandle, VideoOptions
 from vidcache.errors import InvalidKeyError, TierMismatchError
 from vidcache.keys import cache_key

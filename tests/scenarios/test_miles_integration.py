@@ -1,7 +1,7 @@
 """miles_integration against the real Miles source (MILES_SRC) and SGLang 0.5.23's real Qwen-VL processor.
 
 The SGLang stand-in is Miles' MockSGLangServer (HTTP on 127.0.0.1) whose /generate runs SGLang's own
-``QwenVLImageProcessor._process_mm_data_uncached`` (tests/sglang_peer.py) on each request it receives
+``QwenVLImageProcessor._process_mm_data_uncached`` (tests/support/sglang_peer.py) on each request it receives
 (compact ``input_ids`` + ``video_data``) and answers like SGLang: ``meta_info.prompt_tokens`` = SGLang's expanded
 length, top-level ``prompt_token_ids`` when requested, ``output_token_logprobs``, ``finish_reason``, and
 ``input_token_logprobs`` from ``logprob_start_len`` (counted on the expanded sequence) for prefill scoring.
@@ -30,7 +30,7 @@ from urllib.parse import quote
 import pytest
 import torch
 
-from miles_compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
+from support.miles_compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
 
 REPO = Path(__file__).resolve().parents[2]
 MILES = miles_src(REPO)
@@ -40,7 +40,7 @@ add_miles_to_path(MILES)
 install_test_shims()
 
 # Miles is present: from here on a missing peer is a failure, never a skip.
-import sglang_peer  # noqa: E402
+from support import sglang_peer  # noqa: E402
 
 assert sglang_peer.peer_available(), "SGLang 0.5.23's Qwen-VL processor does not import: run scripts/setup_peer_env.sh"
 
@@ -52,8 +52,8 @@ from miles.utils.http_utils import find_available_port  # noqa: E402
 from miles.utils.misc import function_registry, load_function  # noqa: E402
 from miles.utils.types import Sample  # noqa: E402
 from starlette.requests import Request  # noqa: E402  (module level: FastAPI resolves route annotations here)
-from miles_smoke_example import make_miles_args, make_mock_server_cls  # noqa: E402
-from toy_processors import build_processor  # noqa: E402
+from support.miles_smoke_example import make_miles_args, make_mock_server_cls  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
 from miles_integration.args import VidcacheConfig  # noqa: E402

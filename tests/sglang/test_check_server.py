@@ -1,17 +1,17 @@
-"""`check-server` against a live HTTP server running SGLang's real Qwen-VL processor (tests/sglang_peer.PeerServer),
-with vidcache's plugin inside it: an honest server passes; a drifted processor, another mm_process_config and an
-unverified version are refused with the cause named."""
+"""`check-server` against a live HTTP server running SGLang's real Qwen-VL processor
+(tests/support/sglang_peer.PeerServer), with vidcache's plugin inside it: an honest server passes; a drifted
+processor, another mm_process_config and an unverified version are refused with the cause named."""
 import importlib
 
 import pytest
 
-import sglang_peer as sp
+from support import sglang_peer as sp
 
 if not sp.peer_installed():
     pytest.skip("SGLang peer not installed: run scripts/setup_peer_env.sh", allow_module_level=True)
 sp.require_peer()
 
-from toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
 
 from vidcache.sglang.check import check_server  # noqa: E402
 from vidcache.sglang.config import mm_process_config  # noqa: E402

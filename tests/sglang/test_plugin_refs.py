@@ -6,7 +6,7 @@ import os
 import pytest
 
 pytest.importorskip("sglang", reason="SGLang peer not installed: run scripts/setup_peer_env.sh")
-import sglang_peer as sp  # noqa: E402
+from support import sglang_peer as sp  # noqa: E402
 
 import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402

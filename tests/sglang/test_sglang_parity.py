@@ -1,7 +1,7 @@
 """Peer parity: SGLang 0.5.23's own request preprocessing reproduces the trainer's tensors bit for bit.
 
 Every case prewarms a generated video, builds ``vidcache.prepare(..., mode=M)`` and runs SGLang's
-``QwenVLImageProcessor._process_mm_data_uncached`` (tests/sglang_peer.py) on ``prepared.video_data`` with
+``QwenVLImageProcessor._process_mm_data_uncached`` (tests/support/sglang_peer.py) on ``prepared.video_data`` with
 the server config ``vidcache sglang-config`` prints.  In plugin mode the processor class is the one SGLang's
 own ``import_processors("vidcache.sglang.plugin")`` registers, as a server with
 ``SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE`` would, and it resolves references through this process's node cache
@@ -17,14 +17,14 @@ import json
 import pytest
 import torch
 
-import sglang_peer as sp  # (tests/ is on sys.path via conftest)
+from support import sglang_peer as sp  # (tests/ is on sys.path via conftest)
 
 if not sp.peer_installed():
     pytest.skip("SGLang peer not installed: run scripts/setup_peer_env.sh", allow_module_level=True)
 sp.require_peer()     # installed: an import failure or a version mismatch is an error here, never a skip
 
 from conftest import ASPECT_SHAPES  # noqa: E402
-from toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
 from vidcache import ParityError, VideoOptions, prepare  # noqa: E402

@@ -1,11 +1,11 @@
-"""Node B of tests/test_cross_node.py, run as its own process: a fresh node of the cluster.
+"""Node B of tests/scenarios/test_cross_node.py, run as its own process: a fresh node of the cluster.
 
 Its only configuration is the environment: ``VIDCACHE_DIR`` (its own empty local dir) and
 ``VIDCACHE_SHARED`` (the tier node A used).  It receives what node A produced (video URIs,
 expected tensors, pickled handles) in a directory, runs SGLang 0.5.23's own processor on every
 URI and hydrates every handle, with decoding disabled, and writes a JSON report.
 
-    python tests/node_b.py WORKDIR
+    python tests/support/node_b.py WORKDIR
 """
 import json
 import os
@@ -14,12 +14,12 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # tests/: the support package
 
 
 def main(workdir: str) -> None:
-    import sglang_peer as sp
-    from toy_processors import build_processor
+    from support import sglang_peer as sp
+    from support.toy_processors import build_processor
 
     import vidcache.loader.build as build
     from vidcache import train_inputs

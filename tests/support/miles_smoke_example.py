@@ -3,7 +3,7 @@
 NOT a pytest module (no ``test_`` prefix). Run it directly:
 
     bash scripts/setup_miles.sh                     # once: checkout + extra pip packages
-    MILES_SRC=third_party/miles .venv/bin/python tests/miles_smoke_example.py
+    MILES_SRC=third_party/miles .venv/bin/python tests/support/miles_smoke_example.py
 
 It exits 0 with "SKIP" when no Miles checkout is found, so it can be wired into CI safely.
 
@@ -31,24 +31,25 @@ import tempfile
 from argparse import Namespace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "tests"))          # the support package, when run as a script
 
-from miles_compat import ENV, install_test_shims, miles_src  # noqa: E402
-from toy_processors import SPECIAL_TOKENS as TOY_SPECIAL_TOKENS  # noqa: E402
+from support.miles_compat import ENV, install_test_shims, miles_src  # noqa: E402
+from support.toy_processors import SPECIAL_TOKENS as TOY_SPECIAL_TOKENS  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------------
 # Locating Miles
 # --------------------------------------------------------------------------------------------------
 def find_miles_src() -> Path | None:
-    """``$MILES_SRC``, defaulting to scripts/setup_miles.sh's checkout (same locator as the Miles tests: tests/miles_compat.py)."""
+    """``$MILES_SRC``, defaulting to scripts/setup_miles.sh's checkout (same locator as the Miles tests:
+    tests/support/miles_compat.py)."""
     os.environ.setdefault(ENV, str(REPO / "third_party" / "miles"))
     return miles_src(REPO)
 
 
-# TEST-ONLY stub for the sglang module Miles imports but PyPI sglang 0.5.23 lacks (see tests/miles_compat.py).
+# TEST-ONLY stub for the sglang module Miles imports but PyPI sglang 0.5.23 lacks (see tests/support/miles_compat.py).
 install_miles_test_shims = install_test_shims
 
 

@@ -5,8 +5,8 @@ skip only where SGLang is not installed at all (``peer_installed()``); where it 
 which raises if the peer cannot work (an import error, another SGLang version), so a broken peer or plugin
 fails instead of skipping.
 
-    from tests.toy_processors import build_processor
-    from tests.sglang_peer import build_peer, run_peer
+    from tests.support.toy_processors import build_processor
+    from tests.support.sglang_peer import build_peer, run_peer
 
     peer = build_peer("qwen3_vl", build_processor("qwen3_vl"), video_config={"fps": 2.0})
     out = run_peer(peer, "<|vision_start|><|video_pad|><|vision_end|>Describe.", ["file:///tmp/x.mkv"])
@@ -105,7 +105,8 @@ def _import_sglang():
         ver = md.version("sglang")
         if ver not in PEER_SGLANG_VERSIONS:
             raise PeerError(
-                f"tests/sglang_peer.py is written against sglang {', '.join(PEER_SGLANG_VERSIONS)}, found {ver}; "
+                f"tests/support/sglang_peer.py is written against sglang {', '.join(PEER_SGLANG_VERSIONS)}, "
+                f"found {ver}; "
                 "re-check the attribute list in build_peer()"
             )
         old = os.environ.get("SGLANG_USE_CPU_ENGINE")
@@ -187,7 +188,7 @@ def build_peer(
     """A ready-to-run SGLang ``QwenVLImageProcessor`` (or ``processor_cls``, e.g. a plugin subclass).
 
     family: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl" (becomes ``hf_config.model_type``).
-    hf_processor: the HF processor SGLang would load (see tests/toy_processors.build_processor). For qwen2_vl a
+    hf_processor: the HF processor SGLang would load (see tests/support/toy_processors.build_processor). For qwen2_vl a
         real server also forces size={shortest_edge: 3136, longest_edge: 1003520} on it when loading
         (``build_processor(..., sglang_size_override=True)``).
     tokenizer: defaults to ``hf_processor.tokenizer``.
