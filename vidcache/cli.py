@@ -467,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 80%% of this machine's RAM split among the workers)")
     p.add_argument("--max-source-mb", type=float, default=4096, help="largest source file fetched, in MiB")
     p.add_argument("--fetch-timeout", type=float, default=300.0, help="seconds to fetch one source")
-    p.add_argument("--decoder", default="decord", choices=["decord", "torchcodec"], help="video decoder")
+    from .options import DECODERS
+    p.add_argument("--decoder", default="decord", choices=DECODERS, help="video decoder")
     p.add_argument("--failures", metavar="PATH", help="per-row failures JSONL, written only when a row fails "
                                                       "(default: <dataset>.failures.jsonl, or in the current directory when the "
                         "dataset's is read-only)")
@@ -528,8 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("sglang-config", help="SGLang server flags that reproduce the cache")
     _add_cache_flags(p)
-    p.add_argument("--family", required=True, choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"], help="model family")
-    p.add_argument("--mode", choices=["stock", "plugin"], help="default: plugin for qwen3_vl, stock otherwise")
+    from .options import PATCH_SIZE
+    from .serving import MODES
+    p.add_argument("--family", required=True, choices=sorted(PATCH_SIZE), help="model family")
+    p.add_argument("--mode", choices=sorted(MODES), help="default: plugin for qwen3_vl, stock otherwise")
     p.set_defaults(fn=cmd_sglang_config)
 
     p = add("tier-id", help="the shared tier's identity; --init / --restore / --new write it")
@@ -555,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", metavar="URL", help="the SGLang server, e.g. http://127.0.0.1:30000")
     _add_cache_flags(p)
     p.add_argument("--family", choices=sorted(PATCH_SIZE), help="default: from the server's model_type")
-    p.add_argument("--mode", choices=["stock", "plugin"], help="default: plugin for qwen3_vl, stock otherwise")
+    p.add_argument("--mode", choices=sorted(MODES), help="default: plugin for qwen3_vl, stock otherwise")
     p.add_argument("--processor", metavar="DIR", help="the checkpoint's processor (default: the server's "
                                                       "tokenizer_path, when it exists here)")
     p.add_argument("--allow-unverified-sglang", metavar="VERSION",

@@ -19,6 +19,10 @@ import xxhash
 from .errors import OptionsError
 from .serving import STOCK_QWEN3_GRID, stock_sglang_problems
 
+# The decoders a cache can be configured with (vidcache.loader.decode implements them; the CLI offers them).
+# A decoder is not part of any key: where two decode one stream, their bytes are equal (tests/scenarios).
+DECODERS = ("decord", "torchcodec", "pyav")
+
 # Bump when vidcache's own sampling/resizing/storage code or a default changes the bytes:
 # it disowns every earlier entry (Bazel's "salt").
 #   2: qwen3_vl's default grid went from 224 (stock SGLang's identity grid) to the model's own 32,

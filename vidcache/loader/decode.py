@@ -25,8 +25,9 @@ from fractions import Fraction
 import torch
 
 from ..errors import BackendUnavailableError, DecodeError, UnsupportedCodecError
+from ..options import DECODERS
 
-BACKENDS = ("decord", "torchcodec", "pyav")
+BACKENDS = DECODERS
 # What decoder_threads=0 means.  Fixed, never FFmpeg's "auto" (which follows the core count): 2 is the most
 # threads at which decord decoded every stream of the codec matrix, including the VP9 that fails at 3+.
 DEFAULT_DECODER_THREADS = 2
