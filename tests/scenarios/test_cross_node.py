@@ -94,6 +94,8 @@ def test_node_b_reproduces_node_a_on_a_shared_directory(tmp_path, videos):
     workdir.mkdir()
     shared = str(tmp_path / "nfs")
     cases = _node_a(tmp_path, videos, shared, {}, workdir)
+    # Node B reads compact objects only (issue 17): no raw frames were ever put in the tier.
+    assert not (tmp_path / "nfs" / "cas").exists() and (tmp_path / "nfs" / "frozen").is_dir()
     _assert_all_equal(_node_b(tmp_path, workdir, shared), cases)
 
 
@@ -104,6 +106,8 @@ def test_node_b_reproduces_node_a_on_s3(tmp_path, videos, s3):
     shared = "s3://cache/vc"
     opts = {"endpoint_url": s3.endpoint, "client_kwargs": {"region_name": "us-east-1"}}
     cases = _node_a(tmp_path, videos, shared, opts, workdir)
+    names = [o["Key"] for o in s3.client.list_objects_v2(Bucket="cache", Prefix="vc/")["Contents"]]
+    assert not any(n.startswith("vc/cas/") for n in names) and any(n.startswith("vc/frozen/") for n in names)
     # Node B learns the endpoint the way any fsspec user does: FSSPEC_<PROTOCOL>_<ARG> in its environment.
     env = {"FSSPEC_S3_ENDPOINT_URL": s3.endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
     _assert_all_equal(_node_b(tmp_path, workdir, shared, env), cases)
