@@ -1,9 +1,9 @@
-"""The shared tier (fsspec on a directory, memory://, S3 on moto), read-through tiers, budgets, Ray prewarm."""
+"""The shared tier at the cache level: a second node reads through, corrupt shared copies, the local budget, S3
+(moto), resume and lazy handles on a fresh node.  The stores themselves: ``tests/store/test_fsspec.py`` and
+``tests/store/test_tiered.py``."""
 import json
 import os
-import uuid
 
-import fsspec
 import pytest
 import torch
 
@@ -11,111 +11,7 @@ import vidcache
 
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
-from vidcache.errors import DigestMismatchError, InvalidKeyError
-from vidcache.store.fsspec_cas import FsspecStore
-from vidcache.store.lmdb import LMDBStore
-from vidcache.store.memory import MemoryStore
-from vidcache.store.tiered import TieredStore
-from vidcache.testing.store import PicklableStoreContract, StoreContract
-
-
-class _FsspecMedium:
-    """Raw access through the filesystem itself, at the path layout the store documents."""
-
-    def _raw_path(self, store, key):
-        return store._path(key)
-
-    def raw_get(self, store, key):
-        fs = fsspec.core.url_to_fs(store.url)[0]
-        try:
-            return fs.cat_file(self._raw_path(store, key))
-        except FileNotFoundError:
-            return None
-
-    def raw_set(self, store, key, value):
-        fs = fsspec.core.url_to_fs(store.url)[0]
-        path = self._raw_path(store, key)
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        fs.pipe_file(path, value)
-
-
-class TestFsspecStoreLocalDir(_FsspecMedium, PicklableStoreContract):
-    @pytest.fixture
-    def store(self, tmp_path):
-        return FsspecStore(str(tmp_path / "shared"))
-
-    def test_leftover_partial_files_are_invisible(self, store):
-        store.set_many({"cas/abc": b"1"})
-        d = os.path.dirname(store._path("cas/def"))
-        os.makedirs(d, exist_ok=True)
-        open(os.path.join(d, ".def.1234.partial"), "wb").write(b"half")
-        assert list(store.keys("cas/")) == ["cas/abc"] and store.get("cas/def") is None
-
-    @pytest.mark.parametrize("key", ["cas/../../etc/passwd", "ac/a/b", "/abs", "cas/", "ac/x\x00y", "cas/..",
-                                     "noslash"])
-    def test_keys_never_leave_the_root(self, store, key):
-        with pytest.raises(InvalidKeyError):
-            store.get(key)
-
-    def test_file_urls(self, store):
-        store.set_many({"frozen/k.nut": b"frames"})
-        url = store.url_for("frozen/k.nut")
-        assert store.supports_urls and url.startswith("file:///")
-        from urllib.parse import unquote, urlparse
-        assert open(unquote(urlparse(url).path), "rb").read() == b"frames"
-
-
-class TestFsspecStoreMemoryFS(_FsspecMedium, StoreContract):
-    @pytest.fixture
-    def store(self):
-        return FsspecStore(f"memory://vidcache-{uuid.uuid4().hex}")
-
-    def test_no_urls(self, store):
-        assert not store.supports_urls
-        with pytest.raises(NotImplementedError):
-            store.url_for("frozen/x.nut")
-
-
-class TestTieredStore(StoreContract):
-    """Raw access: what is in the *shared* medium (writes must reach it; reads come through it)."""
-
-    @pytest.fixture
-    def store(self, tmp_path):
-        return TieredStore(LMDBStore(tmp_path / "local"), MemoryStore())
-
-    def raw_get(self, store, key):
-        return store.shared._data.get(key)
-
-    def raw_set(self, store, key, value):
-        store.shared._data[key] = value
-        store.local.delete(key)
-
-    def test_reads_backfill_the_local_tier(self, tmp_path):
-        shared = MemoryStore()
-        shared.set_many({"cas/x": b"blob", "ac/y": b"manifest"})
-        t = TieredStore(LMDBStore(tmp_path / "l"), shared)
-        assert t.local.get("cas/x") is None
-        with t.read("cas/x") as v:
-            assert bytes(v) == b"blob"
-        assert t.local.get("cas/x") == b"blob"
-        assert t.exists_many(["ac/y", "ac/z"]) == [True, False]
-
-    def test_local_only_prefixes_never_reach_the_shared_tier(self, tmp_path):
-        shared = MemoryStore()
-        t = TieredStore(LMDBStore(tmp_path / "l"), shared, local_only=("src/",))
-        t.set_many({"src/a": b"node hint", "cas/b": b"blob"})
-        assert "src/a" not in shared._data and shared._data["cas/b"] == b"blob"
-        assert t.get("src/a") == b"node hint"
-
-    def test_checked_pulls_never_serve_or_backfill_bad_bytes(self, tmp_path):
-        def check(key, value):
-            if value == b"bad":
-                raise DigestMismatchError(key)
-        shared = MemoryStore({"cas/x": b"bad"})
-        t = TieredStore(LMDBStore(tmp_path / "l"), shared, check=check)
-        with pytest.raises(DigestMismatchError):
-            t.get("cas/x")
-        assert t.local.get("cas/x") is None
+from vidcache.errors import DigestMismatchError
 
 
 # --- nodes ---------------------------------------------------------------------------------------------

@@ -1,3 +1,5 @@
+"""The local tier, ``vidcache.store.lmdb``: the store contract on an LMDB file, map growth, zero-copy reads,
+fork and concurrent writers, the byte budget (LRU eviction, gc).  A damaged file: ``test_lmdb_damage.py``."""
 import multiprocessing as mp
 import os
 
@@ -5,20 +7,7 @@ import lmdb
 import pytest
 
 from vidcache.store.lmdb import LMDBStore
-from vidcache.store.memory import MemoryStore
-from vidcache.testing.store import PicklableStoreContract, StoreContract
-
-
-class TestMemoryStore(StoreContract):
-    @pytest.fixture
-    def store(self):
-        return MemoryStore()
-
-    def raw_get(self, store, key):
-        return store._data.get(key)
-
-    def raw_set(self, store, key, value):
-        store._data[key] = value
+from vidcache.testing.store import PicklableStoreContract
 
 
 def _raw_env(store, write=False):
