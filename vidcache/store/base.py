@@ -4,7 +4,10 @@ Stores know bytes and keys, never what a key means (``vidcache.keys`` does);
 policy such as "these prefixes stay on the node" is handed in by the cache.
 Modelled on zarr-python v3's store layer: a miss is ``None``, capabilities are
 data, ``with_read_only()`` returns a new store, ``set_if_not_exists`` publishes
-without overwriting.
+without overwriting, and a store is a value: its type, where its data is and
+``read_only`` make its ``==``, ``hash`` and ``repr``, all derived here from the
+constructor arguments it gives (``_args``), as are ``with_read_only`` and, for
+stores that reopen where they are unpickled, pickling.
 """
 from __future__ import annotations
 
@@ -18,6 +21,12 @@ from ..errors import ReadOnlyStoreError
 class Store(ABC):
     # Can give a URL that another machine can read the value from (see ``url_for``).
     supports_urls: bool = False
+    # The ``_args()`` that say where the data is (a path, a URL): with the type and ``read_only`` they are the
+    # store's identity (==, hash) and what its repr shows.  A store naming none is equal only to itself.
+    _location: tuple[str, ...] = ()
+    # True: pickled as ``_args()`` and rebuilt by the constructor where it is unpickled, so no open handle (an
+    # LMDB environment, an fsspec filesystem) crosses a process.  False: pickled as its attributes.
+    _pickle_args: bool = False
 
     def __init__(self, *, read_only: bool = False) -> None:
         self.read_only = read_only
@@ -68,9 +77,9 @@ class Store(ABC):
         """A URL another machine can fetch the value from (``supports_urls`` stores only)."""
         raise NotImplementedError(f"{type(self).__name__} cannot hand out URLs")
 
-    @abstractmethod
     def with_read_only(self, read_only: bool = True) -> "Store":
         """The same store, opened read-only (or writable)."""
+        return type(self)(**{**self._args(), "read_only": read_only})
 
     def stats(self) -> dict:
         return {}
@@ -81,6 +90,45 @@ class Store(ABC):
     def _check_writable(self) -> None:
         if self.read_only:
             raise ReadOnlyStoreError(f"{self!r} is read-only")
+
+    # --- value semantics, from _args() -------------------------------------------------------
+    def _args(self) -> dict:
+        """The constructor's arguments by name, ``read_only`` included: ``type(self)(**self._args())`` opens
+        this store again."""
+        raise NotImplementedError(f"{type(self).__name__} does not give its constructor arguments (_args)")
+
+    def _identity(self) -> tuple | None:
+        """What ``==`` and ``hash`` compare; None: only the object itself."""
+        if not self._location:
+            return None
+        args = self._args()
+        return (type(self), *(args[n] for n in self._location), self.read_only)
+
+    def __eq__(self, other) -> bool:
+        mine = self._identity()
+        if mine is None:
+            return self is other
+        return isinstance(other, Store) and mine == other._identity()
+
+    def __hash__(self) -> int:
+        mine = self._identity()
+        return id(self) if mine is None else hash(mine)
+
+    def __repr__(self) -> str:
+        if not self._location:
+            return object.__repr__(self)
+        args = self._args()
+        shown = [repr(args[n]) for n in self._location] + (["read_only=True"] if self.read_only else [])
+        return f"{type(self).__name__}({', '.join(shown)})"
+
+    def __getstate__(self) -> dict:
+        return self._args() if self._pickle_args else self.__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        if self._pickle_args:
+            self.__init__(**state)
+        else:
+            self.__dict__.update(state)
 
     def __enter__(self):
         return self

@@ -330,27 +330,14 @@ class FsspecStore(Store):
             removed[1] += int(info.get("size") or 0)
         return {"partial_files_removed": removed[0], "partial_bytes_removed": removed[1]}
 
-    # --- value semantics ------------------------------------------------------------
-    def with_read_only(self, read_only: bool = True) -> "FsspecStore":
-        return FsspecStore(self.url, read_only=read_only, storage_options=self.storage_options,
-                           timeout_s=self.timeout_s)
+    # --- value semantics (Store's, from _args): the filesystem is made again where unpickled ----------
+    # The storage options (credentials included) pickle with the store, as they always have.
+    _location = ("url",)
+    _pickle_args = True
 
-    def __getstate__(self):
+    def _args(self) -> dict:
         return {"url": self.url, "read_only": self.read_only, "storage_options": self.storage_options,
                 "timeout_s": self.timeout_s}
-
-    def __setstate__(self, state):
-        self.__init__(state["url"], read_only=state["read_only"], storage_options=state["storage_options"],
-                      timeout_s=state.get("timeout_s"))
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, FsspecStore) and (self.url, self.read_only) == (other.url, other.read_only)
-
-    def __hash__(self) -> int:
-        return hash((self.url, self.read_only))
-
-    def __repr__(self) -> str:
-        return f"FsspecStore({self.url!r})"
 
     def stats(self) -> dict:
         return {"url": self.url}

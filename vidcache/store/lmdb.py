@@ -110,26 +110,13 @@ class LMDBStore(Store):
                 self._flush_touched()
         lmdb_env.forget(self.path)
 
-    def with_read_only(self, read_only: bool = True) -> "LMDBStore":
-        return LMDBStore(self.path, read_only=read_only, map_size=self.initial_map_size,
-                         max_readers=self.max_readers, max_bytes=self.max_bytes)
+    # --- value semantics (Store's, from _args): reopened per process where unpickled ------------------
+    _location = ("path",)
+    _pickle_args = True
 
-    def __getstate__(self):
+    def _args(self) -> dict:
         return {"path": self.path, "read_only": self.read_only, "map_size": self.initial_map_size,
                 "max_readers": self.max_readers, "max_bytes": self.max_bytes}
-
-    def __setstate__(self, state):
-        self.__init__(state["path"], read_only=state["read_only"], map_size=state["map_size"],
-                      max_readers=state["max_readers"], max_bytes=state.get("max_bytes"))
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, LMDBStore) and (self.path, self.read_only) == (other.path, other.read_only)
-
-    def __hash__(self) -> int:
-        return hash((self.path, self.read_only))
-
-    def __repr__(self) -> str:
-        return f"LMDBStore({self.path!r}{', read_only=True' if self.read_only else ''})"
 
     # --- transactions -----------------------------------------------------
     @contextlib.contextmanager

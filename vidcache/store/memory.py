@@ -32,8 +32,15 @@ class MemoryStore(Store):
         self._check_writable()
         self._data.pop(key, None)
 
-    def with_read_only(self, read_only: bool = True) -> "MemoryStore":
-        return MemoryStore(self._data, read_only=read_only)
+    # --- value semantics (Store's, from _args) ----------------------------------------
+    # Where the data is: the dict itself, the same object (a pickled copy holds a copy of it: another store).
+    _location = ("data",)
+
+    def _args(self) -> dict:
+        return {"data": self._data, "read_only": self.read_only}
+
+    def _identity(self) -> tuple:
+        return (type(self), id(self._data), self.read_only)
 
     def __repr__(self) -> str:
-        return f"MemoryStore(<{len(self._data)} keys>)"
+        return f"MemoryStore(<{len(self._data)} keys>{', read_only=True' if self.read_only else ''})"

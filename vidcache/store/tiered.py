@@ -172,8 +172,8 @@ class TieredStore(Store):
             self.shared.delete(key)
 
     def with_read_only(self, read_only: bool = True) -> "TieredStore":
-        return TieredStore(self.local.with_read_only(read_only), self.shared.with_read_only(read_only),
-                           local_only=self.local_only, check=self.check, read_only=read_only)
+        return type(self)(**{**self._args(), "local": self.local.with_read_only(read_only),
+                             "shared": self.shared.with_read_only(read_only), "read_only": read_only})
 
     def close(self) -> None:
         self.local.close()
@@ -182,11 +182,9 @@ class TieredStore(Store):
     def stats(self) -> dict:
         return {"local": self.local.stats(), "shared": self.shared.stats()}
 
-    def __eq__(self, other) -> bool:
-        return isinstance(other, TieredStore) and (self.local, self.shared) == (other.local, other.shared)
+    # --- value semantics (Store's, from _args; the check is not part of the identity) ---------------
+    _location = ("local", "shared", "local_only")
 
-    def __hash__(self) -> int:
-        return hash((self.local, self.shared))
-
-    def __repr__(self) -> str:
-        return f"TieredStore({self.local!r}, {self.shared!r})"
+    def _args(self) -> dict:
+        return {"local": self.local, "shared": self.shared, "local_only": self.local_only, "check": self.check,
+                "read_only": self.read_only}
