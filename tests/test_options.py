@@ -74,16 +74,6 @@ def test_resized_pair_changes_the_key():
     assert VideoOptions(resized_height=280, resized_width=392).digest != base.digest
 
 
-def test_key_ignores_everything_that_changes_no_bytes(tmp_path):
-    # The key is a function of (content digest, options) only: no path, URL, worker count or cache dir.
-    import inspect
-    assert list(inspect.signature(cache_key).parameters) == ["source_digest", "options"]
-    a = cache_key(Digest.of(b"x" * 10), VideoOptions())
-    b = cache_key(Digest.of(b"x" * 10), VideoOptions())
-    assert a == b
-    assert cache_key(Digest.of(b"x" * 11), VideoOptions()) != a
-
-
 def test_invalid_options_are_refused():
     with pytest.raises(OptionsError, match="either fps or nframes"):
         VideoOptions(fps=2.0, nframes=8)

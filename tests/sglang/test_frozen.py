@@ -1,4 +1,5 @@
-"""vidcache.sglang.frozen: frozen files are part of an entry's integrity (issue 18, D15).
+"""vidcache.sglang.frozen: frozen files re-decode bit-exactly with every decoder, and are part of an entry's
+integrity (issue 18, D15).
 
 A flipped byte in a frozen file (UT Video or FFV1, this node's copy or the shared tier's) is never handed
 to SGLang: the copy is checked against the digest recorded when it was verified, moved aside, and remade
@@ -15,7 +16,8 @@ import vidcache
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.sglang import frozen
-from vidcache.sglang.frozen import FORMATS, decode_all, local_frozen_path, published_frozen_key
+from vidcache.sglang.frozen import (FORMATS, available_decoders, decode_all, local_frozen_path,
+                                    published_frozen_key)
 from vidcache.sglang.transport import video_uri
 
 
@@ -47,6 +49,24 @@ def _shared_file(tmp_path, key, suffix) -> str:
 def _exact(path, frames) -> bool:
     got, fps = decode_all(path, "decord")
     return torch.equal(got, frames) and fps == 2.0
+
+
+@pytest.mark.parametrize("fmt,suffix", [(None, ".nut"), ("ffv1", ".mkv"), ("utvideo", ".nut")])
+@pytest.mark.parametrize("name", ["h264_ntsc", "ffv1_10_small", "mpeg4_25_odd"])
+def test_frozen_file_redecodes_bit_exactly(cache, videos, name, fmt, suffix):
+    h = vidcache.get(videos[name], VideoOptions(family="qwen2_5_vl"), cache)
+    path = local_frozen_path(cache, h.key, fmt)          # the serving format (UT Video in NUT) by default
+    assert path.endswith(suffix) and os.path.dirname(path) == os.path.join(cache.path, "frozen")
+    uri = video_uri(h, "stock", transport="file", frozen_format=fmt)
+    from urllib.parse import unquote, urlparse
+    assert uri.startswith("file:///") and unquote(urlparse(uri).path) == path
+    frames = h.frames()
+    decoders = available_decoders()
+    assert "decord" in decoders and "pyav" in decoders
+    for dec in decoders:
+        got, fps = decode_all(path, dec)
+        assert torch.equal(got, frames), dec
+        assert fps == 2.0
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

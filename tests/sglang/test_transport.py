@@ -1,6 +1,7 @@
 """Reachability: the shared tier's URLs, file URIs, HTTP from `vidcache serve`, data: URIs; plugin references."""
 import base64
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -166,3 +167,22 @@ def test_malformed_references_are_invalid_key_errors(uri, why):
     with pytest.raises(InvalidKeyError, match=why) as e:
         parse_ref(uri)
     assert len(str(e.value)) < 400                     # never echoes what the request sent at length
+
+
+def test_stock_file_uri_defaults_to_the_serving_format(cache, videos):
+    h = vidcache.get(videos["ffv1_10_small"], VideoOptions(), cache)
+    assert video_uri(h, "stock", transport="file").endswith(".nut")          # UT Video: fastest to decode
+    assert video_uri(h, "stock").endswith(".nut")                            # "file" without a shared tier
+
+
+def test_frozen_uri_is_percent_encoded(tmp_path, videos):
+    c = VideoCache(tmp_path / "we#ird?dir %")
+    h = vidcache.get(videos["ffv1_10_small"], VideoOptions(), c)
+    uri = video_uri(h, "stock", transport="file")
+    assert "#" not in uri and "?" not in uri and "%25" in uri and "%23" in uri and "%3F" in uri
+    from urllib.parse import unquote, urlparse
+    path = unquote(urlparse(uri).path)
+    assert os.path.exists(path) and path == local_frozen_path(c, h.key, "utvideo")
+    got, _ = decode_all(path, "decord")
+    assert torch.equal(got, h.frames())
+    c.close()
