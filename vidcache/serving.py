@@ -5,7 +5,7 @@ Imports nothing of vidcache (the facts floor), because the trainer side
 ``sglang-config``, ``check-server`` and the Miles adapters all read these.
 
 ``VERIFIED_SGLANG_VERSIONS`` is the one list of SGLang releases whose own processor code vidcache has
-run its parity suites against (tests/test_sglang_parity.py, stock and plugin mode, in one environment
+run its parity suites against (tests/sglang/test_sglang_parity.py, stock and plugin mode, in one environment
 per release: scripts/setup_peer_env.sh with ``SGLANG_VERSION``).  ``vidcache check-server`` refuses any
 other release unless it is named explicitly (``--allow-unverified-sglang VERSION``).
 """

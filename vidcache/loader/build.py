@@ -67,7 +67,7 @@ def _resize_chunked(raw: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """``resize_frames`` a few frames at a time into one output.
 
     Each frame is resized independently, so the result is the same bytes as one call over the whole batch
-    (tests/test_codecs.py checks it against qwen-vl-utils with a one-frame chunk); only the float32
+    (tests/scenarios/test_codecs.py checks it against qwen-vl-utils with a one-frame chunk); only the float32
     intermediates shrink from the whole batch to one chunk.
     """
     n, c, height, width = raw.shape

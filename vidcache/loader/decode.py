@@ -9,7 +9,7 @@ handled here rather than left to the machine:
   FFmpeg's ``threads=0`` means "cores + 1", so the same file decoded on 2 cores and failed on 64.  A thread
   count of 0 is therefore never passed on (it becomes ``DEFAULT_DECODER_THREADS``), and a multi-threaded
   decode that fails is retried once single-threaded.  Decoded bytes do not depend on the thread count
-  (tests/test_codecs.py checks 1, 2 and 8 threads on every codec of its matrix).
+  (tests/scenarios/test_codecs.py checks 1, 2 and 8 threads on every codec of its matrix).
 * **Streams decord cannot open** (its bundled FFmpeg 4.1 has no AV1 decoder and cannot size a GIF) fall
   back to ``PyAVReader``, which replays decord's conversion on PyAV's FFmpeg; see that class for what is
   and is not bit-identical.  The reader records ``fallback_from`` and the reason, for the provenance.
@@ -160,7 +160,7 @@ class PyAVReader(Reader):
       rotation as ``transpose``, then ``scale=W:H`` to RGB24 with FFmpeg 4.1's default ``bilinear`` flags.
       FFmpeg 7+ honours the frame's chroma siting where 4.1 assumed centred chroma; ``in_v_chr_pos=256``
       restores 4.1's vertical position for vertically subsampled (4:2:0) input.  Measured against decord on
-      every stream both can open (tests/test_codecs.py): identical for 8-bit 4:2:0 / 4:2:2 / 4:4:4, full
+      every stream both can open (tests/scenarios/test_codecs.py): identical for 8-bit 4:2:0 / 4:2:2 / 4:4:4, full
       range, gray, RGB and palette formats, rotated 8-bit; NOT identical for 10-bit 4:2:0, rotated or not
       (FFmpeg 8's swscale rounds some out-of-gamut pixels differently: a few pixels, up to 5 levels).
     """
@@ -268,7 +268,7 @@ def open_reader(path: str, backend: str = "decord", threads: int = 0, fallback: 
         if not (fallback and backend == "decord"):
             raise
         if info.bit_depth > 8:
-            # The fallback equals decord's bytes on every 8-bit stream tested (tests/test_codecs.py), not on
+            # The fallback equals decord's bytes on every 8-bit stream tested (tests/scenarios/test_codecs.py), not on
             # >8-bit ones (FFmpeg 8's swscale vs decord's 4.1: up to 4 levels on 10-bit AV1).  Decoder-
             # dependent bytes under a decoder-free key would break "one key, one set of frames": refuse.
             raise UnsupportedCodecError(
