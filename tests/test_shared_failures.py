@@ -412,3 +412,16 @@ def test_every_command_is_bounded_and_named_when_the_s3_tier_is_down(tmp_path, r
         assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
         assert "vidcache: error: [shared_" in r.stderr, (args, r.stderr[-2000:])
         assert took < 120, (args, took)            # bounded: 3 s per call, a few calls, plus start-up
+
+
+def test_a_full_local_disk_fails_prewarm_rows_as_no_space(tiny_disk, tmp_path, videos):
+    """D23: ENOSPC on the node's own disk is its own kind, not `internal` or a bare `store` error."""
+    import json as _json
+    from vidcache import VideoCache, VideoOptions
+    from vidcache.prewarm import prewarm
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("".join(_json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n"
+                          for n in ("h264_30", "mjpeg_24", "hevc_25")))
+    s = prewarm(str(ds), VideoCache(tiny_disk / "node"), VideoOptions(), progress=False)
+    kinds = {f["kind"] for f in s.failures}
+    assert s.failed >= 1 and kinds == {"no_space"}, s.failures

@@ -18,8 +18,10 @@ traceback (``_lmdb_errors``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import struct
 import time
 from pathlib import Path
@@ -27,7 +29,7 @@ from typing import Iterable, Iterator, Mapping
 
 import lmdb
 
-from ..errors import StoreError
+from ..errors import NoSpaceError, StoreError
 from . import lmdb_env
 from .base import Store
 from .lmdb_env import LMDB_LIB_VERSION, LRU_DB  # noqa: F401  (LMDB_LIB_VERSION: still importable from here)
@@ -40,12 +42,26 @@ _DAMAGED = (lmdb.CorruptedError, lmdb.InvalidError, lmdb.PageNotFoundError, lmdb
 _WARNED_BUDGET: set[str] = set()     # paths whose below-one-entry budget was already warned about
 
 
+def _disk_full(path: str, err: lmdb.Error) -> bool:
+    """LMDB reports a full disk as ENOSPC, or as EIO when a commit was cut short by one (seen on tmpfs)."""
+    msg = str(err)
+    if os.strerror(errno.ENOSPC) in msg or os.strerror(errno.EDQUOT) in msg:
+        return True
+    if os.strerror(errno.EIO) in msg:
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(path).free < (1 << 20)
+    return False
+
+
 def _store_error(path: str, err: lmdb.Error) -> StoreError:
     """The StoreError for an lmdb error on the environment at ``path``: the file and how to rebuild it."""
     rebuild = (f"move {path!r} aside and re-run `vidcache prewarm` (with a shared tier, entries are pulled back "
                "from it without decoding)")
     if isinstance(err, _DAMAGED):
         return StoreError(f"the LMDB file at {path!r} is damaged ({err}). Rebuild: {rebuild}")
+    if _disk_full(path, err):
+        return NoSpaceError(f"no space left for the LMDB file at {path!r} ({err}): free space on that disk, "
+                            "or give the node a budget (--max-local-bytes) below its free space")
     return StoreError(f"LMDB error on {os.path.join(path, 'data.mdb')!r} ({type(err).__name__}: {err}). "
                       f"If it persists, the file may be damaged; rebuild: {rebuild}")
 
