@@ -2,6 +2,7 @@ import json
 import os
 
 import pytest
+import torch
 from PIL import Image
 
 from vidcache import VideoCache, VideoOptions
@@ -132,20 +133,21 @@ def test_verify_walks_the_shared_tier_and_repairs_it_from_the_local_copy(tmp_pat
     assert cli(["verify"] + args) == 0
     out = capsys.readouterr().out
     assert _verify_lines(out) == {key: "OK"} and "verify: 1 ok, 0 bad" in out
-    blob = K.cas(c.manifest(key).frames.blob)
-    raw = bytearray(c.shared.get(blob))
-    raw[3] ^= 0x10
-    c.shared.set_many({blob: bytes(raw)})               # only the shared copy is damaged
+    obj = c.compact_key(key)                            # the shared tier's one (compact) copy of the entry
+    raw = bytearray(c.shared.get(obj))
+    raw[len(raw) // 2] ^= 0x10
+    c.shared.set_many({obj: bytes(raw)})                # only the shared copy is damaged
+    good = c.frames(key).clone()
     c.close()
     assert cli(["verify"] + args) == 1
     out = capsys.readouterr().out
     assert _verify_lines(out) == {key: "BAD"}
-    assert "shared: blob" in out and "local:" not in out
+    assert "shared: compact object" in out and "local:" not in out
     assert cli(["verify", "--repair"] + args) == 1
     assert "-> repaired" in capsys.readouterr().out
     assert cli(["verify"] + args) == 0
-    fixed = VideoCache(c.path, shared=shared)
-    assert fixed.shared.get(blob) == fixed.local.get(blob)
+    fixed = VideoCache(tmp_path / "fresh", shared=shared)     # a node that holds nothing reads the repaired copy
+    assert torch.equal(fixed.frames(key), good)
 
 
 def test_evict_and_gc(tmp_path, videos, capsys):
