@@ -287,7 +287,8 @@ class VideoCache:
             if value is None or not blob_matches(m.frames.blob, value):
                 raise CorruptEntryError(f"entry {key}: its local blob is missing or unsound; not published "
                                         "(`vidcache verify --repair`)")
-            if not self._publish_compact(key, self.frames(key, m)):
+            frames = value if m.frames.encoding == "raw" else zlib.decompress(value)
+            if not self._publish_compact(key, _as_tensor(frames, m)):     # the bytes just checked, not a re-read
                 items[blob_key] = value
         raw = self.local.get(keys.ac(key))
         if raw is None:
@@ -544,9 +545,7 @@ class VideoCache:
         for name, tier in self._tiers():
             if name == "shared":
                 if not any(tier.exists_many([blob_key, self.compact_key(key)])):
-                    import torch
-                    tensor = torch.frombuffer(bytearray(frames), dtype=torch.uint8).reshape(m.frames.shape)
-                    if not self._publish_compact(key, tensor):
+                    if not self._publish_compact(key, _as_tensor(frames, m)):
                         tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
             elif not tier.exists_many([blob_key])[0]:
                 tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
@@ -565,7 +564,6 @@ class VideoCache:
         for k in sh.keys(keys.AC):
             if (b := self._blob_of(sh.get(k))) is not None:
                 users.setdefault(b, []).append(keys.entry_key(k))
-        import torch
         touched = set()
         for key in entry_keys:
             raw, m, blob, problem, compact = self._tier_copy("shared", sh, key)
@@ -575,8 +573,7 @@ class VideoCache:
                 out["already"] += 1
                 continue
             frames = blob if m.frames.encoding == "raw" else zlib.decompress(blob)
-            tensor = torch.frombuffer(bytearray(frames), dtype=torch.uint8).reshape(m.frames.shape)
-            if self._publish_compact(key, tensor):
+            if self._publish_compact(key, _as_tensor(frames, m)):
                 out["converted"] += 1
                 touched.add(m.frames.blob)
             else:
@@ -730,6 +727,12 @@ class VideoCache:
                              "sources": n.get("src", 0), "frozen_files": n.get("frozen", 0),
                              "quarantined": n.get("quarantine", 0), **u}
         return out
+
+
+def _as_tensor(frames: bytes, m: Manifest) -> "torch.Tensor":
+    """Raw frame bytes of ``m`` as the uint8 TCHW tensor the frozen-file writer takes."""
+    import torch
+    return torch.frombuffer(bytearray(frames), dtype=torch.uint8).reshape(m.frames.shape)
 
 
 _WARNED: set[str] = set()
