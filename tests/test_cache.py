@@ -17,6 +17,8 @@ from vidcache.errors import (
 from vidcache.loader.build import decode_sample_resize
 from vidcache.manifest import SCHEMA, Manifest
 
+from support.damage import corrupt_blob
+
 
 def test_miss_builds_then_hits(cache, videos):
     o = VideoOptions(family="qwen2_5_vl")
@@ -60,19 +62,11 @@ def test_unchanged_source_is_not_hashed_again(cache, videos, monkeypatch, tmp_pa
     assert res.status == "new" and len(calls) == 4
 
 
-def _corrupt_blob(cache, key, at=100):
-    blob_key = keys.cas(cache.manifest(key).frames.blob)
-    raw = bytearray(cache.store.get(blob_key))
-    raw[at] ^= 0xFF
-    cache.store.set_many({blob_key: bytes(raw)})
-    return blob_key
-
-
 def test_corrupted_blob_is_detected_quarantined_and_rebuilt(cache, videos):
     h = vidcache.get(videos["ffv1_10_small"], VideoOptions(), cache)
     good = h.frames().clone()
     assert cache.verify(h.key) == []
-    blob_key = _corrupt_blob(cache, h.key)
+    blob_key = corrupt_blob(cache, h.key)
     problems = cache.verify(h.key)                  # a report, not an exception
     assert len(problems) == 1 and "local" in problems[0] and "does not hash" in problems[0]
     # A fresh process (here: a fresh cache object) checks each blob on its first read ("first").
@@ -97,7 +91,7 @@ def test_verify_reads_setting(cache, videos, mode):
     good = cache.frames(key).clone()
     c = VideoCache(cache.path, verify_reads=mode)
     assert torch.equal(c.frames(key), good)          # first read (verified unless "never")
-    _corrupt_blob(cache, key)
+    corrupt_blob(cache, key)
     if mode == "always":                             # every read is checked: refused at once
         with pytest.raises(DigestMismatchError):
             c.frames(key)

@@ -10,16 +10,10 @@ import pytest
 import torch
 
 import vidcache
-from vidcache import NotCachedError, VideoCache, VideoHandle, VideoOptions, keys
+from vidcache import NotCachedError, VideoCache, VideoHandle, VideoOptions
 from vidcache.errors import DigestMismatchError, InvalidKeyError, TierMismatchError
 
-
-def _corrupt_blob(cache, key, at=100):
-    blob_key = keys.cas(cache.manifest(key).frames.blob)
-    raw = bytearray(cache.store.get(blob_key))
-    raw[at] ^= 0xFF
-    cache.store.set_many({blob_key: bytes(raw)})
-    return blob_key
+from support.damage import corrupt_blob
 
 
 def test_handle_is_small_picklable_and_json_safe(cache, videos):
@@ -122,7 +116,7 @@ def test_metadata(cache, videos):
 def test_handle_frames_rebuilds_a_corrupt_entry(cache, videos):
     h = vidcache.get(videos["mjpeg_24"], VideoOptions(), cache)
     good = h.frames().clone()
-    _corrupt_blob(cache, h.key, at=7)
+    corrupt_blob(cache, h.key, at=7)
     fresh = VideoCache(cache.path)
     hf = vidcache.lazy(h.source, h.options, fresh)
     assert torch.equal(hf.frames(), good)            # the corrupt copy was never served
@@ -131,7 +125,7 @@ def test_handle_frames_rebuilds_a_corrupt_entry(cache, videos):
 
 def test_a_handle_without_source_names_the_key(cache, videos):
     h = vidcache.get(videos["mjpeg_24"], VideoOptions(), cache)
-    _corrupt_blob(cache, h.key)
+    corrupt_blob(cache, h.key)
     fresh = VideoCache(cache.path)
     byk = vidcache.from_key(h.key, fresh)
     assert byk.source is None
