@@ -46,6 +46,25 @@ def test_a_new_entry_crosses_the_network_once_and_compact(tmp_path, videos):
     assert b.verify(keys[0]) == [] and a.verify(keys[0]) == []
 
 
+def test_a_first_read_hands_out_its_own_expanded_frames_and_later_reads_are_unaffected(tmp_path, videos):
+    """The first read of a compact entry returns the expanded buffer itself (no copy out): it must be the
+    caller's alone, so writing into it changes neither the local copy nor the next read; zero-copy views of an
+    expanded entry are read-only like views into the memory map; ``out=`` still fills the caller's tensor."""
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    want = a.frames(k)
+    first = VideoCache(tmp_path / "b", shared=str(tier)).frames(k)
+    assert torch.equal(first, want)
+    first.fill_(7)                                                       # the caller's buffer ...
+    b = VideoCache(tmp_path / "b", shared=str(tier))
+    assert torch.equal(b.frames(k), want)                                # ... not the backfilled local copy
+    with VideoCache(tmp_path / "c", shared=str(tier)).read_frames(k) as view:
+        assert not view.flags.writeable and torch.equal(torch.from_numpy(view.copy()), want)
+    out = torch.empty_like(want)
+    assert VideoCache(tmp_path / "d", shared=str(tier)).frames(k, out=out) is out and torch.equal(out, want)
+
+
 def test_an_older_raw_tier_is_read_and_converted_only_when_asked(tmp_path, videos):
     """CLI only, on fresh nodes: a tier written by the older layout (raw frames) is read as it is; `verify
     --shared --upgrade` converts it, deleting a raw blob only once every entry using it is compact."""

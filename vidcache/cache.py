@@ -359,7 +359,7 @@ class VideoCache:
                     if self.shared is not None:    # local, then the compact object, then raw frames
                         view = stack.enter_context(self.local.read(blob_key))
                         if view is None and (expanded := self._expand_compact(m)) is not None:
-                            src = memoryview(expanded)       # decoded and digest-checked already
+                            src = expanded       # a bytearray, decoded and digest-checked already
                     if src is None:
                         if view is None:
                             view = stack.enter_context(self.store.read(blob_key))
@@ -385,18 +385,25 @@ class VideoCache:
         """Zero-copy: a read-only uint8 TCHW numpy view into the memory map, valid inside the block."""
         m = self.require_manifest(key)
         with self._blob(m) as src:
-            yield np.frombuffer(src, dtype=np.uint8).reshape(m.frames.shape)
+            view = np.frombuffer(src, dtype=np.uint8).reshape(m.frames.shape)
+            view.flags.writeable = False      # an expanded compact object is a bytearray: read-only all the same
+            yield view
 
     def frames(self, key: str, manifest: Manifest | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given)."""
+        """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given), or none
+        when they were just expanded from the shared tier's compact object."""
         import torch
         m = manifest or self.require_manifest(key)
         shape = list(m.frames.shape)
-        if out is None:
-            out = torch.empty(shape, dtype=torch.uint8)
-        elif out.dtype != torch.uint8 or list(out.shape) != shape or not out.is_contiguous():
+        if out is not None and (out.dtype != torch.uint8 or list(out.shape) != shape or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous uint8 tensor of shape {shape}")
         with self._blob(m) as src:
+            if out is None:
+                if isinstance(src, bytearray):
+                    # Just expanded from the shared tier's compact object: a buffer of our own, so it is
+                    # the tensor (the copy out was 6% of a first read).
+                    return torch.frombuffer(src, dtype=torch.uint8).reshape(shape)
+                out = torch.empty(shape, dtype=torch.uint8)
             np.copyto(out.numpy().reshape(-1), np.frombuffer(src, dtype=np.uint8))   # the one copy
         return out
 

@@ -120,16 +120,38 @@ def verify_frozen(path: str, frames: "torch.Tensor", rate: Fraction = FROZEN_FPS
 
 
 
-def frames_bytes(data: bytes) -> tuple[bytes, tuple[int, int, int, int]]:
-    """The uint8 TCHW bytes a frozen file holds, decoded in memory with PyAV (no torch): how a node
-    expands a shared-tier entry.  The caller checks them against the entry's blob digest."""
+def frames_bytes(data, shape: tuple[int, int, int, int]) -> bytearray:
+    """The uint8 TCHW bytes of ``shape`` that a frozen file holds, decoded in memory with PyAV (no torch):
+    how a node expands a shared-tier entry.  The caller checks them against the entry's blob digest.
+
+    A planar RGB file (UT Video's gbrp) *is* TCHW once its planes are reordered, so each plane is copied
+    straight into place: no colour conversion, no transpose, one copy of the frames in all (the slow part
+    of a first read was swscale and numpy's reshuffles, not the codec).  Other formats go through rgb24.
+    """
     import io
 
     import av
+    t, c, h, w = shape
+    plane = h * w
+    out = bytearray(t * c * plane)
+    dst = np.frombuffer(out, dtype=np.uint8).reshape(t, c, h, w)
+    n = 0
     try:
-        with av.open(io.BytesIO(data)) as c:
-            arr = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(c.streams.video[0])])
+        with av.open(io.BytesIO(data)) as box:
+            s = box.streams.video[0]
+            s.thread_type = "AUTO"         # UT Video decodes its slices in parallel; exact either way
+            for frame in box.decode(s):
+                if n == t or (frame.height, frame.width) != (h, w):
+                    raise FrozenFileError(f"frozen file holds more than {t} frames of {h}x{w}, or others")
+                if frame.format.name == "gbrp":
+                    for ch, p in zip((1, 2, 0), frame.planes):          # planes are G, B, R
+                        rows = np.frombuffer(p, dtype=np.uint8).reshape(h, p.line_size)
+                        dst[n, ch] = rows[:, :w]                       # line_size may pad each row
+                else:
+                    dst[n] = frame.to_ndarray(format="rgb24").transpose(2, 0, 1)
+                n += 1
     except (av.error.FFmpegError, IndexError, ValueError) as e:
         raise FrozenFileError(f"frozen file does not decode: {type(e).__name__}: {e}") from None
-    tchw = np.ascontiguousarray(arr.transpose(0, 3, 1, 2))
-    return tchw.tobytes(), tuple(tchw.shape)
+    if n != t:
+        raise FrozenFileError(f"frozen file holds {n} frames, the entry has {t}")
+    return out

@@ -124,16 +124,14 @@ def quarantine(tiers: "list[Store]", store_key: str) -> None:
             tier.delete(store_key)
 
 
-def compact_frames(value, m: Manifest) -> tuple[bytes | None, str | None]:
+def compact_frames(value, m: Manifest) -> tuple[bytearray | None, str | None]:
     """(frames, None) when a compact object (a frozen file) decodes to exactly ``m``'s frames, else (None, why).
     The blob digest is the frames' own, so this check needs no record of the object."""
     from .frozen_file import frames_bytes
     try:
-        raw, shape = frames_bytes(bytes(value))
+        raw = frames_bytes(value, tuple(m.frames.shape))
     except FrozenFileError as e:
         return None, str(e)
-    if shape != tuple(m.frames.shape):
-        return None, f"decodes to shape {shape}, the entry has {tuple(m.frames.shape)}"
     if str(got := Digest.of(raw)) != m.frames.blob:
         return None, f"decodes to frames hashing to {got}, expected {m.frames.blob}"
     return raw, None

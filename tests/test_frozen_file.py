@@ -1,0 +1,59 @@
+"""The frozen-file format's in-memory expansion (``frames_bytes``): what a node decodes a compact shared-tier
+object with.  Planes are copied straight into TCHW order, so every test compares against an independent decode
+(PyAV's own rgb24 conversion, and the frames written) with ``torch.equal``."""
+import io
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from vidcache.errors import FrozenFileError
+from vidcache.frozen_file import FORMATS, decode_all, frames_bytes, write_frozen
+
+
+def frames_of(t, h, w, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (t, 3, h, w), dtype=torch.uint8, generator=g)
+
+
+def as_tensor(buf, shape):
+    return torch.frombuffer(buf, dtype=torch.uint8).reshape(shape)
+
+
+# Widths that are not a multiple of FFmpeg's row alignment, so planes carry padding (line_size > width).
+@pytest.mark.parametrize("h,w", [(28, 28), (56, 84), (30, 398), (252, 420)])
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_frames_bytes_equals_the_frames_written(tmp_path, fmt, h, w):
+    want = frames_of(4, h, w, seed=h * w)
+    path = tmp_path / ("x" + FORMATS[fmt].suffix)
+    write_frozen(want, str(path), fmt)
+    got = frames_bytes(path.read_bytes(), tuple(want.shape))
+    assert isinstance(got, bytearray)
+    assert torch.equal(as_tensor(got, want.shape), want)
+    assert torch.equal(as_tensor(got, want.shape), decode_all(str(path), "pyav")[0])   # PyAV's rgb24 path
+
+
+def test_frames_bytes_planes_really_are_padded_in_the_padded_case(tmp_path):
+    """The point of the odd widths above: the gbrp planes of a 398-wide frame carry row padding."""
+    want = frames_of(2, 30, 398)
+    path = tmp_path / "x.nut"
+    write_frozen(want, str(path), "utvideo")
+    with av.open(str(path)) as c:
+        frame = next(c.decode(video=0))
+    assert frame.format.name == "gbrp" and frame.planes[0].line_size > 398
+
+
+@pytest.mark.parametrize("shape,why", [((3, 3, 28, 28), "more than 3 frames"),
+                                       ((5, 3, 28, 28), "holds 4 frames, the entry has 5"),
+                                       ((4, 3, 28, 56), "more than 4 frames of 28x56")])
+def test_frames_bytes_refuses_a_file_of_another_shape(tmp_path, shape, why):
+    path = tmp_path / "x.nut"
+    write_frozen(frames_of(4, 28, 28), str(path), "utvideo")
+    with pytest.raises(FrozenFileError, match=why):
+        frames_bytes(path.read_bytes(), shape)
+
+
+def test_frames_bytes_refuses_bytes_that_are_no_video():
+    with pytest.raises(FrozenFileError, match="does not decode"):
+        frames_bytes(b"\x00" * 4096, (1, 3, 28, 28))
