@@ -65,6 +65,36 @@ def test_a_first_read_hands_out_its_own_expanded_frames_and_later_reads_are_unaf
     assert VideoCache(tmp_path / "d", shared=str(tier)).frames(k, out=out) is out and torch.equal(out, want)
 
 
+def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(tmp_path, videos, monkeypatch):
+    """One round trip, not two in a row: the manifest's fetch waits (up to 20 s) until the compact object's
+    fetch has begun, which only happens when both are in flight at once.  A resume check does not pull
+    the object."""
+    import threading
+
+    from vidcache.store.fsspec_cas import FsspecStore
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    object_asked, fetched, real_get = threading.Event(), [], FsspecStore.get
+
+    def get(self, key):
+        fetched.append(key)
+        if key.startswith(K.FROZEN):
+            object_asked.set()
+        elif key == K.ac(k):
+            assert object_asked.wait(20), "the manifest was fetched before the compact object was asked for"
+        return real_get(self, key)
+    monkeypatch.setattr(FsspecStore, "get", get)
+    b = VideoCache(tmp_path / "b", shared=str(tier))
+    assert torch.equal(b.frames(k), a.frames(k))
+    assert fetched.count(b.compact_key(k)) == 1 and fetched.count(K.ac(k)) == 1
+    fetched.clear()
+    assert torch.equal(b.frames(k), a.frames(k)) and fetched == []          # the second read is local
+    c = VideoCache(tmp_path / "c", shared=str(tier))
+    assert c.ensure(videos["h264_30"], VideoOptions()).status == "hit"
+    assert c.compact_key(k) not in fetched                                   # a hit is counted, not pulled
+
+
 def test_an_older_raw_tier_is_read_and_converted_only_when_asked(tmp_path, videos):
     """CLI only, on fresh nodes: a tier written by the older layout (raw frames) is read as it is; `verify
     --shared --upgrade` converts it, deleting a raw blob only once every entry using it is compact."""

@@ -41,6 +41,8 @@ log = logging.getLogger("vidcache")
 if TYPE_CHECKING:
     import torch
 
+_UNFETCHED = object()     # "not fetched yet", as distinct from a fetch that found nothing (None)
+
 # torch (and the decoders, via loader.build / loader.resize) are imported where frames are built or
 # copied out, not here: commands that only read manifests (stats, ls, verify, inspect, sglang-config,
 # evict, gc, doctor) then start in a fraction of torch's import time.
@@ -244,14 +246,16 @@ class VideoCache:
             self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
         return True
 
-    def _expand_compact(self, m: Manifest) -> bytes | None:
-        """``m``'s frames from the shared tier's compact object: decoded, checked against the blob digest,
-        and only then backfilled into the local tier.  None when the tier has no compact object for it; a
-        copy that decodes to other bytes is quarantined and raised (``DigestMismatchError``), never served."""
+    def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> bytearray | None:
+        """``m``'s frames from the shared tier's compact object (``value``, when the caller fetched it): decoded,
+        checked against the blob digest, and only then backfilled into the local tier.  None when the tier has
+        no compact object for it; a copy that decodes to other bytes is quarantined and raised
+        (``DigestMismatchError``), never served."""
         if self.shared is None:
             return None
         ckey = self.compact_key(m.key)
-        value = self.shared.get(ckey)
+        if value is _UNFETCHED:
+            value = self.shared.get(ckey)
         if value is None:
             return None
         raw, why = compact_frames(value, m)
@@ -343,9 +347,24 @@ class VideoCache:
             raise NotCachedError(f"no entry {key} in {self!r}")
         return m
 
+    def _manifest_for_read(self, key: str) -> tuple[Manifest, object]:
+        """``key``'s manifest for a read of its frames, and its compact object when this node has neither
+        (else ``_UNFETCHED``): the two are fetched side by side, so a first read waits for one round trip to
+        the shared tier, not two in a row.  Only reads do this: a resume check must not pull frames."""
+        keys.check_key(key)
+        if (self.shared is None or self.config.shared_layout != "compact" or key in self._manifests
+                or self.local.exists_many([keys.ac(key)])[0]):
+            return self.require_manifest(key), _UNFETCHED
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidcache-pull") as pool:
+            compact = pool.submit(self.shared.get, self.compact_key(key))
+            m = self.require_manifest(key)
+            return m, compact.result()
+
     @contextlib.contextmanager
-    def _blob(self, m: Manifest, verify: bool | None = None):
-        """The frame bytes of ``m``, checked for presence and size, and for their digest when due."""
+    def _blob(self, m: Manifest, verify: bool | None = None, compact=_UNFETCHED):
+        """The frame bytes of ``m``, checked for presence and size, and for their digest when due.
+        ``compact``: the shared tier's compact object, when ``_manifest_for_read`` fetched it already."""
         fr = m.frames
         blob_key = keys.cas(fr.blob)
         if verify is None:
@@ -358,7 +377,10 @@ class VideoCache:
                     view = src = None
                     if self.shared is not None:    # local, then the compact object, then raw frames
                         view = stack.enter_context(self.local.read(blob_key))
-                        if view is None and (expanded := self._expand_compact(m)) is not None:
+                        # The object fetched beforehand serves the first attempt only: after a quarantine,
+                        # what the tier holds now.
+                        if view is None and (expanded := self._expand_compact(
+                                m, compact if attempt == 0 else _UNFETCHED)) is not None:
                             src = expanded       # a bytearray, decoded and digest-checked already
                     if src is None:
                         if view is None:
@@ -383,8 +405,8 @@ class VideoCache:
     @contextlib.contextmanager
     def read_frames(self, key: str):
         """Zero-copy: a read-only uint8 TCHW numpy view into the memory map, valid inside the block."""
-        m = self.require_manifest(key)
-        with self._blob(m) as src:
+        m, compact = self._manifest_for_read(key)
+        with self._blob(m, compact=compact) as src:
             view = np.frombuffer(src, dtype=np.uint8).reshape(m.frames.shape)
             view.flags.writeable = False      # an expanded compact object is a bytearray: read-only all the same
             yield view
@@ -393,11 +415,11 @@ class VideoCache:
         """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given), or none
         when they were just expanded from the shared tier's compact object."""
         import torch
-        m = manifest or self.require_manifest(key)
+        m, compact = (manifest, _UNFETCHED) if manifest is not None else self._manifest_for_read(key)
         shape = list(m.frames.shape)
         if out is not None and (out.dtype != torch.uint8 or list(out.shape) != shape or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous uint8 tensor of shape {shape}")
-        with self._blob(m) as src:
+        with self._blob(m, compact=compact) as src:
             if out is None:
                 if isinstance(src, bytearray):
                     # Just expanded from the shared tier's compact object: a buffer of our own, so it is
