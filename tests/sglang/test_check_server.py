@@ -160,3 +160,34 @@ def test_drift_is_rejected_on_every_request_and_unattested_ones_are_counted(serv
     unattested = Counters.unattested
     status, _ = post(prepare(proc, prompt, [handles[0]], mode="plugin", attest=False))
     assert status == 200 and Counters.unattested == unattested + 1
+
+
+def test_cli_check_server_in_stock_mode_sends_the_sglang_nodes_mount(tmp_path, monkeypatch):
+    """D26, CLI only on a fresh node: the shared tier is mounted at ``mntA`` here and at ``mntB`` where SGLang
+    runs (two links to one export).  The canary's URL follows $VIDCACHE_SHARED_SERVER_PATH: pointed at a
+    path the server cannot read, the check fails at startup, naming no traceback; pointed at its mount, it
+    passes."""
+    export = tmp_path / "export"
+    export.mkdir()
+    for name in ("mntA", "mntB"):
+        (tmp_path / name).symlink_to(export)
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "node"))
+    ckpt = tmp_path / "ckpt"
+    build_processor(FAMILY).save_pretrained(ckpt)
+    peer = sp.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"])
+    with sp.PeerServer(peer, tokenizer_path=str(ckpt), mm_process_config=mm_process_config()) as srv:
+        def check(server_path):
+            import os
+            import subprocess
+            import sys
+            env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
+            env.update(VIDCACHE_DIR=str(tmp_path / "node"), VIDCACHE_SHARED=str(tmp_path / "mntA"),
+                       VIDCACHE_SHARED_SERVER_PATH=str(server_path))
+            return subprocess.run([sys.executable, "-m", "vidcache.cli", "check-server", srv.url, "--mode",
+                                   "stock"], capture_output=True, text=True, timeout=600, env=env)
+        r = check(tmp_path / "not-mounted-here")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL [server]")]
+        assert fails and "not-mounted-here/frozen/" in fails[0] and "VIDCACHE_SHARED_SERVER_PATH" in fails[0], r.stdout
+        r = check(tmp_path / "mntB")
+        assert r.returncode == 0 and "parity established" in r.stdout, r.stdout + r.stderr

@@ -13,11 +13,11 @@ import torch
 import vidcache
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
-from vidcache.errors import InvalidKeyError
+from vidcache.errors import ConfigError, InvalidKeyError
 from vidcache.sglang.frozen import decode_all, local_frozen_path
 from vidcache.sglang.server import make_server
 from vidcache.sglang.ref import REF_PREFIX, parse_ref
-from vidcache.sglang.transport import TRANSPORTS, video_uri
+from vidcache.sglang.transport import ENV_SERVER_PATH, TRANSPORTS, video_uri
 
 
 @pytest.fixture
@@ -186,3 +186,39 @@ def test_frozen_uri_is_percent_encoded(tmp_path, videos):
     got, _ = decode_all(path, "decord")
     assert torch.equal(got, h.frames())
     c.close()
+
+
+def test_shared_uri_names_the_sglang_nodes_mount_when_they_mount_it_elsewhere(tmp_path, videos, monkeypatch):
+    """D26: one NFS export, mounted at ``mntA`` on the rollout node and ``mntB`` on the SGLang nodes (two links
+    to one directory stand in for the two mounts).  With $VIDCACHE_SHARED_SERVER_PATH the URI names ``mntB``:
+    nothing of the rollout node's path crosses, and the file it names is exact once ``mntA`` is gone."""
+    export = tmp_path / "export"
+    export.mkdir()
+    (tmp_path / "mntA").symlink_to(export)
+    (tmp_path / "mnt B#").symlink_to(export)                  # percent-encoded like every other URI
+    c = VideoCache(tmp_path / "node", shared=str(tmp_path / "mntA"))
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(), c)
+    mine = video_uri(h, "stock")
+    monkeypatch.setenv(ENV_SERVER_PATH, str(tmp_path / "mnt B#") + "/")
+    theirs = video_uri(h, "stock")
+    assert "mntA" in mine and "mntA" not in theirs and "#" not in theirs
+    assert theirs.split("mnt%20B%23", 1)[1] == mine.split("mntA", 1)[1]      # the same object under their mount
+    frames = h.frames()
+    c.close()
+    (tmp_path / "mntA").unlink()                              # the rollout node's path means nothing there
+    assert _decodes_to(open(unquote(urlparse(theirs).path), "rb").read(), frames, tmp_path)
+
+
+def test_the_server_path_is_refused_where_it_cannot_mean_anything(tmp_path, videos, monkeypatch, s3):
+    c = VideoCache(tmp_path / "node", shared=str(tmp_path / "shared"))
+    h = vidcache.get(videos["mjpeg_24"], VideoOptions(), c)
+    monkeypatch.setenv(ENV_SERVER_PATH, "relative/mnt")
+    with pytest.raises(ConfigError, match="must be an absolute path"):
+        video_uri(h, "stock")
+    monkeypatch.setenv(ENV_SERVER_PATH, "/mnt/vidcache")
+    assert video_uri(h, "stock", "file").startswith("file://" + str(tmp_path / "node"))   # only `shared` maps
+    opts = {"endpoint_url": s3.endpoint, "client_kwargs": {"region_name": "us-east-1"}}
+    s = VideoCache(tmp_path / "s3node", shared="s3://cache/vc", shared_storage_options=opts)
+    hs = vidcache.get(videos["mjpeg_24"], VideoOptions(), s)
+    with pytest.raises(ConfigError, match="is not a directory"):                # a presigned URL is the
+        video_uri(hs, "stock")                                                  # same from every node

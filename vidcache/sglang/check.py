@@ -32,6 +32,7 @@ from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_S
 from .config import mm_process_config
 from .ref import REF_PREFIX, ref_uri
 from .request import ATTESTATION_MARK, check_prompt_ids, prepare
+from .transport import ENV_SERVER_PATH
 
 # SGLang's model_type -> vidcache family (the MoE variant shares Qwen3-VL's processor).
 FAMILY_OF_MODEL_TYPE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl",
@@ -229,7 +230,13 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
         elif "cannot load vidcache reference" in msg:
             res.causes.append(Cause("plugin", f"the plugin could not load the canary: {msg[:500]}"))
         else:
-            res.causes.append(Cause("server", f"the canary request failed with HTTP {status}: {msg[:500]}"))
+            hint = ""
+            if prep.video_data[0].startswith("file://") and prep.video_data[0][:40] in msg:
+                # The server could not open a file by the path this node sent: most often its node mounts the
+                # shared tier elsewhere.  (msg is cut at 500 characters; the URI's start is enough to tell.)
+                hint = (f" (if the SGLang nodes mount the shared tier at another path, set ${ENV_SERVER_PATH} to "
+                        "theirs here)")
+            res.causes.append(Cause("server", f"the canary request failed with HTTP {status}: {msg[:500]}{hint}"))
         return
     try:
         check_prompt_ids(prep.expanded_ids, body)

@@ -3,7 +3,9 @@
 Stock mode sends a frozen file by URL.  Transports:
   ``shared``  the shared tier's own URL: a ``file://`` URI under an NFS root, or a presigned
               ``https`` URL for S3 (expiry configurable).  Readable from every node.  The default
-              when the cache has a shared tier.
+              when the cache has a shared tier.  Where the SGLang nodes mount the NFS export at
+              another path, ``$VIDCACHE_SHARED_SERVER_PATH`` names theirs: a path of this node's
+              never crosses to another (the review's D26).
   ``file``    the node-local copy's ``file://`` URI: single-node set-ups only.  The default without one.
   ``http``    ``vidcache serve`` on some node (``base_url``).
   ``data``    inline, refused above SGLang's download cap.
@@ -20,16 +22,33 @@ import os
 from urllib.parse import quote
 
 from ..serving import SERVING_FORMAT, SGLANG_URL_CAP, URL_EXPIRY_S, stock_sglang_problems
-from ..errors import OptionsError
+from ..errors import ConfigError, OptionsError
 from .frozen import BY_SUFFIX, local_frozen_path, published_frozen_key
 from .ref import ref_uri
 
 TRANSPORTS = ("shared", "file", "http", "data")
+ENV_SERVER_PATH = "VIDCACHE_SHARED_SERVER_PATH"    # the shared directory as the SGLang nodes mount it
 
 
 def file_uri(path: str) -> str:
     """Percent-encoded ``file://`` URI: SGLang mishandles ``#``, ``?`` and ``%`` in plain paths."""
     return "file://" + quote(os.path.abspath(path))
+
+
+def server_url(shared, url: str) -> str:
+    """``url``, one of the shared tier's, as the SGLang nodes reach it: under ``$VIDCACHE_SHARED_SERVER_PATH``
+    when that is set (their mount of this directory tier), else as this node sees it."""
+    server_root = os.environ.get(ENV_SERVER_PATH)
+    if not server_root:
+        return url
+    here = file_uri(shared.root)
+    if not url.startswith(here + "/"):
+        raise ConfigError(f"${ENV_SERVER_PATH} is set, but the shared tier {shared.url} is not a directory: its "
+                          "URLs are the same from every node; unset it")
+    if not os.path.isabs(server_root):
+        raise ConfigError(f"${ENV_SERVER_PATH} must be an absolute path (the SGLang nodes' mount of "
+                          f"{shared.url}), got {server_root!r}")
+    return file_uri(server_root) + url[len(here):]
 
 
 def default_transport(cache) -> str:
@@ -63,7 +82,7 @@ def video_uri(handle, mode: str = "stock", transport: str | None = None, base_ur
         if cache.shared is None or not cache.shared.supports_urls:
             raise ValueError(f"{cache!r} has no shared tier that hands out URLs (an NFS path or s3://); "
                              "use transport 'http' (vidcache serve) or 'data'")
-        return cache.shared.url_for(published_frozen_key(cache, key, fmt), expires_s)
+        return server_url(cache.shared, cache.shared.url_for(published_frozen_key(cache, key, fmt), expires_s))
     path = local_frozen_path(cache, key, fmt)
     if transport == "file":
         return file_uri(path)
