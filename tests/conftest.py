@@ -69,6 +69,34 @@ def free_port() -> int:
 
 
 @pytest.fixture
+def hung_endpoint():
+    """``http://127.0.0.1:PORT`` of a server that accepts connections and never answers (as a stopped
+    server's kernel does): for bounds on S3 calls and on source fetches alike."""
+    import socket
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held, stop = [], threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                pass
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    t.join(5)
+    for c in held:
+        c.close()
+    srv.close()
+
+
+@pytest.fixture
 def count_decodes(monkeypatch):
     """A list that records every decoder open (the entry point of every decode)."""
     import vidcache.loader.build as build

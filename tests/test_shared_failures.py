@@ -9,7 +9,6 @@ import errno
 import logging
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import threading
@@ -60,28 +59,9 @@ def refused(dummy_credentials):
 
 
 @pytest.fixture
-def hung(dummy_credentials):
-    """An S3 endpoint that accepts connections and never answers (as a stopped server's kernel does)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(64)
-    held, stop = [], threading.Event()
-
-    def accept():
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                pass
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    stop.set()
-    t.join(5)
-    for c in held:
-        c.close()
-    srv.close()
+def hung(dummy_credentials, hung_endpoint):
+    """An S3 endpoint that accepts connections and never answers."""
+    return hung_endpoint
 
 
 @pytest.fixture

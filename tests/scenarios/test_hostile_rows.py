@@ -1,7 +1,6 @@
 """Every row is its own fate: one JSONL full of hostile rows, with good rows between them."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -82,33 +81,8 @@ def test_an_unwritable_failures_path_is_refused_before_any_work(tmp_path, videos
     assert not os.path.exists(tmp_path / "c" / "lmdb")        # refused at start: nothing was built
 
 
-@pytest.fixture
-def hung_server():
-    """Accepts connections and never answers."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(64)
-    held, stop = [], threading.Event()
-
-    def accept():
-        s.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(s.accept()[0])
-            except OSError:
-                pass
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{s.getsockname()[1]}"
-    stop.set()
-    t.join(5)
-    for c in held:
-        c.close()
-    s.close()
-
-
-def test_hung_servers_cost_their_rows_within_the_timeout(tmp_path, videos, hung_server):
-    rows = [{"prompt": "<video>", "videos": [f"{hung_server}/clip{i}.mp4"]} for i in range(4)]
+def test_hung_endpoints_cost_their_rows_within_the_timeout(tmp_path, videos, hung_endpoint):
+    rows = [{"prompt": "<video>", "videos": [f"{hung_endpoint}/clip{i}.mp4"]} for i in range(4)]
     rows.append({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]})
     ds = tmp_path / "d.jsonl"
     ds.write_text("".join(json.dumps(r) + "\n" for r in rows))
