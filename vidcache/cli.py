@@ -598,9 +598,52 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
+# Commands that walk the node's LMDB file and end on their own.  A few damaged pages make LMDB's C code read
+# past the end of its map and die of SIGBUS, which no Python can catch; run as a program (``entry``), these
+# commands work in a forked child, so that death becomes the same one-line [store] error as LMDB's own checks.
+WALKS = ("ls", "stats", "verify", "evict", "gc", "inspect", "doctor")
+
+
+def _walk_in_child(args) -> int | None:
+    """Fork: None in the child (it runs the command); in the parent, the child's exit code, with a SIGBUS
+    death reported as the damaged LMDB file it is."""
+    import signal
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        return None
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except KeyboardInterrupt:       # Ctrl-C reached the child too: its exit is the answer
+            continue
+    if not os.WIFSIGNALED(status):
+        return os.WEXITSTATUS(status)
+    sig = signal.Signals(os.WTERMSIG(status))
+    if sig == signal.SIGBUS:
+        from .config import NodeLayout
+        from .store.lmdb import crash_error
+        e = crash_error(NodeLayout(_node_dir(args)).lmdb_dir, sig.name)
+        print(f"vidcache: error: [{e.kind}] {e}", file=sys.stderr)
+        return 1
+    print(f"vidcache: error: [internal] `vidcache {args.cmd}` died of {sig.name}", file=sys.stderr)
+    return 128 + sig.value
+
+
+def entry() -> None:
+    """The ``vidcache`` program (and ``python -m vidcache.cli``)."""
+    sys.exit(main(isolate=True))
+
+
+def main(argv: list[str] | None = None, *, isolate: bool = False) -> int:
+    """Run one command; ``isolate`` (the program, not an in-process call) runs LMDB walks in a child."""
     from .errors import VidcacheError
     args = build_parser().parse_args(argv)
+    if isolate and args.cmd in WALKS and hasattr(os, "fork") \
+            and (code := _walk_in_child(args)) is not None:
+        return code
     try:
         return args.fn(args)
     except VidcacheError as e:
@@ -612,4 +655,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -90,6 +90,40 @@ def test_structural_page_flips_give_a_clean_error_never_a_traceback(node):
     assert damaged >= 1              # the flips did reach LMDB's checks, and each was reported with the fix
 
 
+def test_a_flip_that_kills_lmdb_with_sigbus_is_one_store_line(node):
+    """The flips the test above avoids: a node offset's high byte sends LMDB's C code past the end of its map,
+    and the process dies of SIGBUS.  Run as users run them, the walking commands report it as the damaged
+    file it is (they walk in a forked child), with the rebuild; never "Bus error", never a negative exit."""
+    data = node / "lmdb" / "data.mdb"
+    pristine = data.read_bytes()
+    leaves = [k for k in structural_pages(pristine)
+              if struct.unpack_from("<H", pristine, k * PAGE + 10)[0] & P_LEAF]
+    lower = {k: struct.unpack_from("<H", pristine, k * PAGE + 12)[0] for k in leaves}
+    seen, crashed = [], None
+    try:
+        for k in reversed(leaves):                        # the newest leaves hold the entries' keys
+            for off in range(17, min(lower[k], 41), 2):   # the high byte of each node offset
+                data.write_bytes(pristine)
+                flip(data, k * PAGE + off)
+                r = vc("verify", node)
+                seen.append((k, off, r.returncode))
+                assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (k, off, r.stderr[-300:])
+                if "crashed with SIGBUS" in r.stderr:
+                    crashed = (k, off)
+                    break
+            if crashed:
+                break
+        assert crashed, f"no flip made LMDB fault; tried {seen}"
+        for cmd in ("verify", "stats", "ls"):
+            r = vc(cmd, node)
+            assert r.returncode == 1, (cmd, r.returncode, r.stderr)
+            assert r.stderr.startswith("vidcache: error: [store] the LMDB file at"), (cmd, r.stderr)
+            assert str(node / "lmdb") in r.stderr and "vidcache prewarm" in r.stderr and "SIGBUS" in r.stderr
+    finally:
+        data.write_bytes(pristine)
+    assert vc("verify", node).returncode == 0                  # the pristine file: the child path is clean too
+
+
 def _damage_every_structural_page(path) -> None:
     data = os.path.join(path, "data.mdb")
     with open(data, "rb") as f:

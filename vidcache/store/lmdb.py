@@ -53,10 +53,21 @@ def _disk_full(path: str, err: lmdb.Error) -> bool:
     return False
 
 
+def _rebuild(path: str) -> str:
+    return (f"move {path!r} aside and re-run `vidcache prewarm` (with a shared tier, entries are pulled back "
+            "from it without decoding)")
+
+
+def crash_error(path: str, signal_name: str) -> StoreError:
+    """The StoreError for a process that LMDB's C code killed (``signal_name``, SIGBUS) while it read the
+    environment at ``path``: some damaged pages send LMDB past the end of its map, which no Python can catch."""
+    return StoreError(f"the LMDB file at {path!r} is damaged (LMDB's own code crashed with {signal_name} reading "
+                      f"it). Rebuild: {_rebuild(path)}")
+
+
 def _store_error(path: str, err: lmdb.Error) -> StoreError:
     """The StoreError for an lmdb error on the environment at ``path``: the file and how to rebuild it."""
-    rebuild = (f"move {path!r} aside and re-run `vidcache prewarm` (with a shared tier, entries are pulled back "
-               "from it without decoding)")
+    rebuild = _rebuild(path)
     if isinstance(err, _DAMAGED):
         return StoreError(f"the LMDB file at {path!r} is damaged ({err}). Rebuild: {rebuild}")
     if _disk_full(path, err):
