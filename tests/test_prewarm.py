@@ -73,6 +73,21 @@ def test_bad_input_mix(tmp_path, videos, bad_inputs):
     assert cache.stats()["blobs"] == 3
 
 
+def test_too_few_frames_names_its_cause_from_the_cli(tmp_path, videos, bad_inputs):
+    """CLI only, fresh node: qwen-vl-utils gives one message for two causes; the failure names the right one."""
+    rows = [{"prompt": "<video>", "videos": [{"type": "video", "video": videos["h264_30"], "nframes": 100000}]},
+            {"prompt": "<video>", "videos": [str(bad_inputs / "oneframe.mkv")]}]
+    ds = _write(tmp_path / "d.jsonl", rows)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node")}
+    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "prewarm", ds], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    got = {f["row"]: f for f in map(json.loads, open(tmp_path / "d.failures.jsonl"))}
+    assert {f["kind"] for f in got.values()} == {"too_few_frames"}
+    assert "ask for nframes=100000" in got[0]["error"] and "at least 2" not in got[0]["error"]
+    assert "need at least 2 sampled frames" in got[1]["error"] and "1 frame(s) in range" in got[1]["error"]
+
+
 def test_hung_or_ballooning_decoder_costs_one_row(tmp_path, videos):
     big = make_video(str(tmp_path / "big.mp4"), codec="h264", width=1280, height=720, fps=30, n_frames=90)
     ds = _write(tmp_path / "d.jsonl", [{"prompt": "<video>", "videos": [big]},

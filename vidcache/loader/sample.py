@@ -47,8 +47,12 @@ def select_frames(opts: VideoOptions, total_frames: int, video_fps: float) -> Fr
     try:
         nframes = qvu.smart_nframes(ele, total_frames=total, video_fps=video_fps)
     except ValueError as e:
-        raise TooFewFramesError(
-            f"video has {total} frame(s) in range but the options need at least 2 sampled frames: {e}") from None
+        # qwen-vl-utils says one thing for two causes: an explicit nframes above the frames in range, or a
+        # video (or range) too short for the 2 frames every sample needs.  Name the one that applies.
+        asked = ele.get("nframes")
+        need = f"ask for nframes={asked}" if asked is not None and asked > total else "need at least 2 sampled frames"
+        raise TooFewFramesError(f"video has {total} frame(s) in range but the options {need} "
+                                f"(qwen-vl-utils: {e})") from None
     idx = torch.linspace(start, end, nframes).round().long().tolist()
     sample_fps = nframes / max(total, 1e-6) * video_fps
     return FrameSelection(idx, total, sample_fps)
