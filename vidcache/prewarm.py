@@ -117,7 +117,8 @@ def _outcome(future, timeout_s: float, max_worker_memory: int | None) -> dict:
     try:
         return future.result()
     except FutureTimeout:
-        return _failed(WorkerTimeoutError(f"decoding did not finish within {timeout_s}s; the worker was killed"))
+        return _failed(WorkerTimeoutError(f"the row (fetch, decode, write) did not finish within {timeout_s}s "
+                                          "(--timeout); the worker was killed"))
     except ProcessExpired as e:
         if e.exitcode == MEMORY_EXIT_CODE:
             return _failed(WorkerMemoryError(f"worker exceeded {max_worker_memory} bytes of RSS growth "

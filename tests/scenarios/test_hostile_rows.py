@@ -134,4 +134,5 @@ def test_a_killed_workers_partial_download_is_swept(tmp_path, stalling_server):
     cache = VideoCache(tmp_path / "c", limits=FetchLimits(timeout_s=60))
     s = prewarm(str(ds), cache, VideoOptions(), workers=1, timeout_s=3, progress=False)
     assert [f["kind"] for f in s.failures] == ["timeout"]           # the worker was killed mid-download
+    assert "(fetch, decode, write) did not finish within 3" in s.failures[0]["error"]   # not "decoding" (D14)
     assert tmp_bytes(cache.tmp_dir) == 0 and cache.stats()["tmp_bytes"] == 0
