@@ -367,3 +367,32 @@ def test_every_landing_clip_comes_back_from_the_compact_shared_tier_exactly(clip
     b = VideoCache(tmp_path / "b", shared=tier)
     for n, k in built.items():
         assert torch.equal(b.frames(k), a.frames(k)), n
+
+
+@pytest.mark.parametrize("size", [(16, 16), (48, 16)])
+def test_frames_decord_cannot_copy_out_land_through_pyav_from_the_cli(tmp_path, size):
+    """decord 0.6 opens these tiny H.264 clips but its frame copy fails at some sizes (review D14: a valid
+    16x16 clip was a `decode` failure, "truncated or corrupt stream?").  CLI only, fresh node: the row lands
+    through the PyAV fallback, its provenance says why, and the frames are exactly that reader's."""
+    import json
+    import sys
+
+    from vidcache import VideoCache
+    from vidcache.testing.videos import make_video
+    w, h = size
+    clip = make_video(str(tmp_path / f"tiny{w}x{h}.mp4"), codec="h264", width=w, height=h, fps=10, n_frames=30)
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [clip]}) + "\n")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node")}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "vidcache.cli", *a], env=env, capture_output=True,
+                                    text=True, timeout=300)
+    r = run("prewarm", str(ds))
+    assert r.returncode == 0 and "1 new, 0 hit, 0 failed" in r.stdout, r.stdout + r.stderr
+    r = run("inspect", clip)
+    assert r.returncode == 0, r.stderr
+    assert '"fallback_from": "decord"' in r.stdout and "cannot copy out" in r.stdout, r.stdout
+    with pytest.raises(UnsupportedCodecError, match="cannot copy out"):
+        decode_sample_resize(clip, VideoOptions(), fallback=False)
+    cache = VideoCache(tmp_path / "node")
+    key = cache.find(clip, VideoOptions())
+    assert torch.equal(cache.frames(key), decode_sample_resize(clip, VideoOptions(), decoder="pyav")[0])

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import FrameBudgetError
+from ..errors import FrameBudgetError, UnsupportedCodecError
 from ..options import VideoOptions
-from .decode import open_reader
+from .decode import fallback_reader, open_reader
 from .record import Built, Sampling, Source
 from .resize import aspect_distortion, resize_frames, target_size
 from .sample import select_frames
@@ -97,6 +97,21 @@ def decode_sample_resize(path: str, options: VideoOptions, decoder: str = "decor
     fixed default, never the machine's core count (see loader.decode).
     """
     info, reader = open_reader(path, decoder, decoder_threads, fallback=fallback)
+    name, threads = reader.name, reader.threads
+    # The reader travels in a list that _build empties, so that no frame here keeps it (and its decoded
+    # frames) alive through the resize: estimate_peak_bytes counts on that.
+    held = [reader]
+    del reader
+    try:
+        return _build(info, held, options, max_decoded_bytes)
+    except UnsupportedCodecError as e:     # decord opened the stream but cannot copy its frames out
+        if not (fallback and name == "decord"):
+            raise
+        return _build(info, [fallback_reader(path, info, threads, e)], options, max_decoded_bytes)
+
+
+def _build(info, held: list, options: VideoOptions, max_decoded_bytes: int) -> tuple[torch.Tensor, Built]:
+    reader = held.pop()
     num_frames, avg_fps = reader.num_frames, reader.avg_fps
     sel = select_frames(options, num_frames, avg_fps)
     n = len(sel.frame_indices)

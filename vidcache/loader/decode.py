@@ -97,7 +97,7 @@ class DecordReader(Reader):
             import decord
         except ImportError as e:
             raise BackendUnavailableError("decord is not installed: pip install decord") from e
-        self._decord, self._path = decord, path
+        self._decord, self._path, self._size = decord, path, f"{info.width}x{info.height}"
         try:
             self._vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=threads)
         except (decord.DECORDError, RuntimeError) as e:   # its C++ CHECKs, or "Error reading" from Python
@@ -110,6 +110,12 @@ class DecordReader(Reader):
         try:
             batch = self._vr.get_batch(indices)
         except self._decord.DECORDError as e:
+            if "DECORDArrayCopyFromTo" in str(e):
+                # decord 0.6's frame copy fails at some small sizes (16x16, 24x24, 48x16; not 20x20 or 64x16)
+                # on any thread count: nothing qwen-vl-utils' decord reader can read either.  Not a damaged
+                # stream, so the caller falls back as for a stream decord cannot open.
+                raise UnsupportedCodecError(f"decord cannot copy out this stream's {self._size} frames: "
+                                            f"{_first_line(e)}") from None
             if self.threads <= 1:
                 raise DecodeError(f"decoding failed (truncated or corrupt stream?): {_first_line(e)}") from None
             # decord's send/receive loop fails on some streams with frame threading (module docstring).
@@ -252,6 +258,24 @@ class PyAVReader(Reader):
 _READERS = {"decord": DecordReader, "torchcodec": TorchcodecReader, "pyav": PyAVReader}
 
 
+def fallback_reader(path: str, info: StreamInfo, threads: int, why: UnsupportedCodecError) -> "PyAVReader":
+    """The reader for a stream decord cannot open (or cannot copy frames out of): ``PyAVReader``, which
+    records why; refused above 8 bits."""
+    if info.bit_depth > 8:
+        # The fallback equals decord's bytes on every 8-bit stream tested (tests/scenarios/test_codecs.py), not on
+        # >8-bit ones (FFmpeg 8's swscale vs decord's 4.1: up to 4 levels on 10-bit AV1).  Decoder-
+        # dependent bytes under a decoder-free key would break "one key, one set of frames": refuse.
+        raise UnsupportedCodecError(
+            f"decord cannot read this {info.bit_depth}-bit {info.codec!r} stream, and the fallback decoder is "
+            "not bit-exact with decord above 8 bits; transcode it to 8-bit (or H.264/HEVC, which decord "
+            "opens) first") from None
+    reader = PyAVReader(path, info, threads)
+    reader.fallback_from, reader.fallback_reason = "decord", str(why)
+    if reader.num_frames <= 0:
+        raise DecodeError("the video stream has no decodable frames")
+    return reader
+
+
 def open_reader(path: str, backend: str = "decord", threads: int = 0, fallback: bool = True):
     """(StreamInfo, reader) for ``path``: the single entry point of every decode.
 
@@ -267,16 +291,7 @@ def open_reader(path: str, backend: str = "decord", threads: int = 0, fallback: 
     except UnsupportedCodecError as e:
         if not (fallback and backend == "decord"):
             raise
-        if info.bit_depth > 8:
-            # The fallback equals decord's bytes on every 8-bit stream tested (tests/scenarios/test_codecs.py), not on
-            # >8-bit ones (FFmpeg 8's swscale vs decord's 4.1: up to 4 levels on 10-bit AV1).  Decoder-
-            # dependent bytes under a decoder-free key would break "one key, one set of frames": refuse.
-            raise UnsupportedCodecError(
-                f"decord cannot open this {info.bit_depth}-bit {info.codec!r} stream, and the fallback decoder is "
-                "not bit-exact with decord above 8 bits; transcode it to 8-bit (or H.264/HEVC, which decord "
-                "opens) first") from None
-        reader = PyAVReader(path, info, threads)
-        reader.fallback_from, reader.fallback_reason = backend, str(e)
+        reader = fallback_reader(path, info, threads, e)
     if reader.num_frames <= 0:
         raise DecodeError("the video stream has no decodable frames")
     return info, reader
