@@ -132,8 +132,7 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> bytearray:
 
     import av
     t, c, h, w = shape
-    plane = h * w
-    out = bytearray(t * c * plane)
+    out = bytearray(t * c * h * w)
     dst = np.frombuffer(out, dtype=np.uint8).reshape(t, c, h, w)
     n = 0
     try:

@@ -81,13 +81,14 @@ def test_stock_mode_on_a_gpu_server_names_torchcodec(tmp_path, monkeypatch):
                             server_torchcodec=STOCK_GPU_TORCHCODEC).ok
 
 
-def _cli(url, tmp_path, *args):
-    """`python -m vidcache.cli check-server` as a user runs it: the node's two settings, nothing else."""
+def _cli(url, tmp_path, *args, **settings):
+    """`python -m vidcache.cli check-server` as a user runs it: the node's two settings (``settings`` may
+    replace them or add others), nothing else."""
     import os
     import subprocess
     import sys
     env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
-    env.update(VIDCACHE_DIR=str(tmp_path / "node"), VIDCACHE_SHARED=str(tmp_path / "shared"))
+    env.update({"VIDCACHE_DIR": str(tmp_path / "node"), "VIDCACHE_SHARED": str(tmp_path / "shared"), **settings})
     return subprocess.run([sys.executable, "-m", "vidcache.cli", "check-server", url, *args],
                           capture_output=True, text=True, timeout=600, env=env)
 
@@ -177,14 +178,8 @@ def test_cli_check_server_in_stock_mode_sends_the_sglang_nodes_mount(tmp_path, m
     peer = sp.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"])
     with sp.PeerServer(peer, tokenizer_path=str(ckpt), mm_process_config=mm_process_config()) as srv:
         def check(server_path):
-            import os
-            import subprocess
-            import sys
-            env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
-            env.update(VIDCACHE_DIR=str(tmp_path / "node"), VIDCACHE_SHARED=str(tmp_path / "mntA"),
-                       VIDCACHE_SHARED_SERVER_PATH=str(server_path))
-            return subprocess.run([sys.executable, "-m", "vidcache.cli", "check-server", srv.url, "--mode",
-                                   "stock"], capture_output=True, text=True, timeout=600, env=env)
+            return _cli(srv.url, tmp_path, "--mode", "stock", VIDCACHE_SHARED=str(tmp_path / "mntA"),
+                        VIDCACHE_SHARED_SERVER_PATH=str(server_path))
         r = check(tmp_path / "not-mounted-here")
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
         fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL [server]")]

@@ -5,7 +5,7 @@ import torch
 
 from ..errors import FrameBudgetError, UnsupportedCodecError
 from ..options import VideoOptions
-from .decode import fallback_reader, open_reader
+from .decode import open_reader
 from .record import Built, Sampling, Source
 from .resize import aspect_distortion, resize_frames, target_size
 from .sample import select_frames
@@ -96,18 +96,22 @@ def decode_sample_resize(path: str, options: VideoOptions, decoder: str = "decor
     ``FrameBudgetError`` (kind ``too_large``) before any frame is decoded.  ``decoder_threads=0`` is a
     fixed default, never the machine's core count (see loader.decode).
     """
-    info, reader = open_reader(path, decoder, decoder_threads, fallback=fallback)
-    name, threads = reader.name, reader.threads
-    # The reader travels in a list that _build empties, so that no frame here keeps it (and its decoded
-    # frames) alive through the resize: estimate_peak_bytes counts on that.
-    held = [reader]
-    del reader
+    info, held = _open(path, decoder, decoder_threads, fallback=fallback)
+    name, threads = held[0].name, held[0].threads
     try:
         return _build(info, held, options, max_decoded_bytes)
     except UnsupportedCodecError as e:     # decord opened the stream but cannot copy its frames out
         if not (fallback and name == "decord"):
             raise
-        return _build(info, [fallback_reader(path, info, threads, e)], options, max_decoded_bytes)
+        # Through open_reader again, the one entry point of every decode (tests count decodes there).
+        return _build(*_open(path, decoder, threads, fallback=True, decord_failed=e), options, max_decoded_bytes)
+
+
+def _open(path: str, decoder: str, threads: int, **kw) -> tuple:
+    """``open_reader``'s (info, reader), the reader in a list that ``_build`` empties: no frame here keeps it
+    (and its decoded frames) alive through the resize, which ``estimate_peak_bytes`` counts on."""
+    info, reader = open_reader(path, decoder, threads, **kw)
+    return info, [reader]
 
 
 def _build(info, held: list, options: VideoOptions, max_decoded_bytes: int) -> tuple[torch.Tensor, Built]:

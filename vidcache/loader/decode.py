@@ -258,7 +258,7 @@ class PyAVReader(Reader):
 _READERS = {"decord": DecordReader, "torchcodec": TorchcodecReader, "pyav": PyAVReader}
 
 
-def fallback_reader(path: str, info: StreamInfo, threads: int, why: UnsupportedCodecError) -> "PyAVReader":
+def _fallback_reader(path: str, info: StreamInfo, threads: int, why: UnsupportedCodecError) -> "PyAVReader":
     """The reader for a stream decord cannot open (or cannot copy frames out of): ``PyAVReader``, which
     records why; refused above 8 bits."""
     if info.bit_depth > 8:
@@ -271,27 +271,30 @@ def fallback_reader(path: str, info: StreamInfo, threads: int, why: UnsupportedC
             "opens) first") from None
     reader = PyAVReader(path, info, threads)
     reader.fallback_from, reader.fallback_reason = "decord", str(why)
-    if reader.num_frames <= 0:
-        raise DecodeError("the video stream has no decodable frames")
     return reader
 
 
-def open_reader(path: str, backend: str = "decord", threads: int = 0, fallback: bool = True):
+def open_reader(path: str, backend: str = "decord", threads: int = 0, fallback: bool = True,
+                decord_failed: UnsupportedCodecError | None = None):
     """(StreamInfo, reader) for ``path``: the single entry point of every decode.
 
     With ``fallback``, a stream decord cannot open is read by ``PyAVReader``; the reader's
-    ``fallback_from`` / ``fallback_reason`` say so.
+    ``fallback_from`` / ``fallback_reason`` say so.  ``decord_failed``: decord opened this stream but
+    could not copy its frames out (``DecordReader.get_frames``), so go to that fallback at once.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown decoder backend {backend!r}; choose one of {BACKENDS}")
     info = probe(path)
     threads = resolve_threads(threads)
-    try:
-        reader = _READERS[backend](path, info, threads)
-    except UnsupportedCodecError as e:
-        if not (fallback and backend == "decord"):
-            raise
-        reader = fallback_reader(path, info, threads, e)
+    if decord_failed is not None and fallback and backend == "decord":
+        reader = _fallback_reader(path, info, threads, decord_failed)
+    else:
+        try:
+            reader = _READERS[backend](path, info, threads)
+        except UnsupportedCodecError as e:
+            if not (fallback and backend == "decord"):
+                raise
+            reader = _fallback_reader(path, info, threads, e)
     if reader.num_frames <= 0:
         raise DecodeError("the video stream has no decodable frames")
     return info, reader
