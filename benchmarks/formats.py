@@ -29,7 +29,7 @@ def main() -> None:
     # The two shipped formats, plus FFV1 in the other containers the notes disagree about.
     FORMATS["ffv1-nut"] = FrozenFormat("ffv1-nut", "nut", ".nut", "ffv1", "bgr0", "video/x-nut")
     FORMATS["ffv1-avi"] = FrozenFormat("ffv1-avi", "avi", ".avi", "ffv1", "bgr0", "video/x-msvideo")
-    for name in ("ffv1", "ffv1-nut", "ffv1-avi", "utvideo"):
+    for name in ("ffv1", "ffv1-nut", "ffv1-avi", "magicyuv"):
         f = FORMATS[name]
         p = os.path.join(work, name + f.suffix)
         t = time.perf_counter()

@@ -79,7 +79,7 @@ def main() -> None:
     cache = open_cache()
 
     print(f"source: {src} ({os.path.getsize(src) / 1e6:.1f} MB); best of {args.repeat} (median), seconds")
-    print(f"{'family':11s} {'frames':>16s} {'original':>15s} {'frozen ffv1':>15s} {'frozen utvideo':>15s} "
+    print(f"{'family':11s} {'frames':>16s} {'original':>15s} {'frozen ffv1':>15s} {'frozen magicyuv':>15s} "
           f"{'plugin':>15s} {'ffv1/orig':>10s} {'utv/orig':>9s} {'plugin/orig':>11s}")
     for fam in args.families:
         h = get_handle(cache, src, VideoOptions(family=fam))          # defaults: what plugin mode serves
@@ -89,7 +89,7 @@ def main() -> None:
         proc = build_processor(fam)
         uris = {"stock": prepare(proc, PROMPT, [hs], mode="stock").video_data,
                 "plugin": prepare(proc, PROMPT, [h], mode="plugin").video_data,
-                "utvideo": prepare(proc, PROMPT, [hs], mode="stock", frozen_format="utvideo").video_data}
+                "magicyuv": prepare(proc, PROMPT, [hs], mode="stock", frozen_format="magicyuv").video_data}
 
         def peer(cfg, cls=None):
             return sp.build_peer(fam, build_processor(fam, sglang_size_override=True), video_config=cfg,
@@ -97,7 +97,7 @@ def main() -> None:
         runs = {
             "original": (peer({}), ["file://" + os.path.abspath(src)]),
             "frozen": (peer(sglang_config(fam, "stock")["mm_process_config"]["video"]), uris["stock"]),
-            "utvideo": (peer(sglang_config(fam, "stock")["mm_process_config"]["video"]), uris["utvideo"]),
+            "magicyuv": (peer(sglang_config(fam, "stock")["mm_process_config"]["video"]), uris["magicyuv"]),
             "plugin": (peer(sglang_config(fam, "plugin")["mm_process_config"]["video"],
                             plugin_cls[sp._ARCH[fam]]), uris["plugin"]),
         }
@@ -108,8 +108,8 @@ def main() -> None:
         if hs.resolve() != h.resolve():
             shapes += f" (stock {'x'.join(map(str, hs.frames().shape[2:]))})"
         print(f"{fam:11s} {shapes:>16s} {cell['original']:>15s} "
-              f"{cell['frozen']:>15s} {cell['utvideo']:>15s} {cell['plugin']:>15s} {res['frozen'][0] / o:10.2f} "
-              f"{res['utvideo'][0] / o:9.2f} {res['plugin'][0] / o:11.2f}")
+              f"{cell['frozen']:>15s} {cell['magicyuv']:>15s} {cell['plugin']:>15s} {res['frozen'][0] / o:10.2f} "
+              f"{res['magicyuv'][0] / o:9.2f} {res['plugin'][0] / o:11.2f}")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

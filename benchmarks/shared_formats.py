@@ -44,7 +44,10 @@ CANDIDATES = {   # name -> (codec, pix_fmt, container, codec options)
     "ffv1 level 3, 4 slices, context 1": ("ffv1", "bgr0", "matroska",
                                           {"level": "3", "g": "1", "slices": "4", "context": "1"}),
     "ffv1 defaults (frozen file)": ("ffv1", "bgr0", "matroska", {}),
-    "utvideo gbrp (frozen file)": ("utvideo", "gbrp", "nut", {}),
+    "utvideo gbrp, median (frozen file before MagicYUV)": ("utvideo", "gbrp", "nut", {"pred": "median"}),
+    "magicyuv gbrp, gradient (frozen file)": ("magicyuv", "gbrp", "nut", {"pred": "gradient"}),
+    "magicyuv gbrp, median": ("magicyuv", "gbrp", "nut", {"pred": "median"}),
+    "ffvhuff gbrp, median, context 1": ("ffvhuff", "gbrp", "nut", {"pred": "median", "context": "1"}),
     "x264rgb qp 0 ultrafast": ("libx264rgb", "rgb24", "matroska", {"qp": "0", "preset": "ultrafast"}),
     "x264rgb qp 0 veryfast": ("libx264rgb", "rgb24", "matroska", {"qp": "0", "preset": "veryfast"}),
 }

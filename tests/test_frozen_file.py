@@ -38,7 +38,7 @@ def test_frames_bytes_planes_really_are_padded_in_the_padded_case(tmp_path):
     """The point of the odd widths above: the gbrp planes of a 398-wide frame carry row padding."""
     want = frames_of(2, 30, 398)
     path = tmp_path / "x.nut"
-    write_frozen(want, str(path), "utvideo")
+    write_frozen(want, str(path), "magicyuv")
     with av.open(str(path)) as c:
         frame = next(c.decode(video=0))
     assert frame.format.name == "gbrp" and frame.planes[0].line_size > 398
@@ -49,7 +49,7 @@ def test_frames_bytes_planes_really_are_padded_in_the_padded_case(tmp_path):
                                        ((4, 3, 28, 56), "more than 4 frames of 28x56")])
 def test_frames_bytes_refuses_a_file_of_another_shape(tmp_path, shape, why):
     path = tmp_path / "x.nut"
-    write_frozen(frames_of(4, 28, 28), str(path), "utvideo")
+    write_frozen(frames_of(4, 28, 28), str(path), "magicyuv")
     with pytest.raises(FrozenFileError, match=why):
         frames_bytes(path.read_bytes(), shape)
 

@@ -39,6 +39,9 @@ def test_a_new_entry_crosses_the_network_once_and_compact(tmp_path, videos):
     compact = sum(os.path.getsize(tier / n) for n in ns(tier, "frozen/"))
     raw = sum(a.manifest(k).frames.nbytes for k in keys)
     assert compact < raw                                                    # smaller than the frames
+    import av
+    with av.open(str(tier / ns(tier, "frozen/")[0])) as box:                 # the serving format's codec
+        assert box.streams.video[0].codec_context.name == "magicyuv"
     b = VideoCache(tmp_path / "b", shared=str(tier))                         # a fresh node: expanded exactly
     for k in keys:
         assert torch.equal(b.frames(k), a.frames(k))
@@ -123,6 +126,35 @@ def test_an_older_raw_tier_is_read_and_converted_only_when_asked(tmp_path, video
     assert all(torch.equal(fresh.frames(k), v) for k, v in want.items())
     r = vc(["verify", "--shared", "--upgrade"], b, tier)
     assert "0 converted to compact objects, 3 already compact" in r.stdout
+
+
+def test_a_tier_of_ut_video_objects_from_the_previous_format_is_still_read(tmp_path, videos, monkeypatch):
+    """Compact objects were UT Video before MagicYUV, under the same ``.nut`` name.  A fresh node reads them
+    exactly (the codec comes from the stream), `verify --shared` passes them (CLI only), and nothing is
+    re-encoded: `--upgrade` finds them compact already."""
+    import av
+
+    from vidcache import frozen_file
+    tier = tmp_path / "tier"
+    old_format = frozen_file.FrozenFormat("magicyuv", "nut", ".nut", "utvideo", "gbrp", "video/x-nut",
+                                          (("pred", "median"),))
+    with monkeypatch.context() as m:
+        m.setitem(frozen_file.FORMATS, "magicyuv", old_format)
+        a = VideoCache(tmp_path / "a", shared=str(tier))
+        keys = [a.ensure(videos[n], VideoOptions()).key for n in ("h264_30", "mjpeg_24")]
+    objects = [tier / n for n in ns(tier, "frozen/")]
+    assert len(objects) == 2 and ns(tier, "cas/") == []
+    for o in objects:
+        with av.open(str(o)) as box:
+            assert box.streams.video[0].codec_context.name == "utvideo"      # really the old codec
+    before = tier_names(tier)
+    r = vc(["verify", "--shared"], tmp_path / "nodeB", tier)
+    assert r.returncode == 0 and "verify: 2 ok, 0 bad" in r.stdout, r.stdout + r.stderr
+    fresh = VideoCache(tmp_path / "nodeC", shared=str(tier))
+    assert all(torch.equal(fresh.frames(k), a.frames(k)) for k in keys)
+    r = vc(["verify", "--shared", "--upgrade"], tmp_path / "nodeB", tier)
+    assert r.returncode == 0 and "0 converted to compact objects, 2 already compact" in r.stdout, r.stdout
+    assert tier_names(tier) == before
 
 
 def test_upgrade_needs_the_shared_tier_named(tmp_path):

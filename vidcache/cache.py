@@ -215,7 +215,7 @@ class VideoCache:
         self._verified.add(str(blob))
         return EnsureResult(key, "new", raw.nbytes)
 
-    # --- the shared tier's compact copy (one UT Video object per entry) ----------------------
+    # --- the shared tier's compact copy (one MagicYUV object per entry) ----------------------
     def compact_key(self, key: str) -> str:
         from .frozen_file import FORMATS
         return keys.frozen(key, FORMATS[COMPACT_FORMAT].suffix)

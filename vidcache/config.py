@@ -33,7 +33,7 @@ ENV_DIR = "VIDCACHE_DIR"
 ENV_SHARED = "VIDCACHE_SHARED"
 ENCODINGS = ("raw", "zlib")
 VERIFY_READS = ("first", "always", "never")
-# How entries are written to the shared tier: "compact", one lossless UT Video object per entry (frozen/,
+# How entries are written to the shared tier: "compact", one lossless MagicYUV object per entry (frozen/,
 # also what stock SGLang reads); "raw", the frames' bytes (cas/), as vidcache 0.1 wrote.  Both are read.
 SHARED_LAYOUTS = ("compact", "raw")
 NODE_FILE = "config.json"

@@ -3,9 +3,12 @@
 Two formats, both intra-only, lossless for RGB and verified bit-exact with
 decord, torchcodec and PyAV (benchmarks/formats.py):
   ``ffv1``     FFV1 bgr0 in Matroska: the smallest.
-  ``utvideo``  UT Video gbrp in NUT: ~1.5x larger, ~5-10x faster to decode, which is
-               what stock SGLang pays on every request and what a node pays to expand a
-               shared-tier entry (``serving.SERVING_FORMAT``, ``serving.COMPACT_FORMAT``).
+  ``magicyuv`` MagicYUV gbrp in NUT, gradient prediction: about as small on decoded camera
+               footage, ~20x faster to decode, which is what stock SGLang pays on every request
+               and what a node pays to expand a shared-tier entry (``serving.SERVING_FORMAT``,
+               ``serving.COMPACT_FORMAT``).
+``.nut`` files written before it, as UT Video gbrp, stay valid: every reader takes the codec
+from the stream, and a file is checked by its bytes' digest and its frames', never by its codec.
 Any YUV format would round-trip inexactly.  Files are stamped at a fixed rate
 so that SGLang's fps sampler, configured by ``vidcache sglang-config``, selects
 every stored frame once; at 2 fps Matroska's 1 ms timebase is exact too.
@@ -39,9 +42,10 @@ class FrozenFormat:
 
 FORMATS = {
     "ffv1": FrozenFormat("ffv1", "matroska", ".mkv", "ffv1", "bgr0", "video/x-matroska"),
-    # Median prediction: 19-24% smaller than UT Video's default (left) on camera-like 720p/1080p frames, the same
-    # decode speed, exact with decord, torchcodec and PyAV (benchmarks/compact_tier.py).
-    "utvideo": FrozenFormat("utvideo", "nut", ".nut", "utvideo", "gbrp", "video/x-nut", (("pred", "median"),)),
+    # Gradient prediction: on the benchmark clips 0.291x the raw frames and 530 MB/s to expand (frames_bytes, 2
+    # cores), where UT Video (median) was 0.324x and 360 MB/s; MagicYUV's median and left predictions are larger.
+    # Exact with decord, torchcodec and PyAV (benchmarks/shared_formats.py, tests/test_frozen_file.py).
+    "magicyuv": FrozenFormat("magicyuv", "nut", ".nut", "magicyuv", "gbrp", "video/x-nut", (("pred", "gradient"),)),
 }
 BY_SUFFIX = {f.suffix: f for f in FORMATS.values()}
 
@@ -124,7 +128,7 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> bytearray:
     """The uint8 TCHW bytes of ``shape`` that a frozen file holds, decoded in memory with PyAV (no torch):
     how a node expands a shared-tier entry.  The caller checks them against the entry's blob digest.
 
-    A planar RGB file (UT Video's gbrp) *is* TCHW once its planes are reordered, so each plane is copied
+    A planar RGB file (gbrp: MagicYUV's, UT Video's) *is* TCHW once its planes are reordered, so each plane is copied
     straight into place: no colour conversion, no transpose, one copy of the frames in all (the slow part
     of a first read was swscale and numpy's reshuffles, not the codec).  Other formats go through rgb24.
     """
@@ -138,7 +142,7 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> bytearray:
     try:
         with av.open(io.BytesIO(data)) as box:
             s = box.streams.video[0]
-            s.thread_type = "AUTO"         # UT Video decodes its slices in parallel; exact either way
+            s.thread_type = "AUTO"         # slices decode in parallel; exact either way
             for frame in box.decode(s):
                 if n == t or (frame.height, frame.width) != (h, w):
                     raise FrozenFileError(f"frozen file holds more than {t} frames of {h}x{w}, or others")

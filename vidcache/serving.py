@@ -25,13 +25,14 @@ MODES = ("plugin", "stock")
 # then SGLang's sampler selects every stored frame once, and in stock mode Qwen3-VL's timestamps come
 # from this timeline, so the trainer reproduces it.
 FROZEN_FPS = Fraction(2)
-# The frozen format stock SGLang is sent: UT Video decodes ~5x faster than FFV1 (benchmarks/formats.py,
-# benchmarks/sglang_frozen_cost.py), and SGLang decodes the file on every request; both are bit-exact.
-SERVING_FORMAT = "utvideo"
-# The shared tier's one object per entry (``VideoCache``, shared_layout "compact"): the same UT Video file,
-# so a stock-mode cluster stores each entry once; 0.42-0.56x the raw frames, decoded at ~130 MB/s per core
-# (benchmarks/shared_formats.py).  FFV1 is smaller (0.26-0.48x) but decodes at 12-25 MB/s, slower than the
-# sources: a node's first read would cost more than a decode from the source.
+# The frozen format stock SGLang is sent: MagicYUV decodes 10-40x faster than FFV1 (benchmarks/formats.py,
+# benchmarks/shared_formats.py), and SGLang decodes the file on every request; both are bit-exact.  It replaced
+# UT Video (0.324x raw, 360 MB/s to expand on 2 cores): MagicYUV with gradient prediction is 0.291x and
+# 530 MB/s on the same clips, and torchcodec decodes it 1.6x faster.  UT Video .nut files stay readable.
+SERVING_FORMAT = "magicyuv"
+# The shared tier's one object per entry (``VideoCache``, shared_layout "compact"): the same file, so a
+# stock-mode cluster stores each entry once.  FFV1 is smaller on some footage but decodes at 12-25 MB/s,
+# slower than the sources: a node's first read would cost more than a decode from the source.
 COMPACT_FORMAT = SERVING_FORMAT
 
 # SGLang's preprocess_video resizes every video to multiples of this (smart_resize, every family) ...

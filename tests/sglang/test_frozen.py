@@ -51,7 +51,7 @@ def _exact(path, frames) -> bool:
     return torch.equal(got, frames) and fps == 2.0
 
 
-@pytest.mark.parametrize("fmt,suffix", [(None, ".nut"), ("ffv1", ".mkv"), ("utvideo", ".nut")])
+@pytest.mark.parametrize("fmt,suffix", [(None, ".nut"), ("ffv1", ".mkv"), ("magicyuv", ".nut")])
 @pytest.mark.parametrize("name", ["h264_ntsc", "ffv1_10_small", "mpeg4_25_odd"])
 def test_frozen_file_redecodes_bit_exactly(cache, videos, name, fmt, suffix):
     h = vidcache.get(videos[name], VideoOptions(family="qwen2_5_vl"), cache)

@@ -111,7 +111,7 @@ def file_bytes(path):
 def test_get_and_head_serve_the_exact_frozen_file(cache, tmp_path):
     key = cache.key1
     with serving(cache) as (srv, _):
-        for suffix, fmt, media_type in ((".mkv", "ffv1", "video/x-matroska"), (".nut", "utvideo", "video/x-nut")):
+        for suffix, fmt, media_type in ((".mkv", "ffv1", "video/x-matroska"), (".nut", "magicyuv", "video/x-nut")):
             status, headers, body = request(srv, "GET", f"/frozen/{key}{suffix}")
             assert status == 200
             # The server froze it on this first request; the body is that file, byte for byte...

@@ -326,7 +326,7 @@ def test_stock_refuses_what_it_cannot_reproduce(family, video, kw, match, sglang
     # The refusal is needed: the frozen file sent anyway is not reproduced ...
     ref = prepare(proc, PROMPT, [h], mode="plugin")      # same frames; plugin-mode ids
     stock_ti = h.train_inputs(proc, mode="stock")
-    frozen = file_uri(local_frozen_path(pcache, h.key, "utvideo"))
+    frozen = file_uri(local_frozen_path(pcache, h.key, "magicyuv"))
     if sglang_fails is not None:
         exc, message = sglang_fails
         with pytest.raises(exc, match=message):

@@ -70,7 +70,7 @@ def test_http_transport_serves_exact_immutable_frozen_files(handle, server, tmp_
 def test_file_transport(handle, tmp_path):
     uri = video_uri(handle, "stock", "file")
     path = unquote(urlparse(uri).path)
-    assert uri.startswith("file:///") and path == local_frozen_path(handle.cache, handle.key, "utvideo")
+    assert uri.startswith("file:///") and path == local_frozen_path(handle.cache, handle.key, "magicyuv")
     assert _decodes_to(open(path, "rb").read(), handle.frames(), tmp_path)
 
 
@@ -182,7 +182,7 @@ def test_frozen_uri_is_percent_encoded(tmp_path, videos):
     assert "#" not in uri and "?" not in uri and "%25" in uri and "%23" in uri and "%3F" in uri
     from urllib.parse import unquote, urlparse
     path = unquote(urlparse(uri).path)
-    assert os.path.exists(path) and path == local_frozen_path(c, h.key, "utvideo")
+    assert os.path.exists(path) and path == local_frozen_path(c, h.key, "magicyuv")
     got, _ = decode_all(path, "decord")
     assert torch.equal(got, h.frames())
     c.close()

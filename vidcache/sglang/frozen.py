@@ -3,7 +3,7 @@ against the digest its tier recorded before it is handed out, remade from the fr
 
 Where they live: a node-local copy under ``<VIDCACHE_DIR>/frozen/`` (written and
 verified once), and, with a shared tier, an immutable object ``frozen/<key><suffix>``
-published there once, so that every SGLang node can read it by URL.  The UT Video
+published there once, so that every SGLang node can read it by URL.  The MagicYUV
 object is also the shared tier's compact copy of the entry (``VideoCache``), so a
 stock-mode cluster stores each entry once.  The format itself: ``vidcache.frozen_file``.
 """

@@ -2,7 +2,7 @@
 
 Entries are content-addressed and immutable, so responses carry a strong ETag
 (the key) and ``Cache-Control: immutable``.  Only ``GET/HEAD /frozen/<key>.mkv``
-(and ``.nut`` for the UT Video format) exists, and only for keys the cache holds;
+(and ``.nut`` for the MagicYUV format) exists, and only for keys the cache holds;
 a frozen file is written (and verified) on first request.
 
 Never a wrong byte: the key is checked against the cache before anything is read or
