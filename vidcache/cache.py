@@ -34,6 +34,7 @@ from .loader.tmpdirs import run_tmp_dir, tmp_bytes
 from .manifest import Manifest, SourceRecord, build_manifest
 from .options import VideoOptions
 from .serving import COMPACT_FORMAT
+from .store.backfill import Backfill
 from .store.base import Store
 
 log = logging.getLogger("vidcache")
@@ -104,6 +105,15 @@ class VideoCache:
         return getattr(self.store, "shared", None)
 
     @property
+    def _backfill(self) -> Backfill:
+        """Local copies of what this process pulled, committed behind its reads (store/backfill.py)."""
+        b = getattr(self.store, "backfill", None)
+        if b is None:          # no shared tier (nothing is pulled), or a custom store: written in place
+            b = self.__dict__.setdefault("_own_backfill", Backfill(self.local, lambda e, _n: _warn_once(
+                "backfill", f"serving shared-tier entries without a local copy: {e}")))
+        return b
+
+    @property
     def identity(self) -> str:
         """The cluster-wide name of this cache: the shared tier's id, or a node-local id without one."""
         if self._identity is None:
@@ -143,10 +153,13 @@ class VideoCache:
         return f"VideoCache({self.path!r}{shared})"
 
     def close(self) -> None:
+        self._backfill.drain()
         self.store.close()
 
     def sync(self) -> None:
-        """A durability checkpoint for the local tier (LMDB runs with sync=False)."""
+        """A durability checkpoint for the local tier (LMDB runs with sync=False), after every local copy this
+        process has in flight."""
+        self._backfill.drain()
         if hasattr(self.local, "sync"):
             self.local.sync()
 
@@ -264,12 +277,8 @@ class VideoCache:
                 self.quarantine_frozen("shared", m.key, ckey[len(keys.FROZEN) + len(m.key):])
             raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
         self._verified.add(m.frames.blob)
-        if not self.local.read_only:
-            payload = raw if m.frames.encoding == "raw" else zlib.compress(raw, 1)
-            try:
-                self.local.set_many({keys.cas(m.frames.blob): payload})
-            except (StoreError, OSError) as e:   # a full local disk: serve the sound frames without the copy
-                _warn_once("backfill", f"serving shared-tier entries without a local copy: {e}")
+        if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on
+            self._backfill.put(keys.cas(m.frames.blob), raw if m.frames.encoding == "raw" else zlib.compress(raw, 1))
         return raw
 
     def _hit(self, key: str, m: Manifest, record: dict) -> EnsureResult:
@@ -376,6 +385,7 @@ class VideoCache:
                 try:   # every pull from the shared tier is checked before it is served: it may raise too
                     view = src = None
                     if self.shared is not None:    # local, then the compact object, then raw frames
+                        self._backfill.wait(blob_key)      # this process's copy, if its commit is under way
                         view = stack.enter_context(self.local.read(blob_key))
                         # The object fetched beforehand serves the first attempt only: after a quarantine,
                         # what the tier holds now.
@@ -520,6 +530,7 @@ class VideoCache:
         """Check ``key`` in every tier, its frozen files included; the problems found (empty: sound).
         ``repair`` quarantines bad copies, restores them from a sound copy in another tier, or rebuilds the
         entry from its source (bad frozen files are quarantined here and remade by the serving layer)."""
+        self._backfill.drain()       # what this process wrote is in the local tier
         keys.check_key(key)
         problems = self.frozen_problems(key, repair)
         for name, tier in self._tiers():
@@ -585,6 +596,7 @@ class VideoCache:
         """Convert entries an older vidcache wrote to the shared tier as raw frames (``cas/``) into compact
         objects.  Each raw blob is deleted from the tier only after every entry there that uses it has its
         compact object.  Only on request (``vidcache verify --shared --upgrade``): nothing converts silently."""
+        self._backfill.drain()       # what this process wrote is in the local tier
         sh = self.shared
         if sh is None or self.read_only:
             raise ConfigError(f"{self!r}: upgrading needs a writable shared tier")
@@ -647,6 +659,7 @@ class VideoCache:
         """Drop an entry from this node: its manifest, its blob unless another entry shares it, and its
         frozen files.  ``shared=True`` drops it from the cluster's shared tier as well, so every node loses
         it (the CLI asks first).  True if anything was removed."""
+        self._backfill.drain()       # what this process wrote is in the local tier
         keys.check_key(key)
         if shared and self.shared is None:
             raise ConfigError(f"{self!r} has no shared tier to evict from")
@@ -674,6 +687,7 @@ class VideoCache:
     def gc(self, max_local_bytes: int | None = None) -> dict:
         """Evict least-recently-used local entries down to the budget; the shared tier is never touched.
         Without a shared tier, manifests whose blob went are dropped too (no entry is left half there)."""
+        self._backfill.drain()       # what this process wrote is in the local tier
         budget = max_local_bytes if max_local_bytes is not None else self.config.max_local_bytes
         if budget is None:
             raise ValueError("no budget: pass max_local_bytes or configure the cache with one")
@@ -689,6 +703,7 @@ class VideoCache:
         return out
 
     def entries(self) -> list[str]:
+        self._backfill.drain()       # what this process wrote is in the local tier
         out = []
         for k in self.store.keys(keys.AC):
             with contextlib.suppress(StoreError):
@@ -706,6 +721,7 @@ class VideoCache:
 
     def listing(self) -> list[dict]:
         """One record per entry: sources, family, T x H x W, tokens, bytes, and the tiers that hold it."""
+        self._backfill.drain()       # what this process wrote is in the local tier
         local = set(self.local.keys(keys.AC))
         shared = set(self.shared.keys(keys.AC)) if self.shared is not None else set()
         srcs = self.sources_by_digest()
@@ -738,6 +754,7 @@ class VideoCache:
         return found
 
     def stats(self) -> dict:
+        self._backfill.drain()       # what this process wrote is in the local tier
         count = lambda store, ns: sum(1 for _ in store.keys(ns))   # noqa: E731
         out = {"path": self.path, "identity": self.identity,
                "entries": count(self.store, keys.AC), "blobs": count(self.store, keys.CAS),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from ..errors import ReadOnlyStoreError
 
@@ -44,6 +44,13 @@ class Store(ABC):
     @abstractmethod
     def set_many(self, items: Mapping[str, bytes]) -> None:
         """Write all items in order, replacing existing values.  One transaction where the backend has them."""
+
+    def set_many_staged(self, items: Mapping[str, bytes], staged: Callable[[], None]) -> None:
+        """``set_many``, calling ``staged()`` as soon as the write no longer needs the values' buffers, so
+        that a caller may hand them on while the write finishes.  This default calls it after the write;
+        LMDB calls it once the values are copied into the transaction, before the commit."""
+        self.set_many(items)
+        staged()
 
     def set_if_not_exists(self, key: str, value: bytes) -> bool:
         """Write ``value`` unless ``key`` exists; True if this call wrote it.

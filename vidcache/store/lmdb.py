@@ -23,9 +23,10 @@ import logging
 import os
 import shutil
 import struct
+import threading
 import time
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import lmdb
 
@@ -92,6 +93,7 @@ class LMDBStore(Store):
         self.max_readers = max_readers
         self.max_bytes = max_bytes
         self._touched: dict[bytes, float] = {}   # reads not yet written to the LRU table
+        self._touched_lock = threading.Lock()
 
     # --- lifecycle --------------------------------------------------------
     def _shared(self) -> lmdb_env.SharedEnv:
@@ -169,12 +171,15 @@ class LMDBStore(Store):
     def _touch(self, key: bytes) -> None:
         if self.read_only:
             return
-        self._touched[key] = time.time()
-        if len(self._touched) >= 256:       # batched: one write transaction per 256 reads, not per read
+        with self._touched_lock:
+            self._touched[key] = time.time()
+            full = len(self._touched) >= 256  # batched: one write transaction per 256 reads, not per read
+        if full:
             self._flush_touched()
 
     def _flush_touched(self, txn=None) -> None:
-        touched, self._touched = self._touched, {}
+        with self._touched_lock:      # reads on other threads (a background backfill's commit) touch too
+            touched, self._touched = self._touched, {}
         if not touched:
             return
         if txn is None:
@@ -214,14 +219,21 @@ class LMDBStore(Store):
             v = txn.get(key.encode())
             return None if v is None else len(v)
 
-    def _write(self, fn) -> object:
-        """Run ``fn(txn)`` in one write transaction, growing the map on demand."""
+    def _write(self, fn, staged: Callable[[], None] | None = None) -> object:
+        """Run ``fn(txn)`` in one write transaction, growing the map on demand; ``staged()`` just before the
+        commit (``set_many_staged``)."""
         self._check_writable()
+        handed_back = False
         for _ in range(64):
             try:
                 with self._begin(write=True) as txn:
                     out = fn(txn)
                     self._flush_touched(txn)
+                    if staged is not None:
+                        # The values now live in LMDB's own dirty pages; the commit writes those, not the
+                        # caller's buffers, which it may hand on (a first read's tensor) from here.
+                        staged()
+                        handed_back = True
                 break
             except lmdb.MapFullError:
                 # Grow on demand; the failed txn is already aborted, so no txn of ours is open.
@@ -229,6 +241,9 @@ class LMDBStore(Store):
                 with self._lmdb_errors():
                     size = env.info()["map_size"]
                     env.set_mapsize(max(2 * size, size + 2 * getattr(fn, "needed", 0)))
+                if handed_back:   # the commit filled the map: the caller's buffers may have changed since
+                    raise StoreError(f"the LMDB map at {self.path!r} filled during a commit; the map is grown, "
+                                     "the write is dropped (its buffers were handed back)")
         else:
             raise StoreError(f"could not grow the LMDB map at {self.path!r}")
         if self.max_bytes is not None and self.used_bytes() > self.max_bytes:
@@ -251,6 +266,9 @@ class LMDBStore(Store):
                        self.max_bytes, self.path, ", ".join(k.decode(errors="replace") for k in lost[:3]))
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
+        self.set_many_staged(items, None)
+
+    def set_many_staged(self, items: Mapping[str, bytes], staged: Callable[[], None] | None) -> None:
         now = struct.pack(">d", time.time())
 
         def put(txn):
@@ -260,7 +278,7 @@ class LMDBStore(Store):
                 txn.put(k.encode(), now, db=db)
         put.needed = sum(len(v) for v in items.values())
         put.keys = {k.encode() for k in items}
-        self._write(put)
+        self._write(put, staged)
 
     def set_if_not_exists(self, key: str, value: bytes) -> bool:
         now = struct.pack(">d", time.time())

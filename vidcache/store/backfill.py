@@ -1,0 +1,90 @@
+"""Local copies of pulled values, committed behind the read that pulled them.
+
+A node's first read of a shared-tier entry ends by writing the checked frames into its local LMDB.  The
+commit (LMDB writing its dirty pages into the file) was a third of that read on the 2-core VM, and the
+reader does not need it: the frames in hand are already checked.  So ``Backfill.put`` returns once the
+store holds its own copy of the value (``Store.set_many_staged``: for LMDB, once it is in the transaction),
+and one writer thread per process commits it while the reader goes on.
+
+What stays true:
+  * the caller's buffer is its own again when ``put`` returns: writing into it cannot reach the store
+    (an immutable ``bytes`` value does not wait even for that: a pulled manifest);
+  * a read of a key whose write is in flight waits for it (``wait``), so this process never pulls it twice;
+  * ``drain`` (called by the cache's ``sync``, ``close`` and inspecting verbs) waits for every write; at
+    interpreter exit the writer finishes its queue (concurrent.futures joins its threads);
+  * a write that fails (a full disk) costs only the local copy: the read was served, the next one pulls.
+  * a forked child starts with no writer and nothing in flight (the parent's thread is not in it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+from ..errors import StoreError
+from .base import Store
+
+log = logging.getLogger("vidcache")
+
+
+class Backfill:
+    """One writer thread for a local store, and the writes it has in flight, per process."""
+
+    def __init__(self, store: Store, on_error: Callable[[BaseException, int], None]) -> None:
+        self.store = store
+        self.on_error = on_error          # (error, bytes written): a failed write is reported, not raised
+        self._pid = None
+        self._lock = threading.Lock()
+
+    def _state(self) -> tuple[ThreadPoolExecutor, dict[str, Future]]:
+        with self._lock:
+            if self._pid != os.getpid():      # first use, or a forked child: nothing of the parent's
+                self._pid = os.getpid()
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidcache-backfill")
+                self._pending: dict[str, Future] = {}
+            return self._pool, self._pending
+
+    def put(self, key: str, value) -> None:
+        """Write ``value`` under ``key`` in the background; return once the store no longer needs ``value``."""
+        pool, pending = self._state()
+        staged = threading.Event()
+
+        def write() -> None:
+            try:
+                self.store.set_many_staged({key: value}, staged.set)
+            except (StoreError, OSError) as e:     # a full local disk, say: the read is served all the same
+                self.on_error(e, len(value))
+            finally:
+                staged.set()
+
+        fut = pool.submit(write)
+        with self._lock:
+            pending[key] = fut
+        fut.add_done_callback(lambda f: self._done(key, f))
+        if not isinstance(value, bytes):
+            staged.wait()
+
+    def _done(self, key: str, fut: Future) -> None:
+        with self._lock:
+            if self._pending.get(key) is fut:
+                del self._pending[key]
+
+    def wait(self, key: str) -> None:
+        """Return once no write of ``key`` is in flight in this process."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            fut = self._pending.get(key)
+        if fut is not None:
+            fut.result()
+
+    def drain(self) -> None:
+        """Return once every write this process started is committed (or has failed and been reported)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            futs = list(self._pending.values())
+        for fut in futs:
+            fut.result()
