@@ -17,7 +17,8 @@ stock-mode cluster also publishes; ``compact``: one UT Video object, which stock
   entry; and an "epoch": one fresh node reading every entry in turn, closed at the end (every commit included),
   against a ``cat`` of all the objects in turn;
 Best of ``--repeat``; a directory tier (this machine's page cache: the worst case for any fixed cost), and S3 on
-a moto server over loopback with ``--s3``.  Never asserts on time.
+a moto server over loopback with ``--s3`` (a thread of this process; ``--s3-process``: a process of
+its own).  Never asserts on time.
 """
 from __future__ import annotations
 
@@ -92,6 +93,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--s3", action="store_true", help="also the S3 tier (moto on loopback)")
     ap.add_argument("--only-s3", action="store_true", help="the S3 tier alone")
+    ap.add_argument("--s3-process", action="store_true",
+                    help="moto in a process of its own (as a real endpoint is), not a thread of this one")
     args = ap.parse_args()
     sources = test_clips(os.path.join(args.clips, "test"), 4) + camera_clips(os.path.join(args.clips, "camera"))
 
@@ -112,7 +115,7 @@ def main() -> None:
             ctx = contextlib.nullcontext((None, {}))
             if kind == "s3":
                 from shared_tier_read import moto_s3
-                ctx = moto_s3()
+                ctx = moto_s3(process=args.s3_process)
             with ctx as (s3_url, s3_opts):
                 rows, totals = [], {}
                 for layout in ("raw", "compact"):
@@ -156,7 +159,8 @@ def main() -> None:
                         (f"{layout}: node A write of all entries (fetch, decode, encode, publish)", f"{write_t:.2f} s"),
                     ]
                 rows.append(("compact / raw: node A write time", f"{totals['compact'] / totals['raw']:.2f}x"))
-                report(f"compact vs raw shared tier ({tier_name}; {len(sources)} clips, Qwen2.5-VL at 2 fps; "
+                where = tier_name + (", moto in its own process" if kind == "s3" and args.s3_process else "")
+                report(f"compact vs raw shared tier ({where}; {len(sources)} clips, Qwen2.5-VL at 2 fps; "
                        f"{os.cpu_count()} cores)", rows)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -53,21 +53,36 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_s3(bucket: str = "vcbench"):
-    """(shared URL, storage options) of a bucket on a moto server on loopback; dummy credentials."""
+def moto_s3(bucket: str = "vcbench", process: bool = False):
+    """(shared URL, storage options) of a bucket on a moto server on loopback; dummy credentials.
+    ``process``: the server in a process of its own, as a real S3 endpoint is, instead of a thread of this
+    one (where its Python shares the client's GIL: it slows every fetch, and most a reader that decodes)."""
+    import subprocess
+
     import boto3
     from moto.server import ThreadedMotoServer
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)       # moto's per-request log lines
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
-    srv.start()
+    port = _free_port()
+    if process:
+        srv = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.05)
+        stop = srv.terminate
+    else:
+        srv = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        srv.start()
+        stop = srv.stop
     try:
-        endpoint = f"http://127.0.0.1:{srv._server.server_port}"
+        endpoint = f"http://127.0.0.1:{port}"
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
         yield f"s3://{bucket}/prefix", {"endpoint_url": endpoint, **S3_OPTIONS}
     finally:
-        srv.stop()
+        stop()
 
 
 def bench_tier(name: str, shared: str, storage_options: dict, sources: list[str], opts: VideoOptions,

@@ -12,7 +12,7 @@ import torch
 
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
-from vidcache.errors import StoreError
+from vidcache.errors import NoSpaceError, StoreError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,6 +45,8 @@ def test_a_new_entry_crosses_the_network_once_and_compact(tmp_path, videos):
     b = VideoCache(tmp_path / "b", shared=str(tier))                         # a fresh node: expanded exactly
     for k in keys:
         assert torch.equal(b.frames(k), a.frames(k))
+    b.sync()                                                                # the local commits run behind reads
+    for k in keys:
         assert b.local.get("cas/" + b.manifest(k).frames.blob) is not None  # ... once, into its local tier
     assert b.verify(keys[0]) == [] and a.verify(keys[0]) == []
 
@@ -169,17 +171,39 @@ def test_a_full_local_disk_still_serves_a_sound_compact_entry(tmp_path, videos, 
     k = a.ensure(videos["mjpeg_24"], VideoOptions()).key
     b = VideoCache(tmp_path / "b", shared=str(tier))
     b.manifest(k)
-    real = type(b.local).set_many
+    real = type(b.local).set_many_staged
 
-    def full(self, items):
+    def full(self, items, staged):           # the backfill's write (store/backfill.py)
         if any(key.startswith(K.CAS) for key in items):
-            raise StoreError(f"mdb_txn_commit: {os.strerror(errno.ENOSPC)}")
-        return real(self, items)
-    monkeypatch.setattr(type(b.local), "set_many", full)
+            raise NoSpaceError(f"no space left for the LMDB file ({os.strerror(errno.ENOSPC)})")   # as LMDBStore says it
+        return real(self, items, staged)
+    monkeypatch.setattr(type(b.local), "set_many_staged", full)
     with caplog.at_level(logging.WARNING, logger="vidcache"):
         assert torch.equal(b.frames(k), a.frames(k)) and torch.equal(b.frames(k), a.frames(k))
-    assert sum("without a local copy" in r.message for r in caplog.records) <= 1
+        b.close()                             # every write this process started has ended
+    assert sum("without a local copy" in r.message for r in caplog.records) == 1
     assert b.local.get("cas/" + b.manifest(k).frames.blob) is None
+
+
+def test_any_other_failure_of_a_local_copy_is_raised_by_the_next_read_not_dropped(tmp_path, videos, monkeypatch):
+    """Only a full disk is tolerated (D20): a local copy that fails otherwise (a failing disk, a bug) in the
+    background writer is raised in the reader's thread by its next read, not lost."""
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    k1, k2 = (a.ensure(videos[n], VideoOptions()).key for n in ("mjpeg_24", "h264_30"))
+    b = VideoCache(tmp_path / "b", shared=str(tier))
+
+    real = type(b.local).set_many_staged
+
+    def failing(self, items, staged):
+        if any(key.startswith(K.CAS) for key in items):
+            raise StoreError("mdb_txn_commit: Input/output error")  # EIO with room to spare: not a full disk
+        return real(self, items, staged)
+    monkeypatch.setattr(type(b.local), "set_many_staged", failing)
+    assert torch.equal(b.frames(k1), a.frames(k1))                 # served: the checked shared frames
+    with pytest.raises(StoreError, match="Input/output error"):
+        b.frames(k2)
+    b.frames(k2)                                                   # raised once, then reads go on
 
 
 def test_an_entry_no_frozen_file_can_hold_stays_raw(tmp_path, videos):

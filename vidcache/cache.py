@@ -35,6 +35,7 @@ from .manifest import Manifest, SourceRecord, build_manifest
 from .options import VideoOptions
 from .serving import COMPACT_FORMAT
 from .store.backfill import Backfill
+from .store.tiered import out_of_space
 from .store.base import Store
 
 log = logging.getLogger("vidcache")
@@ -68,6 +69,8 @@ class VideoCache:
         self.store: Store = self.config.build_store(check=self._check_pulled)
         self._identity: str | None = None
         self._lock = threading.Lock()
+        # Local copies of expanded compact objects commit behind the read that expanded them.
+        self._backfill = Backfill(self.local, self._backfill_failed)
         if self.config.store is None and not self.read_only:
             # Named before anything is written: a local cache once, at creation; a new shared tier by the
             # first writer that opens it (race-safe, config.shared_identity), so no object ever sits in a
@@ -103,15 +106,6 @@ class VideoCache:
     @property
     def shared(self) -> Store | None:
         return getattr(self.store, "shared", None)
-
-    @property
-    def _backfill(self) -> Backfill:
-        """Local copies of what this process pulled, committed behind its reads (store/backfill.py)."""
-        b = getattr(self.store, "backfill", None)
-        if b is None:          # no shared tier (nothing is pulled), or a custom store: written in place
-            b = self.__dict__.setdefault("_own_backfill", Backfill(self.local, lambda e, _n: _warn_once(
-                "backfill", f"serving shared-tier entries without a local copy: {e}")))
-        return b
 
     @property
     def identity(self) -> str:
@@ -280,6 +274,14 @@ class VideoCache:
         if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on
             self._backfill.put(keys.cas(m.frames.blob), raw if m.frames.encoding == "raw" else zlib.compress(raw, 1))
         return raw
+
+    def _backfill_failed(self, e: BaseException, nbytes: int) -> bool:
+        """A local copy that could not be written: a full disk is tolerated (one warning; the checked frames
+        were served); anything else is not (False: the backfill raises it on this process's next use)."""
+        if not out_of_space(e, self.local, nbytes):
+            return False
+        _warn_once("backfill", f"serving shared-tier entries without a local copy: {e}")
+        return True
 
     def _hit(self, key: str, m: Manifest, record: dict) -> EnsureResult:
         status = "published" if self.publish_missing(key, m, record) else "hit"

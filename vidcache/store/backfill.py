@@ -8,11 +8,13 @@ and one writer thread per process commits it while the reader goes on.
 
 What stays true:
   * the caller's buffer is its own again when ``put`` returns: writing into it cannot reach the store
-    (an immutable ``bytes`` value does not wait even for that: a pulled manifest);
+    (an immutable ``bytes`` value, a zlib-compressed copy, does not wait even for that);
   * a read of a key whose write is in flight waits for it (``wait``), so this process never pulls it twice;
   * ``drain`` (called by the cache's ``sync``, ``close`` and inspecting verbs) waits for every write; at
     interpreter exit the writer finishes its queue (concurrent.futures joins its threads);
-  * a write that fails (a full disk) costs only the local copy: the read was served, the next one pulls.
+  * a write that fails for lack of room costs only the local copy (``on_error`` tolerates it): the read was
+    served, the next one pulls.  Any other failure (a failing disk, a bug) is raised by this process's next
+    ``put``, ``wait`` or ``drain``: never dropped.
   * a forked child starts with no writer and nothing in flight (the parent's thread is not in it).
 """
 from __future__ import annotations
@@ -23,7 +25,6 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
-from ..errors import StoreError
 from .base import Store
 
 log = logging.getLogger("vidcache")
@@ -32,11 +33,12 @@ log = logging.getLogger("vidcache")
 class Backfill:
     """One writer thread for a local store, and the writes it has in flight, per process."""
 
-    def __init__(self, store: Store, on_error: Callable[[BaseException, int], None]) -> None:
+    def __init__(self, store: Store, on_error: Callable[[BaseException, int], bool]) -> None:
         self.store = store
-        self.on_error = on_error          # (error, bytes written): a failed write is reported, not raised
+        self.on_error = on_error          # (error, bytes written) -> tolerated?  Else raised on the next use
         self._pid = None
         self._lock = threading.Lock()
+        self._failed: BaseException | None = None
 
     def _state(self) -> tuple[ThreadPoolExecutor, dict[str, Future]]:
         with self._lock:
@@ -44,18 +46,29 @@ class Backfill:
                 self._pid = os.getpid()
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidcache-backfill")
                 self._pending: dict[str, Future] = {}
+                self._failed = None
             return self._pool, self._pending
+
+    def _raise_failed(self) -> None:
+        with self._lock:
+            failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
     def put(self, key: str, value) -> None:
         """Write ``value`` under ``key`` in the background; return once the store no longer needs ``value``."""
         pool, pending = self._state()
+        self._raise_failed()
         staged = threading.Event()
 
         def write() -> None:
             try:
                 self.store.set_many_staged({key: value}, staged.set)
-            except (StoreError, OSError) as e:     # a full local disk, say: the read is served all the same
-                self.on_error(e, len(value))
+            except Exception as e:        # noqa: BLE001 -- kept and raised in the reader's thread, not lost here
+                if not self.on_error(e, len(value)):
+                    log.warning("vidcache: the local copy %s was not written: %s", key, e)
+                    with self._lock:
+                        self._failed = self._failed or e
             finally:
                 staged.set()
 
@@ -79,6 +92,7 @@ class Backfill:
             fut = self._pending.get(key)
         if fut is not None:
             fut.result()
+        self._raise_failed()
 
     def drain(self) -> None:
         """Return once every write this process started is committed (or has failed and been reported)."""
@@ -88,3 +102,4 @@ class Backfill:
             futs = list(self._pending.values())
         for fut in futs:
             fut.result()
+        self._raise_failed()

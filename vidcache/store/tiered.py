@@ -23,11 +23,9 @@ from typing import Callable, Iterable, Iterator, Mapping
 import lmdb
 
 from ..errors import NoSpaceError
-from .backfill import Backfill
 from .base import Store
 
 logger = logging.getLogger(__name__)
-_WARNED_COPY: set = set()     # local stores whose failed copy (other than a full disk) was reported
 
 
 def _no_check(key: str, value: bytes) -> None:
@@ -84,7 +82,6 @@ class TieredStore(Store):
         self.local, self.shared = local, shared
         self.local_only = tuple(local_only)
         self.check = check
-        self.backfill = Backfill(local, self._backfill_failed)   # local copies of pulled values
 
     def _is_local_only(self, key: str) -> bool:
         return key.startswith(self.local_only) if self.local_only else False
@@ -104,18 +101,8 @@ class TieredStore(Store):
         if v is not None:
             self.check(key, v)                    # raises on corrupt bytes: never served, never backfilled
             if not self.local.read_only:
-                self.backfill.put(key, v)         # committed behind the read (store/backfill.py)
+                self._keep_local(lambda: self.local.set_many({key: v}), len(v))
         return v
-
-    def _backfill_failed(self, e: BaseException, nbytes: int) -> None:
-        """A local copy of a pulled value was not written: a full disk warns once, anything else is logged;
-        the read was served from the checked shared copy either way."""
-        if out_of_space(e, self.local, nbytes):
-            _warn_no_space(self.local, e)
-        elif self.local not in _WARNED_COPY:
-            _WARNED_COPY.add(self.local)
-            logger.warning("vidcache: a local copy in %r was not written (%s); reads are served from the shared "
-                           "tier meanwhile. Not repeated in this process.", self.local, e)
 
     def _keep_local(self, write: Callable[[], object], nbytes: int) -> None:
         """Make the local copy of a value the shared tier holds; a full local disk skips it (and warns once):
@@ -128,19 +115,21 @@ class TieredStore(Store):
             _warn_no_space(self.local, e)
 
     def get(self, key: str) -> bytes | None:
-        self.backfill.wait(key)                    # a copy this process is committing: not pulled twice
         v = self.local.get(key)
         return v if v is not None else self.pull(key)
 
     @contextlib.contextmanager
     def read(self, key: str) -> Iterator[memoryview | None]:
-        self.backfill.wait(key)
         with self.local.read(key) as v:
             if v is not None:
                 yield v
                 return
         v = self.pull(key)
-        yield None if v is None else memoryview(v)   # the pulled bytes; their local copy commits meanwhile
+        if v is None or self.local.read_only:
+            yield None if v is None else memoryview(v)
+            return
+        with self.local.read(key) as lv:           # the backfilled copy: zero-copy like a local hit
+            yield lv if lv is not None else memoryview(v)
 
     def exists_many(self, keys: Iterable[str]) -> list[bool]:
         keys = list(keys)
@@ -187,7 +176,6 @@ class TieredStore(Store):
                              "shared": self.shared.with_read_only(read_only), "read_only": read_only})
 
     def close(self) -> None:
-        self.backfill.drain()
         self.local.close()
         self.shared.close()
 
@@ -196,7 +184,6 @@ class TieredStore(Store):
 
     # --- value semantics (Store's, from _args; the check is not part of the identity) ---------------
     _location = ("local", "shared", "local_only")
-    _pickle_args = True          # reopened from its parts: the backfill writer is per process
 
     def _args(self) -> dict:
         return {"local": self.local, "shared": self.shared, "local_only": self.local_only, "check": self.check,
