@@ -253,7 +253,7 @@ class VideoCache:
             self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
         return True
 
-    def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> bytearray | None:
+    def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> np.ndarray | None:
         """``m``'s frames from the shared tier's compact object (``value``, when the caller fetched it): decoded,
         checked against the blob digest, and only then backfilled into the local tier.  None when the tier has
         no compact object for it; a copy that decodes to other bytes is quarantined and raised
@@ -393,7 +393,7 @@ class VideoCache:
                         # what the tier holds now.
                         if view is None and (expanded := self._expand_compact(
                                 m, compact if attempt == 0 else _UNFETCHED)) is not None:
-                            src = expanded       # a bytearray, decoded and digest-checked already
+                            src = expanded       # an array of its own, decoded and digest-checked already
                     if src is None:
                         if view is None:
                             view = stack.enter_context(self.store.read(blob_key))
@@ -420,7 +420,7 @@ class VideoCache:
         m, compact = self._manifest_for_read(key)
         with self._blob(m, compact=compact) as src:
             view = np.frombuffer(src, dtype=np.uint8).reshape(m.frames.shape)
-            view.flags.writeable = False      # an expanded compact object is a bytearray: read-only all the same
+            view.flags.writeable = False      # an expanded compact object is an array of ours: read-only all the same
             yield view
 
     def frames(self, key: str, manifest: Manifest | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -433,10 +433,10 @@ class VideoCache:
             raise ValueError(f"out must be a contiguous uint8 tensor of shape {shape}")
         with self._blob(m, compact=compact) as src:
             if out is None:
-                if isinstance(src, bytearray):
+                if isinstance(src, np.ndarray):
                     # Just expanded from the shared tier's compact object: a buffer of our own, so it is
                     # the tensor (the copy out was 6% of a first read).
-                    return torch.frombuffer(src, dtype=torch.uint8).reshape(shape)
+                    return torch.from_numpy(src).reshape(shape)
                 out = torch.empty(shape, dtype=torch.uint8)
             np.copyto(out.numpy().reshape(-1), np.frombuffer(src, dtype=np.uint8))   # the one copy
         return out

@@ -23,6 +23,8 @@ from .errors import CorruptEntryError, CorruptManifestError, DigestMismatchError
 from .manifest import Manifest
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .store.base import Store
 
 
@@ -124,7 +126,7 @@ def quarantine(tiers: "list[Store]", store_key: str) -> None:
             tier.delete(store_key)
 
 
-def compact_frames(value, m: Manifest) -> tuple[bytearray | None, str | None]:
+def compact_frames(value, m: Manifest) -> tuple["np.ndarray | None", str | None]:
     """(frames, None) when a compact object (a frozen file) decodes to exactly ``m``'s frames, else (None, why).
     The blob digest is the frames' own, so this check needs no record of the object."""
     from .frozen_file import frames_bytes
