@@ -8,7 +8,7 @@ Measures, on this machine, one clip profile end to end with vidcache's own pipel
 "qwen2_5_vl", fps=2.0)`` (qwen-vl-utils defaults) by ``prewarm(..., workers=1)`` with ``decoder_threads=1``
 into a shared directory tier, once per shared layout: seconds per clip on one core, and the bytes the entry
 puts into the shared tier.  Before (``raw``): the frames, plus in stock mode one frozen file per served entry
-(measured with ``local_frozen_path``); after (``compact``, issue 17): one UT Video object that stock mode
+(measured with ``local_frozen_path``); after (``compact``, issue 17): one MagicYUV object that stock mode
 reads too.
 
 Then, on paper:

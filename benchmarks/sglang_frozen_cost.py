@@ -80,7 +80,7 @@ def main() -> None:
 
     print(f"source: {src} ({os.path.getsize(src) / 1e6:.1f} MB); best of {args.repeat} (median), seconds")
     print(f"{'family':11s} {'frames':>16s} {'original':>15s} {'frozen ffv1':>15s} {'frozen magicyuv':>15s} "
-          f"{'plugin':>15s} {'ffv1/orig':>10s} {'utv/orig':>9s} {'plugin/orig':>11s}")
+          f"{'plugin':>15s} {'ffv1/orig':>10s} {'myuv/orig':>9s} {'plugin/orig':>11s}")
     for fam in args.families:
         h = get_handle(cache, src, VideoOptions(family=fam))          # defaults: what plugin mode serves
         # Stock mode needs frames stock SGLang leaves alone: for Qwen3-VL the 224 grid (other frames than
