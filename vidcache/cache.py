@@ -147,7 +147,7 @@ class VideoCache:
         return f"VideoCache({self.path!r}{shared})"
 
     def close(self) -> None:
-        self._backfill.drain()
+        self._backfill.close()
         self.store.close()
 
     def sync(self) -> None:

@@ -138,3 +138,18 @@ def test_a_reader_that_exits_without_closing_leaves_its_local_copy_committed(tmp
     st = json.loads(run(["-m", "vidcache.cli", "stats"], b))
     assert st["local"] == {"entries": 1, "blobs": 1}, st                  # the frames, not only the manifest
     assert json.loads(run(["-m", "vidcache.cli", "ls", "--json"], b))[0]["frames"] == int(shape.strip("()\n").split(",")[0])
+
+
+def test_close_stops_the_writer_thread_and_a_later_read_starts_another(tmp_path, entry):
+    tier, k, want = entry
+    writers = lambda: [t for t in threading.enumerate() if t.name.startswith("vidcache-backfill")]  # noqa: E731
+    before = len(writers())
+    b = VideoCache(tmp_path / "b", shared=str(tier))
+    b.frames(k)
+    assert len(writers()) == before + 1
+    b.close()
+    assert len(writers()) == before                             # no idle thread per closed cache
+    c = VideoCache(tmp_path / "c", shared=str(tier))
+    assert torch.equal(c.frames(k), want)
+    c.close()
+    assert torch.equal(VideoCache(tmp_path / "c").frames(k), want)   # committed by the writer close waited for

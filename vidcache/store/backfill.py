@@ -103,3 +103,12 @@ class Backfill:
         for fut in futs:
             fut.result()
         self._raise_failed()
+
+    def close(self) -> None:
+        """``drain``, then stop the writer thread (a later ``put`` starts another): a closed cache keeps none."""
+        self.drain()
+        with self._lock:
+            if self._pid != os.getpid():
+                return
+            pool, self._pid = self._pool, None
+        pool.shutdown(wait=True)      # outside the lock: the thread's last done-callback takes it
