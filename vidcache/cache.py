@@ -35,8 +35,8 @@ from .manifest import Manifest, SourceRecord, build_manifest
 from .options import VideoOptions
 from .serving import COMPACT_FORMAT
 from .store.backfill import Backfill
-from .store.tiered import out_of_space
 from .store.base import Store
+from .store.tiered import out_of_space
 
 log = logging.getLogger("vidcache")
 

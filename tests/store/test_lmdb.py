@@ -165,3 +165,21 @@ def test_a_deleted_directory_is_not_served_from_a_stale_environment(tmp_path):
     assert again.get("ac/a") is None            # not the deleted file's contents
     again.set_many({"ac/b": b"2"})
     assert (p / "data.mdb").exists() and again.get("ac/b") == b"2"     # writes land where anyone can see them
+
+
+def test_a_staged_write_whose_commit_fills_the_map_is_dropped_not_retried(tmp_path):
+    """``set_many_staged`` hands the caller's buffers back before the commit, so a commit that fills the map
+    must not be retried with them (they may have changed): the map is grown and the write dropped, as a
+    NoSpaceError (the backfill's "no local copy" case)."""
+    from vidcache.errors import NoSpaceError
+    s = LMDBStore(tmp_path / "l")
+    handed = []
+
+    def staged():
+        handed.append(True)
+        raise lmdb.MapFullError("mdb_txn_commit: MDB_MAP_FULL")     # what the commit after it would raise
+    with pytest.raises(NoSpaceError, match="dropped"):
+        s.set_many_staged({"cas/x": b"value"}, staged)
+    assert handed == [True] and s.get("cas/x") is None
+    s.set_many_staged({"cas/x": b"value"}, lambda: None)             # the grown map takes the next write
+    assert s.get("cas/x") == b"value"

@@ -232,8 +232,8 @@ class LMDBStore(Store):
                     if staged is not None:
                         # The values now live in LMDB's own dirty pages; the commit writes those, not the
                         # caller's buffers, which it may hand on (a first read's tensor) from here.
-                        staged()
                         handed_back = True
+                        staged()
                 break
             except lmdb.MapFullError:
                 # Grow on demand; the failed txn is already aborted, so no txn of ours is open.
@@ -241,9 +241,10 @@ class LMDBStore(Store):
                 with self._lmdb_errors():
                     size = env.info()["map_size"]
                     env.set_mapsize(max(2 * size, size + 2 * getattr(fn, "needed", 0)))
-                if handed_back:   # the commit filled the map: the caller's buffers may have changed since
-                    raise StoreError(f"the LMDB map at {self.path!r} filled during a commit; the map is grown, "
-                                     "the write is dropped (its buffers were handed back)")
+                if handed_back:   # the commit filled the map: the caller's buffers may have changed since,
+                    # so the write is not retried (a backfill: the next read makes the copy; no room lost)
+                    raise NoSpaceError(f"the LMDB map at {self.path!r} filled during a commit; the map is grown "
+                                       "and this write dropped (its buffers were handed back)")
         else:
             raise StoreError(f"could not grow the LMDB map at {self.path!r}")
         if self.max_bytes is not None and self.used_bytes() > self.max_bytes:
