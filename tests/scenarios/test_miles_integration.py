@@ -744,7 +744,9 @@ def test_merge_samples_and_ray_transport_keep_handles(env):
     assert back.metadata == s.metadata and back.tokens == s.tokens
     assert all(torch.equal(back.multimodal_train_inputs[k], s.multimodal_train_inputs[k]) for k in TRAIN_KEYS)
     t0 = time.time()
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # address="local": a Ray instance of this test's own.  Without it ray.init joins any Ray cluster it finds
+    # running on the machine (it scans for GCS processes), and then refuses num_cpus: a CI run failed so.
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         got = ray.get(ray.put([s, merged]))
     finally:
