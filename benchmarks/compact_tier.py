@@ -4,8 +4,8 @@
 
 Clips: the 4 generated test clips of ``_common.clips`` (320x240 to 480x270, 4 s) and the 4 camera-like 720p /
 1080p H.264 clips of ``camera_clips.py`` (10 s, 30 fps, panning textured scene with sensor noise), built with
-Qwen2.5-VL defaults at 2 fps.  For each layout (``raw``: the frames' bytes, plus the UT Video frozen file a
-stock-mode cluster also publishes; ``compact``: one UT Video object, which stock mode reads too):
+Qwen2.5-VL defaults at 2 fps.  For each layout (``raw``: the frames' bytes, plus the MagicYUV frozen file a
+stock-mode cluster also publishes; ``compact``: one MagicYUV object, which stock mode reads too):
 
 * shared-tier bytes per entry / raw frame bytes (target <= 0.35, stock-mode files included);
 * node A's write of an entry (``ensure`` from a fetched source, with the compact encode + verify) vs raw;
