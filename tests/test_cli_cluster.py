@@ -224,3 +224,22 @@ def test_local_hits_are_published_to_a_newly_configured_tier(tmp_path, dataset):
     c = VideoCache(fresh, shared=str(s2))
     for e in entries:                                  # the frames themselves, on the fresh node
         assert c.frames(e["key"]).shape[0] == e["frames"]
+
+
+def test_a_fresh_node_reads_an_s3_tier_through_the_cli_alone(tmp_path, dataset, s3):
+    """Node A prewarms into S3 (CLI); on a fresh node B, `inspect --contact-sheet` reads each entry's
+    compact object as it streams in, and draws exactly what node A, which built the frames, draws."""
+    env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    tier, node_a, node_b = "s3://cache/cli", tmp_path / "nodeA", tmp_path / "nodeB"
+    assert "2 new" in ok(vc(["prewarm", str(dataset)], node_a, tier, env)).stdout
+    listing = json.loads(ok(vc(["ls", "--json"], node_b, tier, env)).stdout)
+    assert len(listing) == 2 and all(r["tiers"] == ["shared"] for r in listing)
+    names = [o["Key"] for o in s3.client.list_objects_v2(Bucket="cache", Prefix="cli/")["Contents"]]
+    assert not [n for n in names if n.startswith("cli/cas/")]           # node B can only read compact objects
+    for r in listing:
+        a_png, b_png = tmp_path / f"a-{r['key']}.png", tmp_path / f"b-{r['key']}.png"
+        ok(vc(["inspect", r["key"], "--contact-sheet", str(b_png)], node_b, tier, env))
+        ok(vc(["inspect", r["key"], "--contact-sheet", str(a_png)], node_a, tier, env))
+        assert b_png.read_bytes() == a_png.read_bytes()
+    assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], node_b, tier, env)).stdout

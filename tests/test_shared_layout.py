@@ -70,6 +70,61 @@ def test_a_first_read_hands_out_its_own_expanded_frames_and_later_reads_are_unaf
     assert VideoCache(tmp_path / "d", shared=str(tier)).frames(k, out=out) is out and torch.equal(out, want)
 
 
+def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, videos, monkeypatch):
+    """The decoder starts on the first half of the object while the tier holds the second half back (up to
+    20 s): it fails on a reader that waits for the whole object before decoding."""
+    import threading
+
+    from vidcache.store.fsspec_cas import FsspecStore
+    from vidcache.store.prefetch import Prefetch
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    decoding, early, real_read = threading.Event(), [], Prefetch.read
+
+    def read(self, n=-1):
+        piece = real_read(self, n)
+        if piece:
+            decoding.set()
+        return piece
+
+    def stream(self, key, sink):
+        value = self.get(key)
+        sink(value[:len(value) // 2])
+        early.append(decoding.wait(20))        # the decoder has read bytes of the first half by now
+        sink(value[len(value) // 2:])
+        return True
+    monkeypatch.setattr(Prefetch, "read", read)
+    monkeypatch.setattr(FsspecStore, "stream", stream)
+    assert torch.equal(VideoCache(tmp_path / "b", shared=str(tier)).frames(k), a.frames(k))
+    assert early == [True]
+
+
+def test_a_tier_failure_part_way_through_a_download_is_raised_and_the_object_stays(tmp_path, videos, monkeypatch):
+    """A fetch cut off mid-object is the tier's failure (SharedUnavailableError), never a corrupt object: the
+    compact object is not quarantined, nothing half-decoded is served or kept, and the next read is exact."""
+    from vidcache.errors import SharedUnavailableError
+    from vidcache.store.fsspec_cas import FsspecStore
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    want, real_stream = a.frames(k), FsspecStore.stream
+
+    def cut(self, key, sink):
+        value = self.get(key)
+        sink(value[:len(value) // 2])
+        raise SharedUnavailableError(f"shared tier {self.url} is unreachable (get {key}: connection reset)")
+    monkeypatch.setattr(FsspecStore, "stream", cut)
+    b = VideoCache(tmp_path / "b", shared=str(tier))
+    with pytest.raises(SharedUnavailableError, match="connection reset"):
+        b.frames(k)
+    assert b.shared.get(b.compact_key(k)) is not None                        # still there, ...
+    assert not list(b.shared.keys(K.QUARANTINE))                             # ... nothing moved aside
+    assert not b.local.exists_many([K.cas(b.manifest(k).frames.blob)])[0]    # nothing kept
+    monkeypatch.setattr(FsspecStore, "stream", real_stream)
+    assert torch.equal(b.frames(k), want) and b.verify(k) == []
+
+
 def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(tmp_path, videos, monkeypatch):
     """One round trip, not two in a row: the manifest's fetch waits (up to 20 s) until the compact object's
     fetch has begun, which only happens when both are in flight at once.  A resume check does not pull
@@ -80,16 +135,21 @@ def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(t
     tier = tmp_path / "tier"
     a = VideoCache(tmp_path / "a", shared=str(tier))
     k = a.ensure(videos["h264_30"], VideoOptions()).key
-    object_asked, fetched, real_get = threading.Event(), [], FsspecStore.get
+    object_asked, fetched = threading.Event(), []
+    real_get, real_stream = FsspecStore.get, FsspecStore.stream
 
     def get(self, key):
         fetched.append(key)
-        if key.startswith(K.FROZEN):
-            object_asked.set()
-        elif key == K.ac(k):
+        if key == K.ac(k):
             assert object_asked.wait(20), "the manifest was fetched before the compact object was asked for"
         return real_get(self, key)
+
+    def stream(self, key, sink):
+        fetched.append(key)
+        object_asked.set()
+        return real_stream(self, key, sink)
     monkeypatch.setattr(FsspecStore, "get", get)
+    monkeypatch.setattr(FsspecStore, "stream", stream)
     b = VideoCache(tmp_path / "b", shared=str(tier))
     assert torch.equal(b.frames(k), a.frames(k))
     assert fetched.count(b.compact_key(k)) == 1 and fetched.count(K.ac(k)) == 1

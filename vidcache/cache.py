@@ -36,6 +36,7 @@ from .options import VideoOptions
 from .serving import COMPACT_FORMAT
 from .store.backfill import Backfill
 from .store.base import Store
+from .store.prefetch import Prefetch
 from .store.tiered import out_of_space
 
 log = logging.getLogger("vidcache")
@@ -263,10 +264,14 @@ class VideoCache:
         ckey = self.compact_key(m.key)
         if value is _UNFETCHED:
             value = self.shared.get(ckey)
+        elif isinstance(value, Prefetch) and not value.found():
+            value = None
         if value is None:
             return None
         raw, why = compact_frames(value, m)
         if why is not None:
+            if isinstance(value, Prefetch):
+                value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
             if not self.read_only:
                 self.quarantine_frozen("shared", m.key, ckey[len(keys.FROZEN) + len(m.key):])
             raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
@@ -366,11 +371,8 @@ class VideoCache:
         if (self.shared is None or self.config.shared_layout != "compact" or key in self._manifests
                 or self.local.exists_many([keys.ac(key)])[0]):
             return self.require_manifest(key), _UNFETCHED
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidcache-pull") as pool:
-            compact = pool.submit(self.shared.get, self.compact_key(key))
-            m = self.require_manifest(key)
-            return m, compact.result()
+        compact = Prefetch(self.shared, self.compact_key(key))   # decoded as it arrives (store/prefetch)
+        return self.require_manifest(key), compact
 
     @contextlib.contextmanager
     def _blob(self, m: Manifest, verify: bool | None = None, compact=_UNFETCHED):

@@ -125,8 +125,8 @@ def verify_frozen(path: str, frames: "torch.Tensor", rate: Fraction = FROZEN_FPS
 
 
 def frames_bytes(data, shape: tuple[int, int, int, int]) -> np.ndarray:
-    """The uint8 TCHW bytes of ``shape`` that a frozen file holds, as a flat array of its own, decoded in
-    memory with PyAV (no torch): how a node expands a shared-tier entry.  The caller checks them against the
+    """The uint8 TCHW bytes of ``shape`` that a frozen file (its bytes, or a readable file of them) holds, as a
+    flat array of its own, decoded in memory with PyAV (no torch): how a node expands a shared-tier entry.  The caller checks them against the
     entry's blob digest.
 
     A planar RGB file (gbrp: MagicYUV's, UT Video's) *is* TCHW once its planes are reordered, so each plane is copied
@@ -143,7 +143,8 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> np.ndarray:
     dst = out.reshape(t, c, h, w)
     n = 0
     try:
-        with av.open(io.BytesIO(data)) as box:
+        # A file (store/prefetch.Prefetch) is decoded as it arrives; bytes, from memory.
+        with av.open(data if hasattr(data, "read") else io.BytesIO(data)) as box:
             s = box.streams.video[0]
             s.thread_type = "AUTO"         # slices decode in parallel; exact either way
             for frame in box.decode(s):

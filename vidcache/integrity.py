@@ -127,7 +127,8 @@ def quarantine(tiers: "list[Store]", store_key: str) -> None:
 
 
 def compact_frames(value, m: Manifest) -> tuple["np.ndarray | None", str | None]:
-    """(frames, None) when a compact object (a frozen file) decodes to exactly ``m``'s frames, else (None, why).
+    """(frames, None) when a compact object (a frozen file: bytes, or a file being fetched) decodes to exactly
+    ``m``'s frames, else (None, why).
     The blob digest is the frames' own, so this check needs no record of the object."""
     from .frozen_file import frames_bytes
     try:

@@ -75,8 +75,9 @@ def test_a_second_read_waits_for_the_commit_in_flight_instead_of_pulling_again(t
     staged_seen, release = held_commit
     b = VideoCache(tmp_path / "b", shared=str(tier))
     pulls = []
-    get = type(b.shared).get
+    get, stream = type(b.shared).get, type(b.shared).stream
     monkeypatch.setattr(type(b.shared), "get", lambda self, key: pulls.append(key) or get(self, key))
+    monkeypatch.setattr(type(b.shared), "stream", lambda self, key, sink: pulls.append(key) or stream(self, key, sink))
     b.frames(k)
     compact_pulls = pulls.count(b.compact_key(k))
     assert compact_pulls == 1

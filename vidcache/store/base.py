@@ -35,6 +35,16 @@ class Store(ABC):
     def get(self, key: str) -> bytes | None:
         """The value, or None when absent."""
 
+    def stream(self, key: str, sink: Callable[[bytes], None]) -> bool:
+        """Hand ``key``'s value to ``sink`` in pieces, in order, as they arrive, so that a consumer can begin
+        before the end (a first read decodes while the object downloads); False when absent.  This default
+        hands over the whole value at once; remote stores override it."""
+        value = self.get(key)
+        if value is None:
+            return False
+        sink(value)
+        return True
+
     @contextlib.contextmanager
     def read(self, key: str) -> Iterator[memoryview | None]:
         """A view of the value, valid inside the ``with`` block.  Backends that can, make it zero-copy."""

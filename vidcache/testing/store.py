@@ -7,6 +7,7 @@ against the medium, never the store against itself.
 """
 from __future__ import annotations
 
+import os
 import pickle
 from abc import ABC, abstractmethod
 
@@ -46,6 +47,16 @@ class StoreContract(ABC):
             assert bytes(v) == b"from the medium"
         assert store.exists_many(["cas/r", "cas/z"]) == [True, False]
         assert store.size("cas/r") == len(b"from the medium")
+
+    def test_stream_hands_over_the_medium_s_bytes_in_order(self, store):
+        value = os.urandom(3 << 20) + b"tail"          # several of a remote store's pieces
+        self.raw_set(store, "cas/s", value)
+        self.raw_set(store, "cas/e", b"")
+        pieces: list[bytes] = []
+        assert store.stream("cas/s", pieces.append) is True and b"".join(pieces) == value
+        empty: list[bytes] = []
+        assert store.stream("cas/e", empty.append) is True and b"".join(empty) == b""
+        assert store.stream("cas/missing", pieces.append) is False
 
     def test_set_replaces(self, store):
         store.set_many({"src/s": b"old"})

@@ -1,0 +1,98 @@
+"""``vidcache.store.prefetch.Prefetch``: a value read as a file while a background thread fetches it.  The
+decoder must be able to start before the fetch ends, and a fetch that fails part-way must end the file
+quietly and be raised by ``finish()``, so that a caller never takes a network failure for corrupt bytes."""
+import threading
+
+import pytest
+
+from vidcache.errors import SharedTimeoutError, SharedUnavailableError
+from vidcache.store.memory import MemoryStore
+from vidcache.store.prefetch import Prefetch
+
+
+class Paced(MemoryStore):
+    """Hands its value over in two halves, the second only once ``go`` is set (or gives up after 20 s),
+    then ends with ``fail`` raised, if one is given."""
+
+    def __init__(self, data, fail=None):
+        super().__init__(data)
+        self.go, self.fail, self.gave_up = threading.Event(), fail, False
+
+    def stream(self, key, sink):
+        value = self.get(key)
+        if value is None:
+            return False
+        half = len(value) // 2
+        sink(value[:half])
+        self.gave_up = not self.go.wait(20)
+        if self.fail is not None:
+            raise self.fail
+        sink(value[half:])
+        return True
+
+
+def read_all(f, n=4096):
+    out = b""
+    while piece := f.read(n):
+        out += piece
+    return out
+
+
+def test_the_reader_gets_the_first_bytes_before_the_fetch_ends():
+    store = Paced({"frozen/k.nut": bytes(range(256)) * 64})
+    f = Prefetch(store, "frozen/k.nut")
+    assert f.found()
+    first = f.read(100)                       # while the second half is held back
+    assert first == bytes(range(100)) and not store.gave_up
+    store.go.set()
+    assert first + read_all(f) == bytes(range(256)) * 64 and f.read(10) == b""
+    f.finish()
+    assert not store.gave_up
+
+
+def test_read_with_no_size_takes_everything_that_has_come():
+    f = Prefetch(MemoryStore({"cas/x": b"abcdef"}), "cas/x")
+    assert f.read(2) == b"ab" and f.read() == b"cdef" and f.read() == b""
+
+
+def test_absent_and_empty_are_told_apart():
+    store = MemoryStore({"cas/empty": b""})
+    assert Prefetch(store, "cas/missing").found() is False
+    empty = Prefetch(store, "cas/empty")
+    assert empty.found() is True and empty.read(10) == b""
+
+
+def test_a_fetch_cut_off_part_way_ends_the_file_and_finish_raises_it():
+    cut = SharedUnavailableError("shared tier s3://b/t is unreachable (get frozen/k.nut: reset)")
+    store = Paced({"frozen/k.nut": b"x" * 1000}, fail=cut)
+    f = Prefetch(store, "frozen/k.nut")
+    assert f.found()
+    store.go.set()
+    assert read_all(f) == b"x" * 500              # what came, then an end: no error into the decoder
+    with pytest.raises(SharedUnavailableError) as e:
+        f.finish()
+    assert e.value is cut
+
+
+def test_a_fetch_that_fails_before_any_byte_raises_from_found():
+    class Down(MemoryStore):
+        def stream(self, key, sink):
+            raise SharedTimeoutError("shared tier s3://b/t: get frozen/k.nut got no answer in 60 s")
+    f = Prefetch(Down(), "frozen/k.nut")
+    with pytest.raises(SharedTimeoutError):
+        f.found()
+    assert f.read(10) == b""
+
+
+def test_pieces_that_come_after_the_fetch_gave_up_are_not_read():
+    late = []
+
+    class Late(MemoryStore):
+        def stream(self, key, sink):
+            late.append(sink)
+            raise SharedTimeoutError("gave up")
+    f = Prefetch(Late(), "cas/x")
+    with pytest.raises(SharedTimeoutError):
+        f.finish()
+    late[0](b"woke up late")                     # a transfer the timeout abandoned, still running
+    assert f.read(100) == b""

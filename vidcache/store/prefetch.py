@@ -1,0 +1,92 @@
+"""A store's value fetched in the background, and read as a file while it arrives.
+
+A node's first read of a shared-tier entry fetched the whole compact object and then decoded it: the
+download and the decode one after the other.  ``Prefetch`` starts the fetch (``Store.stream``) in a thread
+of its own as soon as the key is known, and is a file that the decoder reads the pieces from as they land,
+so the two overlap.
+
+What stays true:
+  * the reader gets the value's bytes in order, then an end.  A fetch that fails part-way ends the file
+    early: ``read`` never raises into the decoder (PyAV would report it twice), and ``finish()`` raises the
+    failure.  So a caller that finds the bytes unsound asks ``finish()`` first, and a network failure is
+    never taken for a corrupt object (which would quarantine a sound copy);
+  * absent and empty are told apart: ``found()`` waits for the first piece or for the end;
+  * pieces are dropped once read, so the whole value is never held twice.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+from .base import Store
+
+
+class Prefetch:
+    """``store``'s value under ``key``, arriving in a background thread; a read-only, unseekable file."""
+
+    def __init__(self, store: Store, key: str) -> None:
+        self._cond = threading.Condition()
+        self._pieces: collections.deque = collections.deque()
+        self._offset = 0                  # bytes of _pieces[0] already read
+        self._arrived = False             # a piece has come
+        self._done = False
+        self._found: bool | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._fetch, args=(store, key), name="vidcache-pull", daemon=True).start()
+
+    def _fetch(self, store: Store, key: str) -> None:
+        found, error = None, None
+        try:
+            found = store.stream(key, self._put)
+        except BaseException as e:        # kept for finish(): this thread has no caller to raise to
+            error = e
+        with self._cond:
+            self._done, self._found, self._error = True, found, error
+            self._cond.notify_all()
+
+    def _put(self, piece: bytes) -> None:
+        with self._cond:
+            if self._done:                # a transfer that timed out and then woke up: not ours any more
+                return
+            if piece:
+                self._pieces.append(piece)
+                self._arrived = True
+                self._cond.notify_all()
+
+    def found(self) -> bool:
+        """True once the value's first bytes arrive (or it ends empty), False when the store has no such key;
+        the fetch's error when it failed before any byte came."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._arrived or self._done)
+            if self._arrived:
+                return True
+            if self._error is not None:
+                raise self._error
+            return bool(self._found)
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all that has come, for ``n < 0``), waiting for the next piece when none is
+        here; ``b""`` at the end, or where a failed fetch stopped."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pieces or self._done)
+            if not self._pieces:
+                return b""
+            if n < 0:
+                out = b"".join(self._pieces)[self._offset:]
+                self._pieces.clear()
+                self._offset = 0
+                return out
+            piece = self._pieces[0]
+            out = piece[self._offset:self._offset + n]
+            self._offset += len(out)
+            if self._offset == len(piece):
+                self._pieces.popleft()
+                self._offset = 0
+            return out
+
+    def finish(self) -> None:
+        """Wait for the fetch to end; raise its error if it failed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._done)
+            if self._error is not None:
+                raise self._error
