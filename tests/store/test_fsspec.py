@@ -80,3 +80,68 @@ def test_an_s3_object_streams_in_pieces_from_one_get(s3):
     assert store.stream("cas/big", pieces.append) is True
     assert b"".join(pieces) == value and len(pieces) > 1
     assert store.stream("cas/none", pieces.append) is False
+
+
+@pytest.fixture
+def cut_endpoint(monkeypatch):
+    """An S3-like endpoint on loopback that serves one object, ``VALUE``, and drops the connection after the
+    first ``CUT`` bytes of a GET; a resumed GET (a Range) is served in full when ``resume`` is set, and
+    dropped before its first byte otherwise."""
+    import http.server
+    import socket
+    import threading
+    from types import SimpleNamespace
+    state = SimpleNamespace(value=os.urandom(3 << 20), cut=1 << 20, resume=True, ranges=[])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            rng = self.headers.get("Range")
+            state.ranges.append(rng)
+            start = int(rng.split("=")[1].rstrip("-")) if rng else 0
+            rest = state.value[start:]
+            self.send_response(206 if rng else 200)
+            self.send_header("Content-Length", str(len(rest)))
+            self.send_header("ETag", '"v1"')
+            if rng:
+                self.send_header("Content-Range", f"bytes {start}-{len(state.value) - 1}/{len(state.value)}")
+            self.end_headers()
+            if rng and state.resume:
+                self.wfile.write(rest)
+                return
+            self.wfile.write(b"" if rng else rest[:state.cut])
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+        def log_message(self, *args):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    state.store = FsspecStore("s3://cache/t", storage_options={
+        "endpoint_url": f"http://127.0.0.1:{srv.server_address[1]}", "client_kwargs": {"region_name": "us-east-1"}})
+    yield state
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_s3_stream_cut_off_part_way_resumes_where_it_stopped(cut_endpoint):
+    """As s3fs retries a GET that broke, a stream resumes: a ranged GET from the first missing byte (If-Match
+    the same object), so the sink gets every byte once, in order."""
+    pieces = []
+    assert cut_endpoint.store.stream("cas/x", pieces.append) is True
+    assert b"".join(pieces) == cut_endpoint.value
+    assert cut_endpoint.ranges == [None, f"bytes={cut_endpoint.cut}-"]
+
+
+def test_an_s3_stream_that_keeps_breaking_is_the_tier_s_failure_not_a_short_object(cut_endpoint):
+    from vidcache.errors import SharedUnavailableError
+    cut_endpoint.resume = False
+    pieces = []
+    with pytest.raises(SharedUnavailableError, match="unreachable"):
+        cut_endpoint.store.stream("cas/x", pieces.append)
+    assert len(cut_endpoint.ranges) == cut_endpoint.store.fs.retries          # s3fs's own retry budget
+    assert b"".join(pieces) == cut_endpoint.value[:len(b"".join(pieces))]     # what came was in order

@@ -13,6 +13,7 @@ botocore or OSError traceback.  A missing object is an answer, not a failure.
 """
 from __future__ import annotations
 
+import asyncio
 import errno
 import functools
 import os
@@ -31,9 +32,12 @@ from .base import Store
 from .publish import PARTIAL_MAX_AGE_S, is_partial, publish_bytes
 
 try:
+    import aiohttp
     import botocore.exceptions as _boto
+    from s3fs.core import S3_RETRYABLE_ERRORS
 except ImportError:        # s3fs is a dependency, but only S3 tiers need it
-    _boto = None
+    aiohttp = _boto = None
+    S3_RETRYABLE_ERRORS = ()
 
 ENV_TIMEOUT = "VIDCACHE_SHARED_TIMEOUT_S"
 # The most one call on one object may take, end to end.  Generous, because a blob can be a few hundred MB
@@ -118,7 +122,8 @@ def _failure(e: BaseException, s3: bool) -> str | None:
             _boto and isinstance(e, _boto.NoCredentialsError)):
         return "denied"
     if isinstance(e, ConnectionError) or n in _UNREACHABLE or (s3 and n == errno.EBUSY) or (
-            _boto and isinstance(e, (_boto.ConnectionError, _boto.HTTPClientError))):
+            _boto and isinstance(e, (_boto.ConnectionError, _boto.HTTPClientError))) or (
+            aiohttp and isinstance(e, aiohttp.ClientError)):       # e.g. a body cut off part-way
         return "unavailable"      # s3fs reports S3's SlowDown/503 as EBUSY
     if isinstance(e, OSError) or (_boto and isinstance(e, (_boto.BotoCoreError, _boto.ClientError))):
         return "other"
@@ -237,13 +242,24 @@ class FsspecStore(Store):
             bucket, name, _ = self.fs.split_path(path)
 
             async def pump() -> None:
-                resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=name)
-                body = resp["Body"]
-                try:
-                    while chunk := await body.read(STREAM_PIECE):
-                        sink(chunk)
-                finally:
-                    body.close()
+                # A connection cut part-way resumes where it stopped, as s3fs retries a whole GET (same
+                # errors, same backoff); If-Match keeps the resumed bytes those of the object begun.
+                got, etag = 0, None
+                for attempt in range(max(1, self.fs.retries)):
+                    resume = {"Range": f"bytes={got}-", "IfMatch": etag} if got else {}
+                    resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **resume)
+                    etag, body = resp.get("ETag"), resp["Body"]
+                    try:
+                        while chunk := await body.read(STREAM_PIECE):
+                            sink(chunk)
+                            got += len(chunk)
+                        return
+                    except S3_RETRYABLE_ERRORS:
+                        if attempt + 1 >= self.fs.retries or etag is None:
+                            raise
+                        await asyncio.sleep(min(1.7 ** attempt * 0.1, 15))
+                    finally:
+                        body.close()
             run = functools.partial(fsspec.asyn.sync, self.fs.loop, pump)
         elif self._local:
             def run() -> None:
