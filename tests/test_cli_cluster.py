@@ -243,3 +243,29 @@ def test_a_fresh_node_reads_an_s3_tier_through_the_cli_alone(tmp_path, dataset, 
         ok(vc(["inspect", r["key"], "--contact-sheet", str(a_png)], node_a, tier, env))
         assert b_png.read_bytes() == a_png.read_bytes()
     assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], node_b, tier, env)).stdout
+
+
+def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_tier_is_down(tmp_path, dataset,
+                                                                                            s3):
+    """A fresh node's first command (a CLI prewarm) records the tier's identity in the node directory, so
+    that with the S3 endpoint gone the node still reads its own entries (one warning naming the identity),
+    and a read of the node opened without any tier says which tier it belongs to.  It used to record
+    nothing (the directory did not exist yet when the identity was read), and every read failed."""
+    from conftest import free_port
+
+    from vidcache.errors import ConfigError
+    env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    tier, node = "s3://cache/down", tmp_path / "node"
+    ok(vc(["prewarm", str(dataset)], node, tier, env))
+    listing = json.loads(ok(vc(["ls", "--json"], node, tier, env)).stdout)
+    ident = json.loads(ok(vc(["stats"], node, tier, env)).stdout)["identity"]
+    down = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "VIDCACHE_SHARED_TIMEOUT_S": "5"}
+    for e in listing:
+        up_png, down_png = tmp_path / f"up-{e['key']}.png", tmp_path / f"down-{e['key']}.png"
+        ok(vc(["inspect", e["key"], "--contact-sheet", str(up_png)], node, tier, env))
+        r = ok(vc(["inspect", e["key"], "--contact-sheet", str(down_png)], node, tier, down))
+        assert ident in r.stderr and "unreachable" in r.stderr
+        assert down_png.read_bytes() == up_png.read_bytes()
+    with pytest.raises(ConfigError, match=f"last used with the shared tier {tier}.*VIDCACHE_SHARED={tier}"):
+        VideoCache(node, shared="", read_only=True).identity

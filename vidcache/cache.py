@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import keys
-from .config import CacheConfig, local_identity, remember_identity, remembered_identity, shared_identity
+from .config import (CacheConfig, local_identity, missing_local_identity, remember_identity, remembered_identity,
+                     shared_identity)
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
@@ -118,8 +119,7 @@ class VideoCache:
             else:
                 ident = local_identity(self.path, create=not self.read_only)
                 if ident is None:
-                    raise ConfigError(f"{self!r} has no identity yet (made by an older vidcache?): open it "
-                                      "writable once")
+                    raise ConfigError(f"{self!r} {missing_local_identity(self.path)}")
                 self._identity = ident
             _register(self)
         return self._identity

@@ -173,8 +173,12 @@ def remembered_identity(path: str, shared: str) -> str | None:
 
 
 def remember_identity(path: str, shared: str, identity: str) -> None:
+    """Record it for ``remembered_identity`` (a writable open).  The node directory is made if it is not there
+    yet: a fresh node's first command (a prewarm) reads the identity before it opens its LMDB, and a node
+    that never recorded it could not serve its own entries while the tier is down."""
     rec = read_node_file(path)
-    if os.path.isdir(path) and (rec.get("shared"), rec.get("shared_identity")) != (shared, identity):
+    if (rec.get("shared"), rec.get("shared_identity")) != (shared, identity):
+        os.makedirs(path, exist_ok=True)
         _write_node_file(path, {**rec, "shared": shared, "shared_identity": identity})
 
 
@@ -186,6 +190,16 @@ def local_identity(path: str, create: bool) -> str | None:
         _write_node_file(path, rec)
         rec = read_node_file(path)
     return rec.get("local_id")
+
+
+def missing_local_identity(path: str) -> str:
+    """Why a read-only open of ``path`` without a shared tier finds no identity, and what to do about it."""
+    rec = read_node_file(path)
+    if rec.get("shared"):       # a node of a cluster, opened without its tier: the tier is what is missing
+        return (f"has no node-local identity: it was last used with the shared tier {rec['shared']} (identity "
+                f"{rec.get('shared_identity')}); set VIDCACHE_SHARED={rec['shared']} (or pass --shared), or "
+                "open it writable once to give it a node-local identity of its own")
+    return "has no identity yet (made by an older vidcache?): open it writable once"
 
 
 _TIER_ID = re.compile(r"tier-[0-9a-f]{32}")
