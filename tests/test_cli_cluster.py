@@ -249,8 +249,9 @@ def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_t
                                                                                             s3):
     """A fresh node's first command (a CLI prewarm) records the tier's identity in the node directory, so
     that with the S3 endpoint gone the node still reads its own entries (one warning naming the identity),
-    and a read of the node opened without any tier says which tier it belongs to.  It used to record
-    nothing (the directory did not exist yet when the identity was read), and every read failed."""
+    and `verify` and `ls` check and list its own copies; a read of the node opened without any tier says
+    which tier it belongs to.  It used to record nothing (the directory did not exist yet when the identity
+    was read), and every read failed; `verify` called every sound entry BAD, and `ls` listed nothing."""
     from conftest import free_port
 
     from vidcache.errors import ConfigError
@@ -267,5 +268,14 @@ def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_t
         r = ok(vc(["inspect", e["key"], "--contact-sheet", str(down_png)], node, tier, down))
         assert ident in r.stderr and "unreachable" in r.stderr
         assert down_png.read_bytes() == up_png.read_bytes()
+    # verify and ls check and list the node's own copies, saying that the tier was not reached ...
+    r = ok(vc(["verify"], node, tier, down))
+    assert "verify: 2 ok, 0 bad" in r.stdout and "checking this node's own copies only" in r.stderr
+    assert r.stderr.count("vidcache: warning:") == 1                   # one wait on the tier, not one per entry
+    r = ok(vc(["ls", "--json"], node, tier, down))
+    assert sorted(e["key"] for e in json.loads(r.stdout)) == sorted(e["key"] for e in listing)
+    assert "listing this node's own copies only" in r.stderr
+    failed(vc(["verify", "--shared"], node, tier, down), "shared_unavailable")      # ... the tier's, never
+    failed(vc(["ls"], tmp_path / "fresh", tier, down), "shared_unavailable")         # a fresh node has none
     with pytest.raises(ConfigError, match=f"last used with the shared tier {tier}.*VIDCACHE_SHARED={tier}"):
         VideoCache(node, shared="", read_only=True).identity

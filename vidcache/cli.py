@@ -222,10 +222,10 @@ def cmd_verify(args) -> int:
                 todo.append(k.entry_key(sk))
             except VidcacheError:
                 print(f"BAD {sk!r}: not a key of the cache's format")
-    bad = 0
+    bad, run = 0, (lambda fn: fn(cache)) if whole_shared else _ThisNodeIfTierDown(cache, "checking")
     for key in todo:
-        try:
-            problems = cache.verify(key, repair=args.repair)
+        try:       # during a tier outage this node's copies are still checked; `verify --shared` fails
+            problems = run(lambda c: c.verify(key, repair=args.repair))
         except VidcacheError as e:
             problems = [f"[{e.kind}] {e}"]
         if problems and args.repair and any("frozen file" in p for p in problems):
@@ -292,8 +292,30 @@ def _human(n: int) -> str:
     return str(n)
 
 
+class _ThisNodeIfTierDown:
+    """Runs a command's step on the cache or, once the shared tier proves unreachable, on this node's own tier
+    (one warning that says so, and no more waits on the tier): a node's copies can be listed and checked
+    during an outage."""
+
+    def __init__(self, cache, doing: str) -> None:
+        self.cache, self.doing, self.alone = cache, doing, None
+
+    def __call__(self, fn):
+        from .errors import SharedUnavailableError
+        if self.alone is not None:
+            return fn(self.alone)
+        try:
+            return fn(self.cache)
+        except SharedUnavailableError as e:
+            if self.cache.shared is None or not _has_local(self.cache.path):    # a fresh node has none
+                raise
+            print(f"vidcache: warning: {e}; {self.doing} this node's own copies only", file=sys.stderr)
+            self.alone = self.cache.with_settings(shared=None)
+            return fn(self.alone)
+
+
 def cmd_ls(args) -> int:
-    rows = _cache(args, read_only=True).listing()
+    rows = _ThisNodeIfTierDown(_cache(args, read_only=True), "listing")(lambda c: c.listing())
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
