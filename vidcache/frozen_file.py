@@ -126,8 +126,8 @@ def verify_frozen(path: str, frames: "torch.Tensor", rate: Fraction = FROZEN_FPS
 
 def frames_bytes(data, shape: tuple[int, int, int, int]) -> np.ndarray:
     """The uint8 TCHW bytes of ``shape`` that a frozen file (its bytes, or a readable file of them) holds, as a
-    flat array of its own, decoded in memory with PyAV (no torch): how a node expands a shared-tier entry.  The caller checks them against the
-    entry's blob digest.
+    flat array of its own, decoded in memory with PyAV (no torch): how a node expands a shared-tier entry.
+    The caller checks them against the entry's blob digest.
 
     A planar RGB file (gbrp: MagicYUV's, UT Video's) *is* TCHW once its planes are reordered, so each plane is copied
     straight into place: no colour conversion, no transpose, one copy of the frames in all (the slow part
