@@ -279,3 +279,18 @@ def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_t
     failed(vc(["ls"], tmp_path / "fresh", tier, down), "shared_unavailable")         # a fresh node has none
     with pytest.raises(ConfigError, match=f"last used with the shared tier {tier}.*VIDCACHE_SHARED={tier}"):
         VideoCache(node, shared="", read_only=True).identity
+
+
+def test_a_directory_tier_that_is_not_mounted_is_an_outage_to_a_node_that_knows_it(tmp_path, dataset):
+    """A node that read its directory tier's identity, then finds the directory empty (an NFS export not
+    mounted: the mount point is left): its read-only commands say the tier is not mounted or reachable, not
+    "nothing was prewarmed yet", and `verify` checks the node's own copies meanwhile."""
+    tier, node = tmp_path / "tier", tmp_path / "node"
+    ok(vc(["prewarm", str(dataset)], node, tier))
+    ident = tier_id_of(tier)
+    os.rename(tier, tmp_path / "exported")
+    tier.mkdir()                                                   # the bare mount point
+    r = ok(vc(["verify"], node, tier))
+    assert "verify: 2 ok, 0 bad" in r.stdout and "not mounted or not reachable" in r.stderr and ident in r.stderr
+    failed(vc(["verify", "--shared"], node, tier), "shared_unavailable")
+    assert not os.listdir(tier)                                    # nothing written into the mount point

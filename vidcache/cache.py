@@ -70,6 +70,8 @@ class VideoCache:
         self._verified: set[str] = set()        # blob digests checked in this process
         self.store: Store = self.config.build_store(check=self._check_pulled)
         self._identity: str | None = None
+        # The shared tier's failure when the identity was read and the remembered one served instead.
+        self.shared_unreachable: SharedUnavailableError | None = None
         self._lock = threading.Lock()
         # Local copies of expanded compact objects commit behind the read that expanded them.
         self._backfill = Backfill(self.local, self._backfill_failed)
@@ -127,14 +129,15 @@ class VideoCache:
     def _shared_identity(self, shared: Store) -> str:
         """Read from the tier, and remembered in the node directory: while the tier is down, a node that
         read it before still serves the entries it holds (the plugin included) instead of failing them."""
+        known = remembered_identity(self.path, self.config.shared)
         try:
-            ident = shared_identity(shared, create=not self.read_only)
+            ident = shared_identity(shared, create=not self.read_only, remembered=known)
         except SharedUnavailableError as e:
-            known = remembered_identity(self.path, self.config.shared)
             if known is None:
                 raise
             _warn_once("identity", f"{e}; serving this node's own entries under the identity it last read "
                                    f"({known})")
+            self.shared_unreachable = e
             return known
         if not self.read_only:
             remember_identity(self.path, self.config.shared, ident)

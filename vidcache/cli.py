@@ -215,6 +215,10 @@ def cmd_verify(args) -> int:
         if whole_shared and tier is None:
             from .errors import ConfigError
             raise ConfigError("--shared: this cache has no shared tier (give --shared URL or set VIDCACHE_SHARED)")
+        if whole_shared:
+            cache.identity                     # reads the tier's record; where the tier is not there, ...
+            if cache.shared_unreachable is not None:
+                raise cache.shared_unreachable     # ... an empty listing of it would verify nothing
         from . import keys as k
         todo = []
         for sk in tier.keys(k.AC):
@@ -302,16 +306,18 @@ class _ThisNodeIfTierDown:
 
     def __call__(self, fn):
         from .errors import SharedUnavailableError
-        if self.alone is not None:
-            return fn(self.alone)
-        try:
-            return fn(self.cache)
-        except SharedUnavailableError as e:
+        if self.alone is None:
+            try:
+                self.cache.identity       # where the tier is down, the remembered one (shared_unreachable set)
+                if (e := self.cache.shared_unreachable) is None:
+                    return fn(self.cache)
+            except SharedUnavailableError as err:
+                e = err
             if self.cache.shared is None or not _has_local(self.cache.path):    # a fresh node has none
-                raise
+                raise e
             print(f"vidcache: warning: {e}; {self.doing} this node's own copies only", file=sys.stderr)
             self.alone = self.cache.with_settings(shared=None)
-            return fn(self.alone)
+        return fn(self.alone)
 
 
 def cmd_ls(args) -> int:

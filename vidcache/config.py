@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, StoreError
+from .errors import ConfigError, SharedUnavailableError, StoreError
 from .keys import LOCAL_ONLY, TIER as TIER_KEY
 from .loader.fetch import FetchLimits
 from .store.base import Store
@@ -229,16 +229,26 @@ def tier_holds_objects(store: Store) -> bool:
     return any(not k.startswith(META) for k in store.keys())
 
 
-def shared_identity(store: Store, create: bool) -> str:
+def shared_identity(store: Store, create: bool, remembered: str | None = None) -> str:
     """The shared tier's identity, created once in the tier itself.
 
     Race-safe when many nodes open a new tier at once: the record is written with an exclusive
     create (``link`` on a filesystem, a conditional ``If-None-Match: *`` PUT on S3), and every
     node then uses the record it reads back, never the one it proposed.  A tier that already
     holds objects but has no record lost it: that is an error naming the repair, never a new
-    identity (a new one would orphan every handle made from the tier).
+    identity (a new one would orphan every handle made from the tier).  ``remembered``: the identity this
+    node read from the tier before; to a read-only open, a tier without a record is then one this node
+    cannot see, not a new one.
     """
     raw = store.get(TIER_KEY)
+    if raw is None and remembered is not None and not create:
+        # A read of a tier this node knows, now without a record: an NFS export not mounted here (an empty
+        # mount point), a wrong bucket or prefix.  An outage, not "nothing prewarmed yet".  (A writable open
+        # goes on as before: it makes the record, or names the restore when the tier holds objects.)
+        raise SharedUnavailableError(
+            f"{store!r} has no {TIER_KEY}, but this node read the identity {remembered} from it before: the "
+            "tier is not mounted or not reachable here, or it was emptied (then restore its identity with "
+            f"`vidcache tier-id --shared URL --restore {remembered}`)")
     if raw is None and tier_holds_objects(store):
         # Prewarm makes the record before any object, so objects without it mean it was lost -- unless
         # another node created it between our read and the listing: read it once more.

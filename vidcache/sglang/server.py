@@ -226,11 +226,12 @@ class FrozenFileServer(http.server.HTTPServer):
         self._close(conn, addr)
 
     def _close(self, conn, addr) -> None:
-        self.shutdown_request(conn)
+        # The slot first: a client that sees this connection end may open the next one at once.
         with self._per_client_guard:
             self._per_client[addr[0]] -= 1
             if self._per_client[addr[0]] == 0:
                 del self._per_client[addr[0]]
+        self.shutdown_request(conn)
 
     def _work(self, conn, addr, head: bytes) -> None:
         try:
