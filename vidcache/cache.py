@@ -258,10 +258,11 @@ class VideoCache:
         return True
 
     def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> np.ndarray | None:
-        """``m``'s frames from the shared tier's compact object (``value``, when the caller fetched it): decoded,
-        checked against the blob digest, and only then backfilled into the local tier.  None when the tier has
-        no compact object for it; a copy that decodes to other bytes is quarantined and raised
-        (``DigestMismatchError``), never served."""
+        """``m``'s frames from the shared tier's compact object (``value``: its bytes, or the ``Prefetch`` still
+        bringing them, when the caller began the fetch): decoded, checked against the blob digest, and only
+        then backfilled into the local tier.  None when the tier has no compact object for it; a copy that
+        decodes to other bytes is quarantined and raised (``DigestMismatchError``), never served; a fetch
+        that failed part-way raises the tier's error instead, quarantining nothing."""
         if self.shared is None:
             return None
         ckey = self.compact_key(m.key)
