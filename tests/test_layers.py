@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent / "vidcache"
 # The floors, bottom up, as vidcache/__init__.py's docstring states them (a dotted name covers its
 # submodules: "store" is vidcache/store/ and everything in it).
 FLOORS = [
-    ("facts", ["errors", "digest", "keys", "options", "serving", "attest"]),
+    ("facts", ["errors", "digest", "keys", "options", "serving", "token_layout", "attest"]),
     ("store", ["store"]),
     ("loader", ["loader"]),
     ("entries", ["manifest", "encode", "frozen_file", "config"]),

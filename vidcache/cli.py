@@ -403,7 +403,7 @@ def cmd_check_server(args) -> int:
     from .sglang.check import check_server
     cache = _cache(args) if (args.cache or args.shared) else None       # default: this node's configuration
     res = check_server(args.url, args.family, args.mode, args.processor, args.allow_unverified_sglang,
-                       args.server_torchcodec, cache=cache)
+                       args.server_torchcodec, cache=cache, token_layout=args.token_layout)
     print("\n".join(res.lines()))
     return 0 if res.ok else 1
 
@@ -593,6 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept this exact SGLang version although vidcache is not verified with it")
     p.add_argument("--server-torchcodec", metavar="VERSION",
                    help="stock mode on a GPU server: the torchcodec version installed there")
+    p.add_argument("--token-layout", metavar="LAYOUT", help="the token layout the trainer's ids are in (default: "
+                   "$VIDCACHE_TOKEN_LAYOUT, else the model's own in plugin mode and this transformers' in stock mode)")
     p.set_defaults(fn=cmd_check_server)
 
     p = add("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")

@@ -163,6 +163,12 @@ class ParityError(VidcacheError, RuntimeError):
     kind = "divergence"
 
 
+class TokenLayoutError(VidcacheError, ValueError):
+    """Ids not in the token layout they are said to be in, or a layout name a family does not have
+    (``vidcache.token_layout``)."""
+    kind = "token_layout"
+
+
 class BackendUnavailableError(VidcacheError, ImportError):
     kind = "backend_unavailable"
 

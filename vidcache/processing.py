@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import OrderedDict
 
 import torch
 import xxhash
 
 # Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline.
+from .errors import TokenLayoutError
 from .serving import FROZEN_FPS, MODES
+from .token_layout import LAYOUTS, MODEL_LAYOUT, check_layout, convert, env_layout
 
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
@@ -65,12 +68,15 @@ def check_family(processor, manifests) -> None:
 def processor_kwargs(processor, manifests, mode: str) -> dict:
     """The HF processor kwargs for cached frames: sampling and resizing off (both were done once)."""
     check_family(processor, manifests)
+    return _final_frames_kwargs(processor, [video_metadata(m, mode) for m in manifests])
+
+
+def _final_frames_kwargs(processor, metas: list) -> dict:
     kw = {"do_sample_frames": False, "do_resize": False, "return_tensors": "pt"}
     if hasattr(type(video_processor(processor)), "cap_pixels_per_frame"):
         # transformers >= 5.2x warns on every call unless this is explicit.  False is what it does
         # when unset (so what SGLang gets), and with do_resize=False the cap touches nothing anyway.
         kw["cap_pixels_per_frame"] = False
-    metas = [video_metadata(m, mode) for m in manifests]
     if any(m is not None for m in metas):
         kw["video_metadata"] = metas
     return kw
@@ -190,13 +196,24 @@ class Memo:
 MEMO = Memo()
 
 
-def expanded_ids(processor, prompt: str, manifests, mode: str = "plugin") -> list[int]:
+def expanded_ids(processor, prompt: str, manifests, mode: str = "plugin", token_layout: str | None = None) -> list[int]:
     """The processor's expanded prompt ids, from the manifests alone: no frames are read.
 
     Uses the processor's own ``replace_video_token`` (pads, and Qwen3-VL's ``<t seconds>`` text from
     the mode's metadata) and ``get_text_with_replacements``, then its tokenizer, so long prompts can be
-    measured exactly before anything is loaded.  Equal to ``prepare(...).expanded_ids`` (tested).
+    measured exactly before anything is loaded; then moves them to the request's token layout
+    (``request_layout``).  Equal to ``prepare(...).expanded_ids`` (tested).
     """
+    manifests = list(manifests)
+    reps = video_replacements(processor, manifests, mode)
+    text = processor.get_text_with_replacements([prompt], videos_replacements=reps)[0][0] if reps else prompt
+    ids = list(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return to_layout(processor, ids, manifests, mode, token_layout)
+
+
+def video_replacements(processor, manifests, mode: str) -> list[str]:
+    """Each video's expansion text, as the processor's own ``replace_video_token`` writes it (its groups'
+    ``<t seconds>``, ``<|vision_start|>``, pads and ``<|vision_end|>``; no wrapper around them)."""
     from transformers.video_utils import VideoMetadata
 
     reps = []
@@ -206,5 +223,73 @@ def expanded_ids(processor, prompt: str, manifests, mode: str = "plugin") -> lis
         if meta is not None:
             inputs["video_metadata"] = [VideoMetadata(**meta)]
         reps.append(processor.replace_video_token(inputs, 0))
-    text = processor.get_text_with_replacements([prompt], videos_replacements=reps)[0][0] if reps else prompt
-    return list(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return reps
+
+
+# --- token layouts (vidcache.token_layout names them) -------------------------------------------------
+_LAYOUT_OF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def layout_of(processor, family: str) -> str:
+    """The token layout this processor produces for ``family``, read from its own output on a probe: one
+    two-frame video of one patch group through ``processor(text=..., videos=...)``, whose
+    ``<|vision_start|>`` ids are counted against its temporal groups (one more: ``wrapped``).  Never from a
+    version string; probed once per processor object."""
+    try:
+        return _LAYOUT_OF[processor]
+    except (KeyError, TypeError):
+        pass
+    from .options import PATCH_SIZE
+    side = PATCH_SIZE[family] * int(getattr(video_processor(processor), "merge_size", 2) or 2)
+    frames = torch.zeros(2, 3, side, side, dtype=torch.uint8)
+    meta = {"fps": 2.0, "frames_indices": [0, 1], "total_num_frames": 2}
+    out = processor(text=[VIDEO_PLACEHOLDER], videos=[frames], **_final_frames_kwargs(processor, [meta]))
+    ids = out["input_ids"][0].tolist()
+    vision_start, _ = special_ids(processor)
+    groups, starts = int(out["video_grid_thw"][0][0]), ids.count(vision_start)
+    # The family's first layout has no wrapper (plain, collapsed); "wrapped" adds one pair around the groups.
+    layout = {groups: LAYOUTS.get(family, ("?",))[0], groups + 1: "wrapped"}.get(starts)
+    if layout not in LAYOUTS.get(family, ()):
+        raise TokenLayoutError(f"{type(processor).__name__} expands one {family} video of {groups} group(s) into "
+                               f"{starts} <|vision_start|> ids: not a token layout vidcache knows "
+                               f"({', '.join(LAYOUTS.get(family, ()))})")
+    try:
+        _LAYOUT_OF[processor] = layout
+    except TypeError:          # not weak-referenceable: probe again next time (a few ms)
+        pass
+    return layout
+
+
+def special_ids(processor) -> tuple[int, int]:
+    tok = processor.tokenizer
+    return tok.convert_tokens_to_ids("<|vision_start|>"), tok.convert_tokens_to_ids("<|vision_end|>")
+
+
+def request_layout(processor, family: str, mode: str, token_layout: str | None = None) -> str:
+    """The token layout a request's ids are in: ``token_layout`` if given, else ``$VIDCACHE_TOKEN_LAYOUT``'s for
+    the family, else in plugin mode the model's own (``MODEL_LAYOUT``: the plugin makes the server expand in it,
+    whatever either side's transformers), and in stock mode this processor's (stock SGLang expands in its own
+    transformers' layout; name the server's layout here to follow it: ``check-server`` tells it)."""
+    if token_layout is not None:
+        return check_layout(family, token_layout)
+    named = env_layout(family)
+    if named is not None:
+        return named
+    return MODEL_LAYOUT[family] if mode == "plugin" else layout_of(processor, family)
+
+
+def to_layout(processor, ids, manifests, mode: str, token_layout: str | None = None,
+              reps: list[str] | None = None) -> list[int]:
+    """``ids``, as ``processor`` expanded them for ``manifests``, in the request's layout (``request_layout``)."""
+    manifests = list(manifests)
+    if not manifests:
+        return list(ids)
+    family = manifests[0].family
+    dst = request_layout(processor, family, mode, token_layout)
+    src = layout_of(processor, family)
+    if src == dst:
+        return list(ids)
+    reps = video_replacements(processor, manifests, mode) if reps is None else reps
+    tok = processor.tokenizer
+    rep_ids = [list(tok(r, add_special_tokens=False)["input_ids"]) for r in reps]
+    return convert(ids, rep_ids, src, dst, *special_ids(processor))

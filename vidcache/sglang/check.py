@@ -27,8 +27,10 @@ from fractions import Fraction
 
 from ..errors import ParityError
 from ..options import PATCH_SIZE, VideoOptions
-from ..processing import VIDEO_PLACEHOLDER
+from ..processing import VIDEO_PLACEHOLDER, layout_of, request_layout
 from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode)
+from ..token_layout import (ENV_LAYOUT, LAYOUTS, VERIFIED_TRANSFORMERS, implied_layout, layout_difference,
+                            server_transformers, transformers_verified)
 from .config import mm_process_config
 from .ref import REF_PREFIX, ref_uri
 from .request import ATTESTATION_MARK, check_prompt_ids, prepare
@@ -57,6 +59,8 @@ class ServerCheck:
     version: str | None = None
     causes: list[Cause] = field(default_factory=list)
     passed: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    token_layout: str | None = None        # the layout the trainer's ids (and the plugin's references) are in
 
     @property
     def ok(self) -> bool:
@@ -64,9 +68,10 @@ class ServerCheck:
 
     def lines(self) -> list[str]:
         head = f"{self.url}: SGLang {self.version or '?'}, {self.family or '?'}, {self.mode or '?'} mode"
+        warn = [f"WARN {w}" for w in self.warnings]
         if self.ok:
-            return [f"OK   {head}: parity established ({'; '.join(self.passed)})"]
-        return [f"{head}: parity NOT established"] + [c.line() for c in self.causes]
+            return warn + [f"OK   {head}: parity established ({'; '.join(self.passed)})"]
+        return warn + [f"{head}: parity NOT established"] + [c.line() for c in self.causes]
 
     def raise_for_causes(self) -> None:
         if self.causes:
@@ -125,12 +130,13 @@ def _load_processor(path: str):
 
 def check_server(url: str, family: str | None = None, mode: str | None = None, processor=None,
                  allow_unverified: str | None = None, server_torchcodec: str | None = None,
-                 cache=None, timeout: float = 120.0) -> ServerCheck:
+                 cache=None, timeout: float = 120.0, token_layout: str | None = None) -> ServerCheck:
     """Run every check against the SGLang server at ``url``; never raises for a failed check (see
     ``ServerCheck.causes``).  ``processor``: an HF processor or a directory (default: the server's
     ``tokenizer_path`` when it exists here).  ``allow_unverified``: the exact SGLang version to accept
     although it is not in ``VERIFIED_SGLANG_VERSIONS``.  ``server_torchcodec``: the torchcodec version
-    installed on a GPU server (stock mode; nothing over HTTP reports it)."""
+    installed on a GPU server (stock mode; nothing over HTTP reports it).  ``token_layout``: the layout the
+    trainer's ids are in (``processing.request_layout``'s default otherwise)."""
     url = url.rstrip("/")
     res = ServerCheck(url)
     try:
@@ -205,8 +211,64 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
             return res
     if isinstance(processor, (str, os.PathLike)):
         processor = _load_processor(str(processor))
-    _canary(res, url, processor, family, mode, cache, timeout)
+    _canary(res, url, processor, family, mode, cache, timeout, info, token_layout)
     return res
+
+
+def _transformers_here() -> str:
+    import transformers
+    return transformers.__version__
+
+
+def layout_sides(processor, family: str, mode: str, info: dict, token_layout: str | None = None) -> dict:
+    """Both sides of the token-layout handshake: the layout the trainer's ids are in, what this node's
+    transformers expands in (probed), and the server's transformers and its layout as far as they can be
+    known (``token_layout.server_transformers``: reported, or implied by its SGLang release's pin)."""
+    server_tf, how = server_transformers(info)
+    return {"request": request_layout(processor, family, mode, token_layout),
+            "trainer": layout_of(processor, family), "trainer_transformers": _transformers_here(),
+            "server": implied_layout(family, server_tf), "server_transformers": server_tf, "server_how": how}
+
+
+def unverified_transformers_warning(family: str, version: str) -> str | None:
+    """One line for a transformers release the layout tests did not run, for a family whose layout moved."""
+    if len(LAYOUTS.get(family, ())) < 2 or transformers_verified(version):
+        return None
+    return (f"transformers {version} is unverified for {family}'s token layout (verified: "
+            f"{', '.join(VERIFIED_TRANSFORMERS)}); its layout is probed, and the canary checks it against the server")
+
+
+def _layout_cause(sides: dict, family: str, mode: str, expected: list[int], got: list[int]) -> Cause | None:
+    diff = layout_difference(expected, got)
+    if diff is None:
+        return None
+    req = sides["request"]
+    other = next(x for x in LAYOUTS[family] if x != req)
+    extra = "the trainer's" if len(expected) > len(got) else "the server's"
+    server = (f"the server's transformers {sides['server_transformers']} ({sides['server_how']}) expands in "
+              f"'{other}'" if sides["server_transformers"] else f"the server expands in '{other}' (its transformers "
+                                                                   "is not reported)")
+    fix = (f"run the trainer with token_layout='{other}' (--token-layout {other}, ${ENV_LAYOUT}={family}:{other}) to "
+           "follow the server, match the two transformers releases, or use --mode plugin (it expands in the "
+           "request's layout)" if mode == "stock" else
+           "the server's vidcache plugin did not expand in the request's layout (an older vidcache there?): "
+           "upgrade vidcache on the server")
+    return Cause("layout", f"token layout differs: the trainer sends '{req}' (transformers "
+                           f"{sides['trainer_transformers']} here expands in '{sides['trainer']}'), {server}; {extra} ids "
+                           f"carry the extra <|vision_start|>...<|vision_end|> pair ({len(expected)} vs {len(got)} "
+                           f"canary ids). Fix: {fix}")
+
+
+def _layout_passed(sides: dict, family: str, mode: str) -> str:
+    line = f"token layout '{sides['request']}'"
+    if len(LAYOUTS[family]) < 2:
+        return line
+    line += f" (trainer's transformers {sides['trainer_transformers']} expands in '{sides['trainer']}'"
+    if sides["server_transformers"]:
+        line += f"; the server's {sides['server_transformers']}, {sides['server_how']}, in '{sides['server']}'"
+    if mode == "plugin" and sides["server"] not in (None, sides["request"]):
+        line += "; the plugin expands in the request's"
+    return line + ")"
 
 
 def _send(url: str, prep, timeout: float) -> tuple[int, dict]:
@@ -215,9 +277,15 @@ def _send(url: str, prep, timeout: float) -> tuple[int, dict]:
     return _http(url + "/generate", payload, timeout)
 
 
-def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache, timeout: float) -> None:
+def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache, timeout: float,
+            info: dict, token_layout: str | None) -> None:
     h = canary_handle(family, mode, cache)
-    prep = prepare(processor, CANARY_PROMPT, [h], mode=mode, attest="values")
+    sides = layout_sides(processor, family, mode, info, token_layout)
+    res.token_layout = sides["request"]
+    warn = unverified_transformers_warning(family, sides["trainer_transformers"])
+    if warn:
+        res.warnings.append(warn)
+    prep = prepare(processor, CANARY_PROMPT, [h], mode=mode, attest="values", token_layout=sides["request"])
     status, body = _send(url, prep, timeout)
     if status != 200:
         msg = _error_message(body)
@@ -241,8 +309,12 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
     try:
         check_prompt_ids(prep.expanded_ids, body)
         res.passed.append(f"canary ids match ({len(prep.expanded_ids)} tokens)")
+        res.passed.append(_layout_passed(sides, family, mode))
     except ParityError as e:
-        res.causes.append(Cause("ids", f"the canary's expanded ids differ: {e}"))
+        got = body.get("prompt_token_ids") or []
+        got = got[0] if got and isinstance(got[0], list) else got
+        res.causes.append(_layout_cause(sides, family, mode, prep.expanded_ids, list(got))
+                          or Cause("ids", f"the canary's expanded ids differ: {e}"))
     if mode != "plugin":
         return
     if res.causes:
@@ -252,7 +324,7 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
     rec = json.loads(base64.b64decode(prep.video_data[0][len(REF_PREFIX):]))
     rec["attest"]["pixel_values_videos"] = "0" * 32
     rec["attest"].pop("values", None)
-    prep.video_data = [ref_uri(rec["tier"], rec["key"], rec["attest"])]
+    prep.video_data = [ref_uri(rec["tier"], rec["key"], rec["attest"], rec.get("layout"))]
     status, body = _send(url, prep, timeout)
     if status == 200 or ATTESTATION_MARK not in _error_message(body):
         res.causes.append(Cause("plugin", "the server accepted a canary with a wrong attestation: its vidcache "

@@ -15,7 +15,9 @@ import math
 from ..options import PATCH_SIZE
 from ..serving import (FROZEN_FPS, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS, SGLANG_URL_CAP,
                        STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS, default_mode)
-from .versions import installed_sglang, qwen_vl_processor_modules
+from ..token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
+                            env_layout, implied_layout)
+from .versions import installed_sglang, installed_transformers, qwen_vl_processor_modules
 
 PLUGIN_PACKAGE = "vidcache.sglang.plugin"
 
@@ -69,7 +71,10 @@ def sglang_config(family: str, mode: str | None = None, cache=None) -> dict:
         "notes": [],
         "server_requirements": [],
         "sglang": sglang_report(),
-        "check": "vidcache check-server http://<host>:<port> --mode " + mode,
+        "check": "vidcache check-server http://<host>:<port> --mode " + mode + (
+            f" --server-torchcodec {STOCK_GPU_TORCHCODEC}  # the flag: a GPU server with it installed"
+            if mode == "stock" else ""),
+        "token_layout": token_layout_record(family, mode),
     }
     if out["sglang"]["installed"] and out["sglang"]["installed"] not in VERIFIED_SGLANG_VERSIONS:
         out["notes"].append(f"SGLang {out['sglang']['installed']} is installed here; vidcache is verified with "
@@ -104,6 +109,26 @@ def sglang_config(family: str, mode: str | None = None, cache=None) -> dict:
                 out["notes"].append(f"the largest frozen file exceeds SGLang's {SGLANG_URL_CAP >> 20} MiB URL "
                                     f"download cap: {' '.join(extra)} lifts it")
     return out
+
+
+def token_layout_record(family: str, mode: str) -> dict:
+    """The token layout the trainer and this server must agree on (``vidcache.token_layout``), read without
+    importing transformers: the layout plugin-mode requests carry, and what the releases imply (the trainer's
+    processor is probed by ``prepare`` and ``check-server``; a server's transformers is not reported)."""
+    here = installed_transformers()
+    pin = SGLANG_TRANSFORMERS_PIN.get(installed_sglang() or VERIFIED_SGLANG_VERSIONS[-1])
+    rec = {"layouts": list(LAYOUTS[family]), "model": MODEL_LAYOUT[family],
+           "transformers_here": here, "implied_here": implied_layout(family, here),
+           "server_pin": pin, "implied_server": implied_layout(family, pin),
+           "verified_transformers": list(VERIFIED_TRANSFORMERS)}
+    if mode == "plugin":
+        rec["request"] = env_layout(family) or MODEL_LAYOUT[family]
+        rec["how"] = "each reference names it and the plugin expands the prompt in it, whatever the server's transformers"
+    else:
+        rec["request"] = env_layout(family) or "the server's own (stock SGLang expands in its transformers' layout)"
+        rec["how"] = (f"the trainer must expand as the server does: check-server compares them; ${ENV_LAYOUT} or "
+                      "token_layout= makes the trainer follow a server on another transformers")
+    return rec
 
 
 def largest_frozen_bytes(cache) -> int:

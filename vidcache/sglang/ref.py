@@ -1,11 +1,13 @@
 """The plugin-mode reference: what a request names instead of a video, and how the plugin reads it.
 
 ``data:application/vnd.vidcache.ref+json;base64,<JSON>`` with
-``{"vidcache_ref": 3, "tier": <cache identity>, "key": <entry key>, "attest": <record>}``:
+``{"vidcache_ref": 4, "tier": <cache identity>, "key": <entry key>, "attest": <record>, "layout": <name>}``:
 it names the cache by identity, never by a path, so the plugin resolves it through its own node's
 configuration.  ``attest`` (``vidcache.attest``) is the trainer's digest of the tensors for this video,
-which the plugin checks against its own processor output; it may be absent (attestation switched off),
-and version-2 references (which never had one) are still read.
+which the plugin checks against its own processor output; it may be absent (attestation switched off).
+``layout`` (``vidcache.token_layout``) is the token layout of the trainer's ids, which the plugin expands the
+prompt in whatever its transformers' own is; absent: the server's own.  Version-2 (no ``attest``) and
+version-3 (no ``layout``) references are still read; a plugin older than version 4 refuses these, by name.
 
 Parsing treats the URI as hostile: the size is capped before decoding, the JSON depth is capped (a
 deeply nested document is refused, never a ``RecursionError``), every field is type-checked, and no
@@ -20,20 +22,23 @@ import re
 from .. import keys
 from ..attest import check_record
 from ..errors import InvalidKeyError
+from ..token_layout import LAYOUTS
 
 REF_MEDIA_TYPE = "application/vnd.vidcache.ref+json"
 REF_PREFIX = f"data:{REF_MEDIA_TYPE};base64,"
-REF_VERSION = 3
-READ_VERSIONS = (2, 3)               # 2: the same without "attest"
+REF_VERSION = 4
+READ_VERSIONS = (2, 3, 4)            # 2: the same without "attest"; 3: without "layout"
 MAX_REF_CHARS = 256 << 10            # an attested canary with its rows is ~25 KB; a plain reference ~300 bytes
 MAX_DEPTH = 4                        # {"attest": {"video_grid_thw": [...]}} is 3 deep
 _TIER = re.compile(r"[A-Za-z0-9._-]{1,80}")
 
 
-def ref_uri(tier: str, key: str, attest: dict | None = None) -> str:
+def ref_uri(tier: str, key: str, attest: dict | None = None, layout: str | None = None) -> str:
     rec = {"vidcache_ref": REF_VERSION, "tier": tier, "key": key}
     if attest is not None:
         rec["attest"] = attest
+    if layout is not None:
+        rec["layout"] = layout
     return REF_PREFIX + base64.b64encode(json.dumps(rec, sort_keys=True).encode()).decode()
 
 
@@ -85,13 +90,16 @@ def parse_ref(uri: str) -> dict | None:
         raise InvalidKeyError(f"malformed vidcache reference ({e.__class__.__name__}): {uri[:120]}") from None
     if not isinstance(rec, dict) or rec.get("vidcache_ref") not in READ_VERSIONS:
         raise InvalidKeyError(f"not a version-{REF_VERSION} vidcache reference: {uri[:120]}")
-    unknown = set(rec) - {"vidcache_ref", "tier", "key", "attest"}
+    unknown = set(rec) - {"vidcache_ref", "tier", "key", "attest", "layout"}
     if unknown:
         raise InvalidKeyError(f"vidcache reference with unknown field(s) {_short(sorted(unknown))}")
     tier = rec.get("tier")
     if not isinstance(tier, str) or not _TIER.fullmatch(tier):
         raise InvalidKeyError(f"vidcache reference with a malformed tier identity {_short(tier)}")
     keys.check_key(rec.get("key"))
+    layout = rec.get("layout")
+    if layout is not None and not (isinstance(layout, str) and any(layout in v for v in LAYOUTS.values())):
+        raise InvalidKeyError(f"vidcache reference with an unknown token layout {_short(layout)}")
     if rec.get("attest") is not None:
         try:
             check_record(rec["attest"])

@@ -7,8 +7,9 @@ import torch
 
 from ..attest import attest as attest_tensors
 from ..errors import ParityError
-from ..processing import VIDEO_PLACEHOLDER, model_tensors, processor_kwargs
+from ..processing import VIDEO_PLACEHOLDER, model_tensors, processor_kwargs, request_layout, to_layout
 from ..serving import URL_EXPIRY_S
+from ..token_layout import layout_difference
 from .transport import video_uri
 
 # The plugin's rejection of a request whose tensors differ from the trainer's (SGLang answers 400 with it).
@@ -44,9 +45,12 @@ def check_prompt_ids(expected_ids: list[int], response: dict) -> None:
         if ids != list(expected_ids):
             first = next((i for i, (a, b) in enumerate(zip(ids, expected_ids)) if a != b),
                          min(len(ids), len(expected_ids)))
+            layout = layout_difference(expected_ids, ids)
+            cause = (f"{layout}. Fix: plugin mode (the plugin expands in the request's layout), or give the trainer "
+                     "the server's layout (token_layout= / $VIDCACHE_TOKEN_LAYOUT; `vidcache check-server` names it)"
+                     if layout else "Check that the server runs with `vidcache sglang-config` for this mode")
             raise ParityError(f"SGLang expanded the prompt differently from the trainer: {len(ids)} vs "
-                              f"{len(expected_ids)} ids, first difference at position {first}. "
-                              "Check that the server runs with `vidcache sglang-config` for this mode.")
+                              f"{len(expected_ids)} ids, first difference at position {first}. {cause}.")
     n = meta.get("prompt_tokens")
     if n is not None and n != len(expected_ids):
         raise ParityError(f"SGLang counted {n} prompt tokens, the trainer has {len(expected_ids)}. "
@@ -65,6 +69,7 @@ class PreparedRequest:
     train_inputs: dict[str, torch.Tensor]
     mode: str
     extra: dict = field(default_factory=dict)
+    token_layout: str | None = None  # the layout expanded_ids are in (vidcache.token_layout); None: no video
 
     def check(self, response: dict) -> None:
         """Divergence guard (``check_prompt_ids``) against this request's expanded ids."""
@@ -87,7 +92,8 @@ def video_prompt(prompt: str, n_videos: int) -> str:
 
 def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str | None = None,
             base_url: str | None = None, frozen_format: str | None = None,
-            url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True) -> PreparedRequest:
+            url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True,
+            token_layout: str | None = None) -> PreparedRequest:
     """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.
 
     ``prompt`` is the text with one ``<|vision_start|><|video_pad|><|vision_end|>`` per handle, in order
@@ -96,6 +102,8 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     tier's URLs when the cache has one).  ``attest`` (plugin mode): put into each reference a digest
     of this video's train tensors, which the plugin checks against its own processor output (on by
     default; ``"values"`` also sends small videos' rows, so a mismatch reports the largest difference).
+    ``token_layout``: the layout of the expanded ids (``processing.request_layout``: by default the model's own in
+    plugin mode, which each reference records and the plugin expands in; in stock mode the processor's own).
     """
     handles = list(handles)
     prompt = video_prompt(prompt, len(handles))
@@ -110,8 +118,13 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")
         tensors = {}
     expanded = out["input_ids"][0].tolist()
+    layout = None
+    if handles:
+        manifests = [h.manifest for h in handles]
+        layout = request_layout(processor, manifests[0].family, mode, token_layout)
+        expanded = to_layout(processor, expanded, manifests, mode, layout)
     records = (attest_tensors(tensors, values=attest == "values") if handles and attest and mode == "plugin"
                else [None] * len(handles))
-    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec)
+    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout)
             for h, rec in zip(handles, records)]
-    return PreparedRequest(list(compact), expanded, uris, tensors, mode)
+    return PreparedRequest(list(compact), expanded, uris, tensors, mode, token_layout=layout)

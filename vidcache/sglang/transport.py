@@ -65,12 +65,14 @@ def check_stock_parity(manifest) -> None:
 
 
 def video_uri(handle, mode: str = "stock", transport: str | None = None, base_url: str | None = None,
-              frozen_format: str | None = None, expires_s: float = URL_EXPIRY_S, attest: dict | None = None) -> str:
-    """The ``video_data`` entry SGLang gets for ``handle`` (plugin mode: with ``attest``, its attestation)."""
+              frozen_format: str | None = None, expires_s: float = URL_EXPIRY_S, attest: dict | None = None,
+              token_layout: str | None = None) -> str:
+    """The ``video_data`` entry SGLang gets for ``handle`` (plugin mode: with ``attest``, its attestation, and
+    ``token_layout``, the layout the plugin expands the prompt in)."""
     if mode == "plugin":
         if transport not in (None, "data"):
             raise ValueError("plugin mode sends a reference (a small data: URI); transport must be 'data'")
-        return ref_uri(handle.tier, handle.resolve(), attest)
+        return ref_uri(handle.tier, handle.resolve(), attest, token_layout)
     cache = handle.cache
     transport = transport or default_transport(cache)
     if transport not in TRANSPORTS:

@@ -21,6 +21,13 @@ def installed_sglang() -> str | None:
         return None
 
 
+def installed_transformers() -> str | None:
+    try:
+        return md.version("transformers")
+    except md.PackageNotFoundError:
+        return None
+
+
 def qwen_vl_processor_modules() -> list[str]:
     """Dotted names of SGLang's processor modules whose name says Qwen-VL (``...processors.qwen_vl``)."""
     try:

@@ -30,6 +30,7 @@ import inspect
 import logging
 import threading
 
+import torch
 from sglang.srt.managers.schedule_batch import Modality
 from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
 
@@ -37,7 +38,7 @@ from ...attest import attest, compare
 from ...cache import node_cache
 from ...errors import TierMismatchError, VidcacheError
 from ...options import PATCH_SIZE
-from ...processing import model_tensors, video_metadata
+from ...processing import layout_of, model_tensors, to_layout, video_metadata
 from ..request import ATTESTATION_MARK
 from ..ref import parse_ref
 from ..versions import installed_sglang, qwen_vl_processor_modules
@@ -64,6 +65,7 @@ class Counters:
     attested = 0
     unattested = 0
     rejected = 0
+    layout_converted = 0      # requests whose ids the plugin moved into the layout they name
 
     @classmethod
     def add(cls, name: str) -> int:
@@ -78,10 +80,15 @@ class VidcacheVideo:
     format) nor a ``VideoDecoderWrapper``: ``preprocess_video`` then returns it
     untouched, which is what skips SGLang's fps sampler and its factor-28 resize."""
 
-    __slots__ = ("frames", "metadata", "family", "key", "attest")
+    __slots__ = ("frames", "metadata", "manifest", "key", "attest", "layout")
 
-    def __init__(self, frames, metadata, family, key, attest=None):
-        self.frames, self.metadata, self.family, self.key, self.attest = frames, metadata, family, key, attest
+    def __init__(self, frames, manifest, key, attest=None, layout=None):
+        self.frames, self.manifest, self.key, self.attest, self.layout = frames, manifest, key, attest, layout
+        self.metadata = video_metadata(manifest, "plugin")
+
+    @property
+    def family(self) -> str:
+        return self.manifest.family
 
     def __repr__(self) -> str:  # SGLang logs items on errors; never dump the frames
         return f"VidcacheVideo({self.key}, {tuple(self.frames.shape)})"
@@ -100,7 +107,28 @@ def load_ref(rec: dict) -> VidcacheVideo:
                                 f"{cache.identity!r}: start it with VIDCACHE_SHARED set to that cache's shared tier")
     key = rec["key"]              # checked against the key format by parse_ref
     m = cache.require_manifest(key)
-    return VidcacheVideo(cache.frames(key, m), video_metadata(m, "plugin"), m.family, key, rec.get("attest"))
+    return VidcacheVideo(cache.frames(key, m), m, key, rec.get("attest"), rec.get("layout"))
+
+
+def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:
+    """Put ``ret``'s ids in the token layout the references name, whatever this server's transformers expands
+    in (``vidcache.token_layout``): a trainer on transformers 5.25 and a server on 5.19 then see the same ids.
+    References without a layout (older clients) keep the server's own."""
+    wanted = {v.layout for v in refs}
+    if wanted == {None}:
+        return
+    if len(wanted) > 1:
+        raise ValueError(f"vidcache references of one request name different token layouts {sorted(map(str, wanted))}")
+    (layout,) = wanted
+    ids = ret["input_ids"]
+    new = to_layout(processor, ids[0].tolist(), [v.manifest for v in refs], "plugin", layout)
+    if len(new) != ids.shape[-1] or new != ids[0].tolist():
+        ret["input_ids"] = torch.tensor([new], dtype=ids.dtype)
+        if "attention_mask" in ret:
+            ret["attention_mask"] = torch.ones_like(ret["input_ids"])
+        if Counters.add("layout_converted") == 1:
+            logger.info("vidcache: expanding requests in the %r token layout the trainer sends (this server's "
+                        "transformers expands in %r)", layout, layout_of(processor, refs[0].family))
 
 
 def check_attestations(refs: list[VidcacheVideo], ret) -> None:
@@ -188,6 +216,7 @@ class VidcachePluginMixin:
                                           audios=audios, **kwargs)
         finally:
             _CALL_VIDEO_CONFIG.reset(token)
+        enforce_layout(self._processor, refs, ret)
         check_attestations(refs, ret)
         return ret
 
