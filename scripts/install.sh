@@ -2,7 +2,8 @@
 # Install vidcache into ./.venv on a fresh machine.
 #
 #   bash scripts/install.sh          # the library and CLI
-#   bash scripts/install.sh --test   # + test deps, SGLang 0.5.23's processor (test peer) and Miles (when MILES_SRC names a checkout)
+#   bash scripts/install.sh --test   # + test deps, SGLang 0.5.23's processor (test peer), Miles (when MILES_SRC names a
+#                                    #   checkout) and transformers 5.19.0 / 5.25.0 overlays (.overlays/) for the layout matrix
 #
 # torch and torchvision must be a matched pair (both CPU or both CUDA builds): PyPI's torchvision
 # next to a CPU torch fails to import.  torch 2.14.1 + torchvision 0.29.1 is a matched pair that also
@@ -36,6 +37,9 @@ if [[ $WITH_TESTS == 1 ]]; then
   "${PIP[@]}" install -e ".[test]"
   bash scripts/setup_peer_env.sh .venv/bin/python
   bash scripts/setup_miles.sh .venv/bin/python      # a no-op without MILES_SRC; fails loudly when Miles is given but broken
+  # The other verified transformers releases, for the token-layout matrix (tests/test_transformers_matrix.py,
+  # tests/sglang/test_layout_across_versions.py): one overlay each, the venv's own left as it is.
+  for v in 5.19.0 5.25.0; do bash scripts/setup_transformers.sh "$v" .venv/bin/python; done
 else
   "${PIP[@]}" install -e .
 fi

@@ -52,3 +52,28 @@ def test_inspect_shows_source_vs_stored_aspect(tmp_path, videos, capsys):
     want = aspect_distortion(m.source.width_from_decoder, m.source.height_from_decoder, m.width, m.height)
     assert out["aspect"]["distortion"] == round(want, 4) and m.aspect_distortion == want
     assert out["aspect"]["source"].startswith("426x238")
+
+
+def test_prewarm_names_an_unverified_transformers_once(tmp_path, videos):
+    """CLI only, on a fresh node: a transformers release the layout tests did not run (a distribution record of
+    5.99.0 first on the path, as an image with another release has) draws one warning for Qwen3-VL, naming the
+    verified releases, and none for Qwen2.5-VL (one layout in every release)."""
+    import os
+    import subprocess
+    import sys
+
+    from vidcache.token_layout import VERIFIED_TRANSFORMERS
+    fake = tmp_path / "site" / "transformers-5.99.0.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 5.99.0\n")
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update(PYTHONPATH=str(tmp_path / "site"), VIDCACHE_DIR=str(tmp_path / "node"))
+    ds = _ds(tmp_path, videos["ffv1_10_small"])
+    for family, warned in (("qwen3_vl", True), ("qwen2_5_vl", False)):
+        r = subprocess.run([sys.executable, "-m", "vidcache.cli", "prewarm", ds, "--family", family, "--no-progress"],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if "unverified" in ln]
+        assert len(lines) == int(warned), r.stderr
+        if warned:
+            assert "transformers 5.99.0" in lines[0] and ", ".join(VERIFIED_TRANSFORMERS) in lines[0]

@@ -168,6 +168,11 @@ def cmd_prewarm(args) -> int:
     print(f"prewarm: cache {ident}" + (f" (shared tier {cache.config.shared})" if cache.config.shared else
                                       f" (node-local: {cache.path})"), file=sys.stderr)
     print(f"prewarm: {_path_note(options)}", file=sys.stderr)
+    from .sglang.versions import installed_transformers
+    from .token_layout import unverified_warning
+    warn = unverified_warning(options.family, installed_transformers())
+    if warn:
+        print(f"prewarm: warning: {warn}", file=sys.stderr)
     memory = int(args.max_worker_memory_mb * 2**20) if args.max_worker_memory_mb else default_worker_memory(
         args.workers)
     bar = args.progress or (not args.no_progress and sys.stderr.isatty())

@@ -99,8 +99,14 @@ def server_transformers(info: dict) -> tuple[str | None, str]:
     return None, "unknown"
 
 
-def transformers_verified(version: str | None) -> bool:
-    return version in VERIFIED_TRANSFORMERS
+def unverified_warning(family: str, version: str | None) -> str | None:
+    """One line for a transformers release the layout tests did not run, for a family whose layout moved between
+    releases (None: verified, or a family with one layout).  ``prewarm`` and ``check-server`` print it."""
+    if len(LAYOUTS.get(family, ())) < 2 or version in VERIFIED_TRANSFORMERS:
+        return None
+    return (f"transformers {version} is unverified for {family}'s token layout (verified: "
+            f"{', '.join(VERIFIED_TRANSFORMERS)}); its layout is probed from the processor, never guessed, and "
+            "`vidcache check-server` compares it with the server's")
 
 
 def _find(ids: list[int], sub: list[int], start: int) -> int:

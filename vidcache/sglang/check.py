@@ -29,8 +29,8 @@ from ..errors import ParityError
 from ..options import PATCH_SIZE, VideoOptions
 from ..processing import VIDEO_PLACEHOLDER, layout_of, request_layout
 from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode)
-from ..token_layout import (ENV_LAYOUT, LAYOUTS, VERIFIED_TRANSFORMERS, implied_layout, layout_difference,
-                            server_transformers, transformers_verified)
+from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
+                            unverified_warning)
 from .config import mm_process_config
 from .ref import REF_PREFIX, ref_uri
 from .request import ATTESTATION_MARK, check_prompt_ids, prepare
@@ -230,14 +230,6 @@ def layout_sides(processor, family: str, mode: str, info: dict, token_layout: st
             "server": implied_layout(family, server_tf), "server_transformers": server_tf, "server_how": how}
 
 
-def unverified_transformers_warning(family: str, version: str) -> str | None:
-    """One line for a transformers release the layout tests did not run, for a family whose layout moved."""
-    if len(LAYOUTS.get(family, ())) < 2 or transformers_verified(version):
-        return None
-    return (f"transformers {version} is unverified for {family}'s token layout (verified: "
-            f"{', '.join(VERIFIED_TRANSFORMERS)}); its layout is probed, and the canary checks it against the server")
-
-
 def _layout_cause(sides: dict, family: str, mode: str, expected: list[int], got: list[int]) -> Cause | None:
     diff = layout_difference(expected, got)
     if diff is None:
@@ -282,7 +274,7 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
     h = canary_handle(family, mode, cache)
     sides = layout_sides(processor, family, mode, info, token_layout)
     res.token_layout = sides["request"]
-    warn = unverified_transformers_warning(family, sides["trainer_transformers"])
+    warn = unverified_warning(family, sides["trainer_transformers"])
     if warn:
         res.warnings.append(warn)
     prep = prepare(processor, CANARY_PROMPT, [h], mode=mode, attest="values", token_layout=sides["request"])
