@@ -1,4 +1,4 @@
-"""The layout, id and plugin-parity tests again under the other verified transformers releases
+"""The layout, id and parity tests (stock and plugin mode, every family) again under the other verified transformers releases
 (``token_layout.VERIFIED_TRANSFORMERS``), each in a pytest of its own with that release's overlay first on
 ``PYTHONPATH`` (``scripts/setup_transformers.sh``; ``install.sh --test`` makes them).  The main venv's release
 runs them in this suite itself.
@@ -19,8 +19,6 @@ from vidcache.token_layout import VERIFIED_TRANSFORMERS
 ROOT = Path(__file__).resolve().parent.parent
 SELECTION = ["tests/test_token_layout.py", "tests/test_qwen3_defaults.py", "tests/test_train_inputs.py",
              "tests/sglang/test_plugin_refs.py", "tests/sglang/test_sglang_parity.py"]
-# test_sglang_parity.py: every plugin-mode case and every id case (stock mode's pixels do not depend on the layout)
-KEYWORDS = "not test_sglang_parity or plugin or ids"
 OTHERS = [v for v in VERIFIED_TRANSFORMERS if v != transformers.__version__]
 
 
@@ -36,7 +34,7 @@ def test_layout_id_and_plugin_parity_suites_under(version):
     probe = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert probe.stdout.strip() == version, probe.stdout + probe.stderr
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", KEYWORDS, *SELECTION],
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SELECTION],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     tail = "\n".join(r.stdout.splitlines()[-25:])
     assert r.returncode == 0, f"under transformers {version}:\n{tail}\n{r.stderr[-2000:]}"

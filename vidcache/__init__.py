@@ -4,7 +4,7 @@ Names are imported lazily, so ``vidcache.dataset`` (lazy datasets, no frames) ca
 used without importing torch.
 
 Floors, bottom up (each imports only from below; tests/test_layers.py keeps it so):
-  errors, digest, keys, options, serving, attest   facts: exceptions, digests, keys, options, SGLang facts, digests of train tensors
+  errors, digest, keys, options, serving, token_layout, attest   facts: exceptions, digests, keys, options, SGLang facts, token layouts, train-tensor digests
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config   entry records; the video writer; the frozen-file format; node settings

@@ -13,6 +13,8 @@ produces, ``vidcache.sglang.ref``).  For those it:
 * hands the HF processor the *original* video's metadata (fps, frame indices,
   total frames), so Qwen2.5-VL gets ``second_per_grid_ts = 2 / sample_fps`` and
   Qwen3-VL the original timestamps, exactly like ``train_inputs(mode="plugin")``;
+* puts the expanded ids in the token layout the references name (``vidcache.token_layout``), whatever
+  this server's transformers expands in, so trainer and server agree across releases;
 * after the HF call, hashes its own output per video (``vidcache.attest``) and compares it with the
   reference's attestation, the trainer's digest of the same tensors: any difference rejects the request
   as a client error (SGLang answers 400) naming the key and the field.  References without an
