@@ -798,8 +798,10 @@ def test_plugin_mode_matches_the_sglang_plugin(env, monkeypatch):
     refs = [parse_ref(u) for u in st["video_data"]]
     # ... carrying the attestation of exactly the tensors the trainer gets (vidcache.attest, checked by the plugin)
     from vidcache.attest import attest
-    assert refs == [{"vidcache_ref": 3, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False),
-                     "attest": attest(s.multimodal_train_inputs)[0]}]
+    from vidcache.sglang.ref import REF_VERSION
+    from vidcache.token_layout import MODEL_LAYOUT
+    assert refs == [{"vidcache_ref": REF_VERSION, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False),
+                     "attest": attest(s.multimodal_train_inputs)[0], "layout": MODEL_LAYOUT[h.options.family]}]
     assert refs[0]["tier"] == h.tier
     assert_matches_sglang(s, srv.log[-1])
     sfps = h.metadata["sample_fps"]

@@ -16,7 +16,7 @@ from vidcache import keys as K
 from vidcache.errors import ConfigError, InvalidKeyError
 from vidcache.sglang.frozen import decode_all, local_frozen_path
 from vidcache.sglang.server import make_server
-from vidcache.sglang.ref import REF_PREFIX, parse_ref
+from vidcache.sglang.ref import REF_PREFIX, REF_VERSION, parse_ref
 from vidcache.sglang.transport import ENV_SERVER_PATH, TRANSPORTS, video_uri
 
 
@@ -126,7 +126,7 @@ def test_plugin_references(handle, cache):
         uri = video_uri(handle, "plugin", transport)
         assert uri.startswith(REF_PREFIX)
         rec = parse_ref(uri)
-        assert rec == {"vidcache_ref": 3, "tier": handle.tier, "key": handle.resolve()}
+        assert rec == {"vidcache_ref": REF_VERSION, "tier": handle.tier, "key": handle.resolve()}
         assert rec["tier"] == cache.identity
         assert cache.path not in base64.b64decode(uri[len(REF_PREFIX):]).decode()   # never a node path
     assert parse_ref(video_uri(handle, "stock", "file")) is None
@@ -145,9 +145,9 @@ def _ref(obj) -> str:
     (REF_PREFIX + "!!not base64!!", "malformed"),
     (_ref(b"\xff\xfe"), "malformed"),
     (_ref(b"{not json"), "malformed"),
-    (_ref({"a": 1}), "not a version-3"),
-    (_ref([1, 2]), "not a version-3"),
-    (_ref({"vidcache_ref": 1, "cache": "/some/path", "key": "0" * 32 + ".1." + "0" * 32}), "not a version-3"),
+    (_ref({"a": 1}), "not a version-4"),
+    (_ref([1, 2]), "not a version-4"),
+    (_ref({"vidcache_ref": 1, "cache": "/some/path", "key": "0" * 32 + ".1." + "0" * 32}), "not a version-4"),
     (_ref({"vidcache_ref": 2, "key": "0" * 32 + ".1." + "0" * 32}), "malformed tier"),
     (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": "../../etc/passwd"}), "not a vidcache key"),
     (_ref({"vidcache_ref": 2, "tier": "tier-x", "key": "0" * 32 + ".1.nope"}), "not a vidcache key"),
@@ -158,6 +158,10 @@ def _ref(obj) -> str:
     (_ref({"vidcache_ref": 3, "tier": "t" * 10_000_000, "key": "0" * 32 + ".1." + "0" * 32}), "at most"),
     (_ref({"vidcache_ref": 3, "tier": "t" * 100_000, "key": "0" * 32 + ".1." + "0" * 32}), "malformed tier"),
     (_ref({"vidcache_ref": 3, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32, "path": "/x"}), "unknown field"),
+    (_ref({"vidcache_ref": 4, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32, "layout": "../x"}),
+     "unknown token layout"),
+    (_ref({"vidcache_ref": 4, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32, "layout": ["wrapped"]}),
+     "unknown token layout"),
     (_ref({"vidcache_ref": 3, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32,
            "attest": {"video_grid_thw": [1, 2, 2], "pixel_values_videos": "zz"}}), "malformed attestation"),
     (_ref({"vidcache_ref": 3, "tier": "tier-x", "key": "0" * 32 + ".1." + "0" * 32,
