@@ -396,7 +396,7 @@ def cmd_sglang_config(args) -> int:
     # The cache (identity, largest frozen file) when this node has one or reaches a shared tier; on a fresh
     # node without either, the config alone.
     cache = _cache(args, read_only=True) if (_has_local(path) or _shared_url(args, path)) else None
-    cfg = sglang_config(args.family, args.mode, cache)
+    cfg = sglang_config(args.family, args.mode, cache, args.sglang_version)
     print(json.dumps(cfg, indent=2))
     if args.family == "qwen3_vl" and cfg["mode"] == "stock":
         print("note: stock mode serves Qwen3-VL only on the 224 grid (VideoOptions.for_stock_sglang), which "
@@ -566,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .serving import MODES
     p.add_argument("--family", required=True, choices=sorted(PATCH_SIZE), help="model family")
     p.add_argument("--mode", choices=sorted(MODES), help="default: plugin for qwen3_vl, stock otherwise")
+    p.add_argument("--sglang-version", metavar="VERSION", help="the SGLang release the server runs (default: the "
+                   "one installed here, else the newest verified)")
     p.set_defaults(fn=cmd_sglang_config)
 
     p = add("tier-id", help="the shared tier's identity; --init / --restore / --new write it")

@@ -17,9 +17,20 @@ from fractions import Fraction
 # SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.  Not 0.5.16:
 # its plugin mode passes, but its stock mode forwards min_pixels/total_pixels to transformers 5.12.1, which
 # rejects them (docs/sglang.md, "SGLang versions").
-VERIFIED_SGLANG_VERSIONS = ("0.5.23",)
+VERIFIED_SGLANG_VERSIONS = ("0.5.16", "0.5.23")
 
 MODES = ("plugin", "stock")
+
+# SGLang 0.5.16 forwards its whole --mm-process-config video dict to the HF video processor (0.5.23 drops its
+# own keys first), and its transformers (5.12.1; 0.5.16 does not import with 5.19+) refuses every key that
+# family's processor does not declare (TypeError, HTTP 500 on every request).  Those keys are left out of its
+# config; 0.5.16 then applies its fixed defaults for them (qwen_vl.py: VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS), except
+# the total budget, which it reads from an environment variable at import (named VIDEO_MAX_PIXELS).
+SGLANG_FORWARDS_VIDEO_CONFIG = frozenset({"0.5.16"})
+HF_REFUSED_VIDEO_KEYS = {"qwen2_vl": ("total_pixels",), "qwen2_5_vl": ("total_pixels",),
+                         "qwen3_vl": ("min_pixels", "max_pixels", "total_pixels")}
+SGLANG_TOTAL_PIXELS_ENV = {"0.5.16": "VIDEO_MAX_PIXELS"}
+SGLANG_0516_DEFAULT_PIXELS = (128 * 28 * 28, 768 * 28 * 28)     # its preprocess_video's min/max without config
 
 # Frozen files are stamped at this rate, and SGLang's fps sampler is configured with it (stock mode):
 # then SGLang's sampler selects every stored frame once, and in stock mode Qwen3-VL's timestamps come
@@ -63,15 +74,35 @@ def default_mode(family: str) -> str:
     return "plugin" if family == "qwen3_vl" else "stock"
 
 
+def refused_video_keys(family: str | None, sglang_version: str) -> tuple[str, ...]:
+    """The --mm-process-config video keys that SGLang ``sglang_version`` would hand to an HF processor that
+    refuses them (``family`` None: the keys every family refuses)."""
+    if sglang_version not in SGLANG_FORWARDS_VIDEO_CONFIG:
+        return ()
+    if family is None:
+        return tuple(sorted(set.intersection(*(set(v) for v in HF_REFUSED_VIDEO_KEYS.values()))))
+    return HF_REFUSED_VIDEO_KEYS[family]
+
+
+def stock_pixel_bounds(family: str, sglang_version: str | None = None) -> tuple[int, int]:
+    """The per-frame pixel range stock SGLang leaves alone: the configured one, or where the config cannot carry
+    the bounds to that release (``refused_video_keys``), its fixed defaults."""
+    if sglang_version is not None and "min_pixels" in refused_video_keys(family, sglang_version):
+        return SGLANG_0516_DEFAULT_PIXELS
+    return SGLANG_MIN_PIXELS, SGLANG_MAX_PIXELS
+
+
 def stock_sglang_problems(family: str, grid: int | None, n: int | None = None, h: int | None = None,
-                          w: int | None = None, max_frames: int | None = None) -> list[str]:
+                          w: int | None = None, max_frames: int | None = None,
+                          sglang_version: str | None = None) -> list[str]:
     """Why stock SGLang, configured by ``vidcache sglang-config``, would NOT reproduce frames of
     ``family`` on the ``grid``-pixel grid (``n`` frames of ``h`` x ``w``, where known); empty: it will.
 
     Stock SGLang re-samples and re-sizes whatever it decodes; both are identities only when the frozen
     file has an even count of at most ``max_frames`` frames and every frame is on SGLang's 28 grid (and,
     for Qwen3-VL, also on the model's 32 grid) within the configured pixel bounds.  ``grid``: the options'
-    resolved ``size_factor`` (None: not known, only the frames' shape is checked).
+    resolved ``size_factor`` (None: not known, only the frames' shape is checked).  ``sglang_version``: the
+    server's release, where its pixel bounds differ (``stock_pixel_bounds``).
     """
     max_frames = SGLANG_MAX_FRAMES if max_frames is None else max_frames
     out = []
@@ -92,8 +123,9 @@ def stock_sglang_problems(family: str, grid: int | None, n: int | None = None, h
         else:
             out.append(f"{shape}frames {where} (stock SGLang needs a multiple of {need}): it resizes "
                        f"every video to multiples of {SGLANG_RESIZE_FACTOR}. Fix: size_factor={need}, or mode='plugin'.")
-    if h is not None and not SGLANG_MIN_PIXELS <= h * w <= SGLANG_MAX_PIXELS:
-        out.append(f"{w}x{h} frames are outside stock SGLang's pixel bounds [{SGLANG_MIN_PIXELS}, "
-                   f"{SGLANG_MAX_PIXELS}]. Fix: smaller resized_height/resized_width or max_pixels, "
-                   "or mode='plugin'.")
+    lo, hi = stock_pixel_bounds(family, sglang_version)
+    if h is not None and not lo <= h * w <= hi:
+        release = f"SGLang {sglang_version}'s" if (lo, hi) != (SGLANG_MIN_PIXELS, SGLANG_MAX_PIXELS) else "stock SGLang's"
+        out.append(f"{w}x{h} frames are outside {release} pixel bounds [{lo}, {hi}]. Fix: resized_height/"
+                   "resized_width or min_pixels/max_pixels within them, or mode='plugin'.")
     return out

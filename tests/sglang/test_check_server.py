@@ -108,7 +108,7 @@ def test_cli_check_server_on_a_fresh_node(tmp_path, monkeypatch):
         r = _cli(srv.url, tmp_path, "--mode", "plugin")
         assert r.returncode == 0, r.stdout + r.stderr
         assert r.stdout.startswith("OK ") and "parity established" in r.stdout
-        srv.server_info["version"] = "0.9.99"
+        srv.server_info.update(version="0.9.99", mm_process_config=mm_process_config("0.9.99", FAMILY))
         r = _cli(srv.url, tmp_path, "--mode", "plugin")
         assert r.returncode == 1 and "Traceback" not in r.stderr
         fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]

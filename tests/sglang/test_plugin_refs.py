@@ -73,15 +73,17 @@ def test_a_thousand_bad_references_leave_descriptors_flat(node):
     from sglang.srt.managers.schedule_batch import Modality
     load_ref(parse_ref(ref_uri(h.tier, h.key)))                   # the node's cache is open
     fds = len(os.listdir("/proc/self/fd"))
+    from vidcache.sglang.plugin.qwen_vl import UnloadableRef
     for i in range(1000):
         rec = {"vidcache_ref": 2, "tier": f"tier-{i:032x}", "key": h.key}
-        with pytest.raises(ValueError, match="tier_mismatch"):
-            proc_cls._load_single_item(_ref(rec), Modality.VIDEO)
+        got = proc_cls._load_single_item(_ref(rec), Modality.VIDEO)    # refused by process_mm_data, as a 400
+        assert isinstance(got, UnloadableRef) and "[tier_mismatch]" in got.message
     assert len(os.listdir("/proc/self/fd")) <= fds + 2
 
 
 def test_the_plugin_never_falls_back_to_decoding_a_bad_reference(node):
     c, h, load_ref, proc_cls = node
     from sglang.srt.managers.schedule_batch import Modality
-    with pytest.raises(ValueError, match="invalid_key"):
-        proc_cls._load_single_item(REF_PREFIX + "not base64!", Modality.VIDEO)
+    from vidcache.sglang.plugin.qwen_vl import UnloadableRef
+    got = proc_cls._load_single_item(REF_PREFIX + "not base64!", Modality.VIDEO)
+    assert isinstance(got, UnloadableRef) and "[invalid_key]" in got.message

@@ -12,6 +12,7 @@ default (qwen-vl-utils' 32 grid) frames.  Where SGLang is installed nothing here
 plugin fails.
 """
 import base64
+import importlib.metadata as md
 import json
 
 import pytest
@@ -35,6 +36,7 @@ from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config  # noqa: E402
 from vidcache.sglang.frozen import local_frozen_path  # noqa: E402
 from vidcache.sglang.ref import REF_PREFIX  # noqa: E402
 from vidcache.sglang.transport import file_uri  # noqa: E402
+from vidcache.serving import stock_pixel_bounds  # noqa: E402
 
 pytestmark = pytest.mark.peer
 
@@ -44,7 +46,10 @@ PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}Describe the video.<|im_end|>\n<
 TIGHT = {"min_pixels": 3136, "max_pixels": 50176}
 # Stock-mode Qwen3-VL frames sit on the 224 grid (for_stock_sglang), where no non-square frame fits under
 # 50176 pixels (one 224x224 cell): its tight budget is 2 cells.  The plugin's 32 grid takes TIGHT itself.
-TIGHT_Q3_STOCK = {"min_pixels": 3136, "max_pixels": 100352}
+# On SGLang 0.5.16 Qwen3-VL's stock frames must also hold its fixed minimum (serving.stock_pixel_bounds: 100352
+# pixels, two cells), which its transformers does not let the config lower.
+Q3_STOCK_MIN = stock_pixel_bounds("qwen3_vl", md.version("sglang"))[0]
+TIGHT_Q3_STOCK = {"min_pixels": max(3136, Q3_STOCK_MIN), "max_pixels": max(100352, 2 * Q3_STOCK_MIN)}
 
 
 def _tight(family, mode):
@@ -211,9 +216,12 @@ def test_plugin_reproduces_qwen3_defaults_at_every_aspect_ratio(size, aspect_cli
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_qwen3_768_frame_cap_on_the_224_grid(mode, videos, pcache, train_processors, peers):
-    opts = VideoOptions.for_stock_sglang("qwen3_vl", fps=6.0, min_pixels=3136, max_pixels=50176)
+    opts = VideoOptions.for_stock_sglang("qwen3_vl", fps=6.0, min_pixels=max(3136, Q3_STOCK_MIN),
+                                         max_pixels=max(50176, Q3_STOCK_MIN))
     h, _, _ = run_case(videos["h264_long"], opts, mode, pcache, train_processors, peers, ids_too=False)
-    assert h.frames().shape == (768, 3, 224, 224)
+    t, _, fh, fw = h.frames().shape
+    assert t == 768 and fh % 224 == fw % 224 == 0
+    assert (fh, fw) == (224, 224) if Q3_STOCK_MIN <= 50176 else fh * fw >= Q3_STOCK_MIN
 
 
 def test_qwen3_768_frame_cap_plugin_small_grid(videos, pcache, train_processors, peers):
@@ -370,11 +378,14 @@ def test_plugin_serves_several_refs_and_plain_videos(videos, pcache, train_proce
 
 def test_stock_sglang_fails_loudly_on_a_ref(videos, pcache, train_processors, peers):
     """A server started without the plugin cannot decode a reference: it fails at load time, in its
-    own loader (not the plugin's), rather than silently serving stock semantics."""
+    own loader (not the plugin's), rather than silently serving stock semantics.  (SGLang's own error: 0.5.23
+    raises it as a ValueError, a 400; 0.5.16 wraps every loader error in a RuntimeError, a 500.)"""
+    import importlib.metadata as md
     family = "qwen2_vl"
     h = vidcache.get(videos["hevc_25"], _options("tight-hevc-25", family, "stock"), pcache)
     ref = prepare(train_processors[family], PROMPT, [h], mode="plugin").video_data[0]
-    with pytest.raises(ValueError, match=r"loading VIDEO data at index 0: Error while loading data "
+    error = RuntimeError if md.version("sglang") == "0.5.16" else ValueError
+    with pytest.raises(error, match=r"loading VIDEO data at index 0: Error while loading data "
                                          r"data:application/vnd\.vidcache\.ref\+json") as e:
         sp.run_peer(peers(family, "stock"), PROMPT, [ref])
     assert "cannot load vidcache reference" not in str(e.value)

@@ -98,6 +98,11 @@ def _import_sglang():
     global _imported
     import importlib.metadata as md
 
+    # The server's environment from `vidcache sglang-config` (SGLang 0.5.16 reads its total pixel budget from
+    # one variable at import), as an operator starts the server with it.
+    from vidcache.sglang.config import server_env
+    for k, v in server_env().items():
+        os.environ.setdefault(k, v)
     import sglang.srt.multimodal.processors.qwen_vl as qv
     from sglang.srt.utils import common
 

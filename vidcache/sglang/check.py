@@ -28,7 +28,8 @@ from fractions import Fraction
 from ..errors import ParityError
 from ..options import PATCH_SIZE, VideoOptions
 from ..processing import VIDEO_PLACEHOLDER, layout_of, request_layout
-from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode)
+from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode,
+                       stock_pixel_bounds)
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
                             unverified_warning)
 from .config import mm_process_config
@@ -99,16 +100,22 @@ def _error_message(body: dict) -> str:
     return str(err)
 
 
-def canary_options(family: str, mode: str) -> VideoOptions:
+def canary_options(family: str, mode: str, sglang_version: str | None = None) -> VideoOptions:
     """Plugin mode: two frames, small enough that the canary's rows travel in its attestation
     (``attest.VALUES_MAX_BYTES``).  Stock mode: four (decord cannot open a two-frame frozen NUT file: "broken
-    metadata"), on a grid stock SGLang keeps (Qwen3-VL stock: 224)."""
-    side = STOCK_QWEN3_GRID if (family, mode) == ("qwen3_vl", "stock") else 2 * PATCH_SIZE[family] * 2
-    return VideoOptions(family=family, nframes=2 if mode == "plugin" else 4, resized_height=side, resized_width=side,
-                        size_factor=STOCK_QWEN3_GRID if (family, mode) == ("qwen3_vl", "stock") else None)
+    metadata"), on a grid stock SGLang keeps (Qwen3-VL stock: 224), and within the release's pixel bounds
+    (``serving.stock_pixel_bounds``: 224x448 for Qwen3-VL on SGLang 0.5.16)."""
+    q3_stock = (family, mode) == ("qwen3_vl", "stock")
+    side = STOCK_QWEN3_GRID if q3_stock else 2 * PATCH_SIZE[family] * 2
+    width = side
+    if mode == "stock":
+        while width * side < stock_pixel_bounds(family, sglang_version)[0]:
+            width += side
+    return VideoOptions(family=family, nframes=2 if mode == "plugin" else 4, resized_height=side, resized_width=width,
+                        size_factor=STOCK_QWEN3_GRID if q3_stock else None)
 
 
-def canary_handle(family: str, mode: str, cache=None):
+def canary_handle(family: str, mode: str, cache=None, sglang_version: str | None = None):
     """The canary video, made here (deterministic content: the same entry on every run) and cached
     through this node's configuration (``cache``, default ``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``)."""
     import numpy as np
@@ -120,7 +127,7 @@ def canary_handle(family: str, mode: str, cache=None):
     with tempfile.TemporaryDirectory(prefix="vidcache-canary-") as d:
         path = os.path.join(d, "vidcache-canary.mkv")
         write_video(path, frames, codec="ffv1", rate=Fraction(4), pix_fmt="bgr0")
-        return get(path, canary_options(family, mode), cache)
+        return get(path, canary_options(family, mode, sglang_version), cache)
 
 
 def _load_processor(path: str):
@@ -177,11 +184,11 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
         raise ValueError(f"mode must be one of {MODES}")
 
     # --- mm_process_config
-    want = mm_process_config()
+    want = mm_process_config(version, family)
     got = info.get("mm_process_config")
     if got != want:
         res.causes.append(Cause("config", f"mm_process_config differs: the server has "
-                                          f"{json.dumps(got, sort_keys=True)}, `vidcache sglang-config --mode {mode}` "
+                                          f"{json.dumps(got, sort_keys=True)}, `vidcache sglang-config --mode {mode} --sglang-version {version}` "
                                           f"gives {json.dumps(want, sort_keys=True)}"))
     else:
         res.passed.append("mm_process_config matches")
@@ -271,7 +278,7 @@ def _send(url: str, prep, timeout: float) -> tuple[int, dict]:
 
 def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache, timeout: float,
             info: dict, token_layout: str | None) -> None:
-    h = canary_handle(family, mode, cache)
+    h = canary_handle(family, mode, cache, str(info.get("version")))
     sides = layout_sides(processor, family, mode, info, token_layout)
     res.token_layout = sides["request"]
     warn = unverified_warning(family, sides["trainer_transformers"])

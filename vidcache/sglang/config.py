@@ -11,26 +11,49 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 from ..options import PATCH_SIZE
-from ..serving import (FROZEN_FPS, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS, SGLANG_URL_CAP,
-                       STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS, default_mode)
+from ..serving import (FROZEN_FPS, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS,
+                       SGLANG_TOTAL_PIXELS_ENV, SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS,
+                       default_mode, refused_video_keys, stock_pixel_bounds)
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
                             env_layout, implied_layout)
 from .versions import installed_sglang, installed_transformers, qwen_vl_processor_modules
 
 PLUGIN_PACKAGE = "vidcache.sglang.plugin"
+SGLANG_TOTAL_PIXELS = SGLANG_MAX_FRAMES * SGLANG_MAX_PIXELS     # never shrink a video for its length
 
 
-def mm_process_config() -> dict:
-    return {"video": {
+ENV_SGLANG_VERSION = "VIDCACHE_SGLANG_VERSION"   # the release the servers run, where this node has another or none
+
+
+def target_sglang(version: str | None = None) -> str:
+    """The SGLang release a config is for: ``version``, else ``$VIDCACHE_SGLANG_VERSION``, else the one installed
+    here (a Miles image has the servers' own), else the newest verified."""
+    return version or os.environ.get(ENV_SGLANG_VERSION) or installed_sglang() or VERIFIED_SGLANG_VERSIONS[-1]
+
+
+def mm_process_config(sglang_version: str | None = None, family: str | None = None) -> dict:
+    """``--mm-process-config`` for that SGLang release (``target_sglang``) serving ``family`` (None: a config
+    every family takes)."""
+    video = {
         "fps": float(FROZEN_FPS),
         "max_frames": SGLANG_MAX_FRAMES,
         "min_pixels": SGLANG_MIN_PIXELS,          # never upscale: frames are already sized
         "max_pixels": SGLANG_MAX_PIXELS,          # never downscale
-        "total_pixels": SGLANG_MAX_FRAMES * SGLANG_MAX_PIXELS,
+        "total_pixels": SGLANG_TOTAL_PIXELS,
         "do_resize": False,                       # forwarded to the HF video processor
-    }}
+    }
+    for key in refused_video_keys(family, target_sglang(sglang_version)):
+        del video[key]                            # that release's defaults apply (server_env sets the total)
+    return {"video": video}
+
+
+def server_env(sglang_version: str | None = None) -> dict[str, str]:
+    """Environment the SGLang server needs beside its flags, for that release (``target_sglang``)."""
+    var = SGLANG_TOTAL_PIXELS_ENV.get(target_sglang(sglang_version))
+    return {var: str(SGLANG_TOTAL_PIXELS)} if var else {}
 
 
 def url_cap_args(largest_bytes: int) -> list[str]:
@@ -50,34 +73,36 @@ def sglang_report() -> dict:
     return out
 
 
-def sglang_config(family: str, mode: str | None = None, cache=None) -> dict:
+def sglang_config(family: str, mode: str | None = None, cache=None, sglang_version: str | None = None) -> dict:
     """The SGLang server configuration for ``family`` in ``mode`` (None: ``serving.default_mode``, plugin
-    for Qwen3-VL as in Miles).  With ``cache`` (a ``VideoCache``), stock mode also lifts SGLang's URL
-    download cap when the largest frozen file needs it."""
+    for Qwen3-VL as in Miles), for the SGLang release ``sglang_version`` (``target_sglang``).  With ``cache``
+    (a ``VideoCache``), stock mode also lifts SGLang's URL download cap when the largest frozen file needs it."""
     if family not in PATCH_SIZE:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
     mode = default_mode(family) if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
-    cfg = mm_process_config()
+    target = target_sglang(sglang_version)
+    cfg = mm_process_config(target, family)
     out = {
         "family": family,
         "mode": mode,
+        "sglang_version": target,
         "mm_process_config": cfg,
         "server_args": ["--mm-process-config", json.dumps(cfg, separators=(",", ":"))],
         # SGLang 0.5.23's opt-in Rust server refuses to start when an external processor is registered,
         # and runs its own image path otherwise: vidcache's configs are for the Python server.
-        "env": {"SGLANG_RUST_SERVER": "0"},
+        "env": {"SGLANG_RUST_SERVER": "0", **server_env(target)},
         "notes": [],
         "server_requirements": [],
         "sglang": sglang_report(),
         "check": "vidcache check-server http://<host>:<port> --mode " + mode + (
             f" --server-torchcodec {STOCK_GPU_TORCHCODEC}  # the flag: a GPU server with it installed"
             if mode == "stock" else ""),
-        "token_layout": token_layout_record(family, mode),
+        "token_layout": token_layout_record(family, mode, target),
     }
-    if out["sglang"]["installed"] and out["sglang"]["installed"] not in VERIFIED_SGLANG_VERSIONS:
-        out["notes"].append(f"SGLang {out['sglang']['installed']} is installed here; vidcache is verified with "
+    if target not in VERIFIED_SGLANG_VERSIONS:
+        out["notes"].append(f"this config is for SGLang {target}, which is UNVERIFIED: vidcache is verified with "
                             f"{', '.join(VERIFIED_SGLANG_VERSIONS)} only")
     if mode == "plugin":
         out["env"]["SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"] = PLUGIN_PACKAGE
@@ -95,6 +120,12 @@ def sglang_config(family: str, mode: str | None = None, cache=None) -> dict:
         if family == "qwen2_5_vl":
             out["notes"].append("stock SGLang 0.5.23 passes no video_metadata: second_per_grid_ts is always 2/24. "
                                 "Use --mode plugin for the model's intended 2/sample_fps.")
+        lo, hi = stock_pixel_bounds(family, target)
+        if (lo, hi) != (SGLANG_MIN_PIXELS, SGLANG_MAX_PIXELS):
+            out["notes"].append(f"SGLang {target} with {family}: its transformers refuses the pixel bounds in the "
+                                f"config, so its fixed [{lo}, {hi}] pixels per frame apply: prewarm with "
+                                f"min_pixels={lo}, max_pixels={hi} (stock mode refuses frames outside), or use "
+                                "--mode plugin")
         if family == "qwen3_vl":
             out["notes"].append("stock SGLang 0.5.23 derives Qwen3-VL timestamps from the frozen file "
                                 f"({float(FROZEN_FPS)} fps), not from the original video. Use --mode plugin for "
@@ -111,12 +142,12 @@ def sglang_config(family: str, mode: str | None = None, cache=None) -> dict:
     return out
 
 
-def token_layout_record(family: str, mode: str) -> dict:
+def token_layout_record(family: str, mode: str, sglang_version: str | None = None) -> dict:
     """The token layout the trainer and this server must agree on (``vidcache.token_layout``), read without
     importing transformers: the layout plugin-mode requests carry, and what the releases imply (the trainer's
     processor is probed by ``prepare`` and ``check-server``; a server's transformers is not reported)."""
     here = installed_transformers()
-    pin = SGLANG_TRANSFORMERS_PIN.get(installed_sglang() or VERIFIED_SGLANG_VERSIONS[-1])
+    pin = SGLANG_TRANSFORMERS_PIN.get(target_sglang(sglang_version))
     rec = {"layouts": list(LAYOUTS[family]), "model": MODEL_LAYOUT[family],
            "transformers_here": here, "implied_here": implied_layout(family, here),
            "server_pin": pin, "implied_server": implied_layout(family, pin),

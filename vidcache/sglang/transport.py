@@ -58,7 +58,9 @@ def default_transport(cache) -> str:
 def check_stock_parity(manifest) -> None:
     """Refuse (``OptionsError``) an entry that stock SGLang cannot reproduce bit-exactly."""
     # The frames' own shape decides (grid None): frames that happen to sit on the stock grid are served.
-    problems = stock_sglang_problems(manifest.family, None, manifest.num_frames, manifest.height, manifest.width)
+    from .config import target_sglang
+    problems = stock_sglang_problems(manifest.family, None, manifest.num_frames, manifest.height, manifest.width,
+                                     sglang_version=target_sglang())
     if problems:
         raise OptionsError(f"cache entry {manifest.key} ({manifest.family}) cannot be served "
                            "in stock mode: " + " ".join(problems))

@@ -96,6 +96,20 @@ class VidcacheVideo:
         return f"VidcacheVideo({self.key}, {tuple(self.frames.shape)})"
 
 
+class UnloadableRef:
+    """A reference that could not be loaded, carried to ``process_mm_data`` to be refused there: SGLang 0.5.16
+    turns any exception of an io worker into a RuntimeError (HTTP 500), while a ValueError from the processor is
+    a client error (400) on every release, so the request is refused the same way everywhere."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"UnloadableRef({self.message[:80]!r})"
+
+
 def load_ref(rec: dict) -> VidcacheVideo:
     """Frames and original metadata of a parsed reference, from *this node's* cache only.
 
@@ -185,11 +199,14 @@ class VidcachePluginMixin:
                         return load_ref(rec)
                 except VidcacheError as e:
                     # A bad or unknown reference is the client's problem (a 400, like an undecodable
-                    # video), and must never fall through to stock decoding.
-                    raise ValueError(f"cannot load vidcache reference {uri[:100]}: [{e.kind}] {e}") from e
+                    # video), and must never fall through to stock decoding (UnloadableRef).
+                    return UnloadableRef(f"cannot load vidcache reference {uri[:100]}: [{e.kind}] {e}")
         return super()._load_single_item(data, modality, *args, **kwargs)
 
     def process_mm_data(self, input_text, images=None, videos=None, audios=None, **kwargs):
+        bad = [v.message for v in (videos or []) if isinstance(v, UnloadableRef)]
+        if bad:
+            raise ValueError("; ".join(bad))
         refs = [v for v in (videos or []) if isinstance(v, VidcacheVideo)]
         if not refs:
             return super().process_mm_data(input_text, images=images, videos=videos, audios=audios, **kwargs)
