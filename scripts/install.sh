@@ -40,6 +40,7 @@ if [[ $WITH_TESTS == 1 ]]; then
   # The other verified transformers releases, for the token-layout matrix (tests/test_transformers_matrix.py,
   # tests/sglang/test_layout_across_versions.py): one overlay each, the venv's own left as it is.
   for v in 5.19.0 5.25.0; do bash scripts/setup_transformers.sh "$v" .venv/bin/python; done
+  bash scripts/setup_sglang_overlay.sh .venv/bin/python    # SGLang 0.5.16 + transformers 5.12.1: Miles' image
 else
   "${PIP[@]}" install -e .
 fi

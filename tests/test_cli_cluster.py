@@ -213,9 +213,13 @@ def test_a_tier_that_lost_its_identity_is_refused_with_the_repair(tmp_path, data
 
 def test_local_hits_are_published_to_a_newly_configured_tier(tmp_path, dataset):
     """D17: a node that cached entries under tier S1 (or none) and is then pointed at S2 publishes them to S2
-    (prewarm counts them `published`), so a fresh node on S2 reads them."""
+    (prewarm counts them `published`), so a fresh node on S2 reads them.  S2 is a new tier, started on purpose
+    (`tier-id --init`): a node that belongs to S1 never makes one silently (issue 33)."""
     node, s1, s2, fresh = tmp_path / "nodeA", tmp_path / "s1", tmp_path / "s2", tmp_path / "nodeB"
     assert "2 new, 0 hit" in ok(vc(["prewarm", str(dataset)], node, s1)).stdout
+    r = vc(["prewarm", str(dataset)], node, s2)
+    assert r.returncode != 0 and "refusing to start a new tier silently" in r.stdout + r.stderr
+    assert ok(vc(["tier-id", "--init"], node, s2)).stdout.startswith("tier-")
     assert "0 new, 0 hit, 2 published" in ok(vc(["prewarm", str(dataset)], node, s2)).stdout
     assert "0 new, 2 hit, 0 failed" in ok(vc(["prewarm", str(dataset)], node, s2)).stdout   # now a plain hit
     assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], fresh, s2)).stdout
@@ -294,3 +298,23 @@ def test_a_directory_tier_that_is_not_mounted_is_an_outage_to_a_node_that_knows_
     assert "verify: 2 ok, 0 bad" in r.stdout and "not mounted or not reachable" in r.stderr and ident in r.stderr
     failed(vc(["verify", "--shared"], node, tier), "shared_unavailable")
     assert not os.listdir(tier)                                    # nothing written into the mount point
+
+
+def test_a_node_of_a_tier_pointed_at_an_empty_directory_refuses_to_write(tmp_path, dataset):
+    """Issue 33, CLI only: node A belongs to tier S; S's export is not mounted (its mount point is an empty
+    directory).  prewarm refuses, naming the known tier and the path and how to start a new tier on purpose;
+    nothing is written there and the node's recorded tier is unchanged.  doctor calls a missing path missing."""
+    node, s = tmp_path / "nodeA", tmp_path / "mnt"
+    assert "2 new" in ok(vc(["prewarm", str(dataset)], node, s)).stdout
+    ident = ok(vc(["tier-id"], node, s)).stdout.strip()
+    recorded = (node / "config.json").read_text()
+    s.rename(tmp_path / "export-elsewhere")
+    s.mkdir()                                             # the bare mount point
+    r = vc(["prewarm", str(dataset)], node, s)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "Traceback" not in out, out
+    assert ident in out and str(s) in out and "tier-id --shared URL --init" in out, out
+    assert list(s.iterdir()) == [] and (node / "config.json").read_text() == recorded
+    r = vc(["doctor", "--fast"], node, tmp_path / "not-there")
+    line = next(ln for ln in r.stdout.splitlines() if "VIDCACHE_SHARED" in ln)
+    assert "missing" in line and "reachable" not in line, r.stdout

@@ -12,10 +12,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEEP = ("torch", "torchvision", "transformers", "sglang", "numpy")
 
 
-@pytest.fixture(scope="module")
-def existing_env(tmp_path_factory):
+# Miles' production image at the audited commit (../shared/miles/COMMIT): SGLang 0.5.16 with transformers==5.12.1
+# pinned (scripts/setup_sglang_overlay.sh builds that stack beside the venv).
+MILES_IMAGE = os.path.join(ROOT, ".overlays", "sglang-0.5.16")
+
+
+def _image_env(tmp_path_factory, first: str | None = None):
     """A throwaway venv that already holds this environment's torch, torchvision, transformers, sglang
-    and numpy (a .pth puts the current site-packages behind it), as a Miles / SGLang image would."""
+    and numpy (a .pth puts the current site-packages behind it), as a Miles / SGLang image would; ``first``:
+    a directory of packages in front of those (another image's pins)."""
     from importlib.metadata import version
     for dist in KEEP:
         version(dist)        # the peers are installed here (a missing one is a broken test environment)
@@ -25,27 +30,53 @@ def existing_env(tmp_path_factory):
     purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(purelib, "image.pth"), "w") as f:
-        f.write(sysconfig.get_paths()["purelib"] + "\n")
+        f.write((first + "\n" if first else "") + sysconfig.get_paths()["purelib"] + "\n")
     # The venv's own bundled setuptools would shadow the image's (an old one without bdist_wheel).
     subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "setuptools"], check=True, timeout=300)
     return py
 
 
-@pytest.mark.parametrize("spec", [ROOT, ROOT + "[ray]", ROOT + "[test]"])
-def test_pip_install_plans_no_change_to_the_images_packages(existing_env, spec):
-    from importlib.metadata import version
+@pytest.fixture(scope="module")
+def existing_env(tmp_path_factory):
+    return _image_env(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def miles_image_env(tmp_path_factory):
+    if not os.path.isdir(os.path.join(ROOT, ".overlays")):
+        pytest.skip("no overlays (.overlays/): run scripts/install.sh --test, or scripts/setup_sglang_overlay.sh")
+    assert os.path.isdir(MILES_IMAGE), "run scripts/setup_sglang_overlay.sh"
+    return _image_env(tmp_path_factory, MILES_IMAGE)
+
+
+def _planned(py, spec) -> dict:
     # --no-index: resolve against what the image holds; a bound the image does not meet fails the
     # resolution here (a real install would then fetch a replacement from PyPI).
-    r = subprocess.run([str(existing_env), "-m", "pip", "install", "--dry-run", "--report", "-", "--quiet",
+    r = subprocess.run([str(py), "-m", "pip", "install", "--dry-run", "--report", "-", "--quiet",
                         "--no-index", "--no-build-isolation", spec], capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
-    planned = {item["metadata"]["name"].lower(): item["metadata"]["version"]
-               for item in json.loads(r.stdout)["install"]}
+    return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(r.stdout)["install"]}
+
+
+@pytest.mark.parametrize("spec", [ROOT, ROOT + "[ray]", ROOT + "[test]"])
+def test_pip_install_plans_no_change_to_the_images_packages(existing_env, spec):
+    from importlib.metadata import version
+    planned = _planned(existing_env, spec)
     assert set(planned) == {"vidcache"}, planned       # nothing else: every dependency is already satisfied
     assert planned["vidcache"] == __import__("vidcache").__version__
     for dist in KEEP:
         assert dist not in planned, (dist, version(dist))
+
+
+def test_pip_install_into_miles_image_replaces_nothing(miles_image_env):
+    """Miles' image pins transformers 5.12.1 on SGLang 0.5.16: vidcache installs beside them, replacing nothing
+    (its floor was transformers>=5.17, which would have upgraded it)."""
+    seen = subprocess.run([str(miles_image_env), "-c", "import importlib.metadata as m; "
+                           "print(m.version('transformers'), m.version('sglang'))"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    assert seen == ["5.12.1", "0.5.16"]
+    assert set(_planned(miles_image_env, ROOT)) == {"vidcache"}
 
 
 def test_new_lmdb_files_have_one_format_whatever_the_environment_says(tmp_path):

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import keys
-from .config import (CacheConfig, local_identity, missing_local_identity, remember_identity, remembered_identity,
-                     shared_identity)
+from .config import (CacheConfig, local_identity, missing_local_identity, node_tier, remember_identity,
+                     remembered_identity, shared_identity)
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
@@ -131,7 +131,8 @@ class VideoCache:
         read it before still serves the entries it holds (the plugin included) instead of failing them."""
         known = remembered_identity(self.path, self.config.shared)
         try:
-            ident = shared_identity(shared, create=not self.read_only, remembered=known)
+            ident = shared_identity(shared, create=not self.read_only, remembered=known,
+                                    belongs_to=node_tier(self.path))
         except SharedUnavailableError as e:
             if known is None:
                 raise

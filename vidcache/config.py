@@ -229,7 +229,14 @@ def tier_holds_objects(store: Store) -> bool:
     return any(not k.startswith(META) for k in store.keys())
 
 
-def shared_identity(store: Store, create: bool, remembered: str | None = None) -> str:
+def node_tier(path: str) -> tuple[str, str] | None:
+    """The shared tier this node belongs to, as its ``config.json`` records it: (URL, identity), or None."""
+    rec = read_node_file(path)
+    return (rec["shared"], rec["shared_identity"]) if rec.get("shared") and rec.get("shared_identity") else None
+
+
+def shared_identity(store: Store, create: bool, remembered: str | None = None,
+                    belongs_to: tuple[str, str] | None = None) -> str:
     """The shared tier's identity, created once in the tier itself.
 
     Race-safe when many nodes open a new tier at once: the record is written with an exclusive
@@ -238,7 +245,9 @@ def shared_identity(store: Store, create: bool, remembered: str | None = None) -
     holds objects but has no record lost it: that is an error naming the repair, never a new
     identity (a new one would orphan every handle made from the tier).  ``remembered``: the identity this
     node read from the tier before; to a read-only open, a tier without a record is then one this node
-    cannot see, not a new one.
+    cannot see, not a new one.  ``belongs_to``: the tier this node belongs to (``node_tier``); a writable open
+    never makes a new tier silently on a node that belongs to one (an empty directory is what an NFS export
+    that is not mounted looks like): ``vidcache tier-id --init`` starts one on purpose.
     """
     raw = store.get(TIER_KEY)
     if raw is None and remembered is not None and not create:
@@ -258,6 +267,13 @@ def shared_identity(store: Store, create: bool, remembered: str | None = None) -
                 "every handle made from it. Restore the old one (it is the `tier` of any handle or plugin "
                 "reference, and `identity` in an old `vidcache stats`): `vidcache tier-id --shared URL "
                 "--restore tier-<32 hex>`; or start a new identity with `vidcache tier-id --shared URL --new`")
+    if raw is None and create and belongs_to is not None:
+        url, ident = belongs_to
+        raise ConfigError(
+            f"{store!r} holds no vidcache tier, but this node belongs to the tier {ident} at {url}: refusing to "
+            "start a new tier silently (an NFS export that is not mounted leaves an empty directory). Mount or "
+            f"point VIDCACHE_SHARED at {url}; or, to start a new tier there on purpose: `vidcache tier-id "
+            "--shared URL --init`")
     if raw is None and create:
         store.set_if_not_exists(TIER_KEY, tier_record("tier-" + uuid.uuid4().hex))
         raw = store.get(TIER_KEY)       # read back: whoever won, every node uses the stored record

@@ -98,6 +98,9 @@ def shared_tier(url: str | None) -> Check:
     if not url:
         return Check("VIDCACHE_SHARED", True, "not set: a single-node cache (other nodes cannot resolve its "
                                               "handles; set it for a cluster)")
+    if "://" not in url and not os.path.isdir(url):
+        return Check("VIDCACHE_SHARED", False, f"{url}: missing (no such directory here)",
+                     "mount the shared tier there (an NFS export?), or fix VIDCACHE_SHARED")
     try:
         store = FsspecStore(url if "://" in url else os.path.abspath(url), read_only=True)
         try:

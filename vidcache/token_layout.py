@@ -30,10 +30,10 @@ MODEL_LAYOUT = {"qwen2_vl": "plain", "qwen2_5_vl": "plain", "qwen3_vl": "collaps
 # mode: the trainer follows a server it names).  Values: a layout name, or "family:layout,family:layout".
 ENV_LAYOUT = "VIDCACHE_TOKEN_LAYOUT"
 
-# transformers releases the layout, id and plugin-parity tests ran under (CI: the main venv and the overlays of
-# scripts/setup_transformers.sh).  Another release still works (its layout is probed, never guessed), but
+# transformers releases the layout, id and parity tests ran under (CI: the main venv and the overlays of
+# scripts/setup_transformers.sh and scripts/setup_sglang_overlay.sh, whose SGLang 0.5.16 pins 5.12.1).  Another release still works (its layout is probed, never guessed), but
 # ``prewarm`` and ``check-server`` say once that it is unverified.
-VERIFIED_TRANSFORMERS = ("5.19.0", "5.24.0", "5.25.0")
+VERIFIED_TRANSFORMERS = ("5.12.1", "5.19.0", "5.24.0", "5.25.0")
 # What Qwen3-VL's processor produces by release, as read in each release's processing_qwen3_vl.py: only used to
 # *imply* a server's layout from its pinned transformers (a processor on this node is probed instead).
 _QWEN3_WRAPPED_RELEASES = ((5, 10), (5, 24))        # inclusive (major, minor) range
