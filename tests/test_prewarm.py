@@ -180,3 +180,53 @@ def test_kill_9_during_a_write_leaves_nothing_visible(tmp_path, videos):
     assert len(keys) == 1 and cache.stats()["blobs"] == 1       # the killed write is invisible
     assert cache.ensure(videos["h264_30"], VideoOptions()).status == "new"   # and the cache still takes writes
     assert len(_entries_are_whole(cache)) == 2
+
+
+def test_ctrl_c_stops_a_cli_prewarm_with_a_summary_and_a_rerun_completes(tmp_path):
+    """Issue 33, CLI only, on a fresh node: Ctrl-C (SIGINT to the whole process group, as a terminal sends it)
+    during a 20-row prewarm stops scheduling, lets the rows in flight finish or abandons them, prints the summary
+    saying "interrupted", exits 130 within 5 s with no traceback, and leaves nothing partial: the re-run builds
+    exactly the rest, and verify passes every entry."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vidcache.testing.videos import make_video
+    rows = []
+    for i in range(20):
+        p = make_video(str(tmp_path / f"v{i:02d}.mp4"), codec="h264", width=320, height=240, fps=25, n_frames=250,
+                       seed=i)
+        rows.append(json.dumps({"prompt": "<video>", "videos": [p]}))
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("\n".join(rows) + "\n")
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env["VIDCACHE_DIR"] = str(tmp_path / "node")
+    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--workers", "2", "--log-interval", "0.2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    line = ""
+    while "prewarm: 1" not in line and "prewarm: 2" not in line:     # a progress line: work is under way
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "prewarm ended before it could be interrupted"
+        assert time.monotonic() < deadline
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert took < 5, took
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    summary = next(ln for ln in out.splitlines() if ln.startswith("prewarm:"))
+    assert "interrupted" in summary, out
+    built = int(summary.split()[1])
+    assert built < 20
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"prewarm: {20 - built} new, {built} hit, 0 failed" in r.stdout, r.stdout
+    v = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert v.returncode == 0 and "verify: 20 ok, 0 bad" in v.stdout, v.stdout + v.stderr

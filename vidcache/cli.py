@@ -186,6 +186,8 @@ def cmd_prewarm(args) -> int:
         print(f"failures: {failures}")
         for f in s.failures[:5]:
             print(f"  {_where(f)}: [{f['kind']}] {f['error']}")
+    if s.was_interrupted:
+        return 130                        # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
     return 0 if (s.failed == 0 or args.allow_failures) else 1
 
 
@@ -683,6 +685,9 @@ def main(argv: list[str] | None = None, *, isolate: bool = False) -> int:
         return code
     try:
         return args.fn(args)
+    except KeyboardInterrupt:                 # a second Ctrl-C (the first is the command's to handle)
+        print(f"\nvidcache {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     except VidcacheError as e:
         print(f"vidcache: error: [{e.kind}] {e}", file=sys.stderr)
         if os.environ.get("VIDCACHE_DEBUG"):

@@ -18,6 +18,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -46,12 +47,15 @@ class PrewarmSummary:
     bytes: int = 0
     seconds: float = 0.0
     failures: list = field(default_factory=list)
+    interrupted: int = 0    # videos not built because of Ctrl-C (0: the run was not interrupted)
+    was_interrupted: bool = False
 
     def line(self) -> str:
         rate = (self.new + self.hit + self.published) / self.seconds if self.seconds else 0.0
         pub = f"{self.published} published, " if self.published else ""
+        stop = f", interrupted ({self.interrupted} not built; run it again to resume)" if self.was_interrupted else ""
         return (f"prewarm: {self.new} new, {self.hit} hit, {pub}{self.failed} failed, "
-                f"{self.bytes / 1e6:.1f} MB new frames, {self.seconds:.1f} s ({rate:.2f} videos/s)")
+                f"{self.bytes / 1e6:.1f} MB new frames, {self.seconds:.1f} s ({rate:.2f} videos/s){stop}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,9 @@ def _watchdog(limit: int) -> None:
 
 def _init_worker(cache: VideoCache, memory_limit: int | None) -> None:
     global _WORKER_CACHE
+    # Ctrl-C reaches the whole process group: the parent decides (finish in-flight rows, or stop them), and a
+    # worker interrupted mid-row would only turn it into a failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     # One intra-op thread: workers are the parallelism, and a forked child must not enter
     # the parent's OpenMP thread pool (GNU libgomp is not fork-safe; it deadlocks).
@@ -150,8 +157,8 @@ class LocalSubmitter:
     def submit(self, task: Task):
         return self._pool.schedule(_build_one, args=(task.source, task.options.to_dict()), timeout=self.timeout_s)
 
-    def wait(self, futures: list) -> list:
-        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
+    def wait(self, futures: list, timeout: float | None = None) -> list:
+        done, _ = concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
         return list(done)
 
     def outcome(self, future) -> dict:
@@ -160,6 +167,11 @@ class LocalSubmitter:
     def close(self) -> None:
         self._pool.close()
         self._pool.join()
+
+    def abort(self, futures: list = ()) -> None:
+        """Stop every worker now (their rows are left unbuilt: a write is one transaction, never partial)."""
+        self._pool.stop()
+        self._pool.join(timeout=10)
 
 
 # --- Ray ---------------------------------------------------------------------------
@@ -198,8 +210,8 @@ class RaySubmitter:
         return self._remote.remote(self._cache_ref, task.source, task.options.to_dict(), self.timeout_s,
                                    self.max_worker_memory)
 
-    def wait(self, refs: list) -> list:
-        done, _ = self._ray.wait(refs, num_returns=1)
+    def wait(self, refs: list, timeout: float | None = None) -> list:
+        done, _ = self._ray.wait(refs, num_returns=1, timeout=timeout)
         return done
 
     def outcome(self, ref) -> dict:
@@ -211,6 +223,10 @@ class RaySubmitter:
 
     def close(self) -> None:
         pass
+
+    def abort(self, refs: list = ()) -> None:
+        for ref in refs:
+            self._ray.cancel(ref, force=True)
 
 
 def _worker_cache(cache: VideoCache, max_worker_memory: int | None) -> VideoCache:
@@ -369,13 +385,16 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
     log = _ProgressLog(len(tasks), summary, None if progress else log_every_s, desc)
     pending: dict = {}
     it = iter(todo)
+    stop = _Interrupt(desc)
     try:
         while True:
-            while len(pending) < submitter.max_in_flight and (t := next(it, None)) is not None:
+            while not stop.requested and len(pending) < submitter.max_in_flight and (t := next(it, None)) is not None:
                 pending[submitter.submit(t)] = t
             if not pending:
                 break
-            for fut in submitter.wait(list(pending)):
+            if stop.requested and time.monotonic() > stop.deadline:
+                break                              # in-flight rows past the grace: abandoned below
+            for fut in submitter.wait(list(pending), stop.wait_s()):
                 t = pending.pop(fut)
                 res = submitter.outcome(fut)
                 if res["status"] == "failed":
@@ -391,11 +410,52 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
                     summary.bytes += res["bytes"]
                 bar.update(1)
                 log.tick()
-        log.tick(final=True)
+        if not stop.requested:
+            log.tick(final=True)
+    except KeyboardInterrupt:                      # the second Ctrl-C: stop now
+        stop.requested = True
+        raise
     finally:
         bar.close()
-        submitter.close()
+        if stop.requested:
+            summary.was_interrupted = True
+            summary.interrupted = len(pending) + sum(1 for _ in it)
+            submitter.abort(list(pending))
+            sweep_stale(cache.tmp_dir)             # what stopped workers left of their downloads
+        else:
+            submitter.close()
+        stop.restore()
     cache.sync()      # a durability checkpoint: the workers' LMDB commits reach the disk
+
+
+class _Interrupt:
+    """Ctrl-C during a run: the first stops scheduling and gives the rows in flight ``GRACE_S`` to finish
+    (a row is one transaction: finished or not there, never partial); the second raises KeyboardInterrupt at
+    once.  Only where the run owns the main thread (a library caller's own handler is left alone elsewhere)."""
+
+    GRACE_S = 3.0
+
+    def __init__(self, desc: str):
+        self.desc, self.requested, self.deadline = desc, False, float("inf")
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested, self.deadline = True, time.monotonic() + self.GRACE_S
+        print(f"\n{self.desc}: interrupted: finishing the rows in flight for up to {self.GRACE_S:.0f} s, then "
+              "stopping (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+    def wait_s(self) -> float | None:
+        """How long one wait may block: short while a Ctrl-C can arrive, so it is seen at once."""
+        return max(0.0, min(0.5, self.deadline - time.monotonic())) if self.requested else 0.5
+
+    def restore(self) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
 
 
 def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | None = None, *, workers: int = 1,
