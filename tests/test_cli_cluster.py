@@ -318,3 +318,27 @@ def test_a_node_of_a_tier_pointed_at_an_empty_directory_refuses_to_write(tmp_pat
     r = vc(["doctor", "--fast"], node, tmp_path / "not-there")
     line = next(ln for ln in r.stdout.splitlines() if "VIDCACHE_SHARED" in ln)
     assert "missing" in line and "reachable" not in line, r.stdout
+
+
+def test_ls_key_prefixes_work_in_inspect_and_evict(tmp_path, dataset):
+    """Issue 33, CLI only: the 16-digit prefix `ls` prints (with its `..`) names the entry in `inspect` and
+    `evict`, as git completes object names; a prefix of no entry, or of several, is refused by name; `ls` shows
+    each entry's sampled fps."""
+    node, s = tmp_path / "node", tmp_path / "s"
+    assert "2 new" in ok(vc(["prewarm", str(dataset)], node, s)).stdout
+    lines = ok(vc(["ls"], node, s)).stdout.splitlines()
+    assert lines[0].split()[:6] == ["KEY", "FAMILY", "T", "x", "H", "x"] and "FPS" in lines[0]
+    listing = json.loads(ok(vc(["ls", "--json"], node, s)).stdout)
+    shown = [ln.split()[0] for ln in lines[1:-1]]
+    assert all(p.endswith("..") and len(p) == 18 for p in shown) and len(shown) == 2
+    for p, e in zip(shown, listing):
+        assert f"{e['fps']:.3g}" in next(ln for ln in lines if ln.startswith(p)).split()
+        got = json.loads(ok(vc(["inspect", p], node, s)).stdout)
+        assert got["key"] == e["key"]
+    r = vc(["inspect", "ffff0000"], node, s)
+    assert r.returncode != 0 and "no cached entry's key starts with 'ffff0000'" in r.stderr and "Traceback" not in r.stderr
+    common = os.path.commonprefix([e["key"] for e in listing])
+    if len(common) >= 4:                                    # two keys of one source digest: ambiguous
+        r = vc(["inspect", common], node, s)
+        assert r.returncode != 0 and "ambiguous" in r.stderr
+    assert f"evicted {listing[0]['key']}" in ok(vc(["evict", shown[0]], node, s)).stdout

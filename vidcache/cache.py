@@ -745,7 +745,8 @@ class VideoCache:
                 continue
             t, _, h, w = m.frames.shape
             out.append({"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
-                        "frames": t, "height": h, "width": w, "tokens": m.tokens.video_pad_tokens,
+                        "frames": t, "height": h, "width": w, "fps": m.sampling.sample_fps,
+                        "tokens": m.tokens.video_pad_tokens,
                         "bytes": m.frames.nbytes,
                         "tiers": [n for n, ks in (("local", local), ("shared", shared)) if sk in ks]})
         return out

@@ -257,16 +257,42 @@ def cmd_verify(args) -> int:
     return 1 if bad else 0
 
 
+_PREFIX = re.compile(r"[0-9a-f]{4,32}(\.[0-9]{0,20}(\.[0-9a-f]{0,32})?)?")
+
+
+def _full_key(cache, given: str) -> str:
+    """``given`` as a whole entry key: a key as it is, or a prefix of one (``vidcache ls`` prints 16 hex digits
+    and ``..``) completed over the entries of every tier, as git completes object names: refused when no entry or
+    more than one starts with it."""
+    from . import keys as k
+    from .errors import InvalidKeyError
+    stem = given[:-2] if given.endswith("..") else given
+    if k.is_key(stem):
+        return stem
+    if not _PREFIX.fullmatch(stem):
+        k.check_key(given)               # the usual "not a vidcache key" error
+    names = set(cache.local.keys(k.AC)) | (set(cache.shared.keys(k.AC)) if cache.shared is not None else set())
+    found = sorted({e for e in (k.entry_key(n) for n in names) if e.startswith(stem)})
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise InvalidKeyError(f"no cached entry's key starts with {stem!r}")
+    raise InvalidKeyError(f"{stem!r} is ambiguous: {len(found)} entries start with it ({', '.join(found[:4])}"
+                          f"{', ...' if len(found) > 4 else ''}); give more of the key")
+
+
 def cmd_evict(args) -> int:
     from . import keys as k
     for key in args.keys:
-        k.check_key(key)
+        if not (k.is_key(key) or _PREFIX.fullmatch(key[:-2] if key.endswith("..") else key)):
+            k.check_key(key)
     path = _node_dir(args)
     if not args.shared and not _has_local(path):
         for key in args.keys:            # a fresh node holds nothing: nothing to evict, nothing created
             print(f"absent  {key}")
         return 0
     cache = _cache(args)
+    args.keys = [_full_key(cache, key) for key in args.keys]
     if args.shared:
         from .errors import ConfigError
         if cache.shared is None:
@@ -332,11 +358,12 @@ def cmd_ls(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'KEY':<18} {'FAMILY':<10} {'T x H x W':>16} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} SOURCE")
+    print(f"{'KEY':<18} {'FAMILY':<10} {'T x H x W':>16} {'FPS':>5} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} SOURCE")
     for r in rows:
         src = ", ".join(r["sources"]) or "-"
+        fps = f"{r['fps']:.3g}" if r.get("fps") is not None else "-"
         print(f"{r['key'][:16] + '..':<18} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x {r['width']:>4} "
-              f"{r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
+              f"{fps:>5} {r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
     print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_human(sum(r['bytes'] for r in rows))}")
     return 0
 
@@ -347,9 +374,17 @@ def cmd_inspect(args) -> int:
     from .errors import InvalidKeyError
     cache = _cache(args, read_only=True)
     target = args.target
+    stem = target[:-2] if target.endswith("..") else target
     try:
-        m = cache.manifest(target)
+        if os.path.exists(target) or not _PREFIX.fullmatch(stem):
+            m = cache.manifest(target)
+        else:                              # a key, or a prefix of one as `ls` prints it: its errors are the answer
+            m = cache.manifest(_full_key(cache, target))
+            if m is None:
+                raise InvalidKeyError(f"no cached entry has the key {target}")
     except InvalidKeyError:
+        if not os.path.exists(target) and _PREFIX.fullmatch(stem):
+            raise
         m = None
         target = source_arg(target)
         candidates = [target] + (["file://" + target] if target.startswith("/") else [])

@@ -46,6 +46,10 @@ def cache_key(source_digest: Digest, options: "VideoOptions") -> str:
     return f"{source_digest.hash}.{source_digest.size_bytes}.{options.digest}"
 
 
+def is_key(key: object) -> bool:
+    return isinstance(key, str) and _KEY.fullmatch(key) is not None
+
+
 def check_key(key: object) -> str:
     """``key`` if it is a well-formed cache key, else ``InvalidKeyError`` (no store is touched)."""
     if not isinstance(key, str) or not _KEY.fullmatch(key):
