@@ -155,3 +155,28 @@ def test_prewarm_ray_keeps_rays_own_log_lines_out_of_the_terminal(tmp_path, ds):
     assert "1 new" in r.stdout
     foreign = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("prewarm")]
     assert foreign == [], foreign[:10]
+
+
+def test_long_commands_say_what_they_do_before_the_heavy_imports(tmp_path, ds):
+    """Issue 33: `prewarm` and `demo` print their first line before torch, the decoders or the encoder are
+    imported (an import hook notes each as it happens, in order with the command's own lines); a fully cached
+    resume never imports the decoders at all."""
+    code = ("import sys, builtins\nfrom vidcache.cli import main\n"
+            "seen = set()\n_imp = builtins.__import__\n"
+            "def hook(name, *a, **k):\n"
+            "    top = name.split('.')[0]\n"
+            "    if top in ('torch', 'decord', 'av', 'torchvision') and top not in seen and top not in sys.modules:\n"
+            "        seen.add(top); print(f'IMPORTING {top}', file=sys.stderr, flush=True)\n"
+            "    return _imp(name, *a, **k)\n"
+            "builtins.__import__ = hook\n"
+            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\nsys.exit(rc)")
+    for args, first in ((["prewarm", str(ds), "--no-progress"], "prewarm: cache"),
+                        (["demo", "--dir", str(tmp_path / "demo"), "--videos", "1", "--rows", "1"], "demo: writing")):
+        r = vc(args, tmp_path, code=code)
+        assert r.returncode == 0, r.stderr[-2000:]
+        lines = r.stderr.splitlines()
+        assert lines and lines[0].startswith(first), lines[:5]
+        assert any(ln.startswith("IMPORTING") for ln in lines), lines      # the heavy imports do come, later
+    r = vc(["prewarm", str(ds), "--no-progress"], tmp_path, code=code)      # everything cached: a resume
+    assert r.returncode == 0 and "0 new, 1 hit" in r.stdout, r.stdout + r.stderr
+    assert not [ln for ln in r.stderr.splitlines() if ln.startswith("IMPORTING")], r.stderr

@@ -472,8 +472,11 @@ def cmd_serve(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    print(f"demo: writing {args.videos} generated clips and a {args.rows}-row dataset into {args.dir}",
+          file=sys.stderr, flush=True)         # before the encoder's imports: the first words come at once
     from .testing.demo import make_demo_dataset
-    path = make_demo_dataset(args.dir, n_videos=args.videos, n_rows=args.rows)
+    path = make_demo_dataset(args.dir, n_videos=args.videos, n_rows=args.rows,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"demo dataset: {path}")
     return 0
 

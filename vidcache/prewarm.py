@@ -152,9 +152,12 @@ class LocalSubmitter:
     def __init__(self, cache: VideoCache, workers: int, timeout_s: float, max_worker_memory: int | None):
         self.timeout_s, self.max_worker_memory = timeout_s, max_worker_memory
         self.max_in_flight = 4 * max(1, workers)
-        self._pool = _pool(workers, cache, max_worker_memory)
+        self._args = (workers, cache, max_worker_memory)
+        self._pool = None        # made at the first row to build: a fully cached resume never imports the decoders
 
     def submit(self, task: Task):
+        if self._pool is None:
+            self._pool = _pool(*self._args)
         return self._pool.schedule(_build_one, args=(task.source, task.options.to_dict()), timeout=self.timeout_s)
 
     def wait(self, futures: list, timeout: float | None = None) -> list:
@@ -165,13 +168,15 @@ class LocalSubmitter:
         return _outcome(future, self.timeout_s, self.max_worker_memory)
 
     def close(self) -> None:
-        self._pool.close()
-        self._pool.join()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool.join()
 
     def abort(self, futures: list = ()) -> None:
         """Stop every worker now (their rows are left unbuilt: a write is one transaction, never partial)."""
-        self._pool.stop()
-        self._pool.join(timeout=10)
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool.join(timeout=10)
 
 
 # --- Ray ---------------------------------------------------------------------------

@@ -11,10 +11,14 @@ _SPECS = [("h264", 320, 240, 30), ("mpeg4", 426, 240, Fraction(30000, 1001)), ("
           ("mjpeg", 256, 192, 24), ("hevc", 352, 288, 30), ("h264", 480, 270, Fraction(24000, 1001))]
 
 
-def make_demo_dataset(directory: str, n_videos: int = 12, n_rows: int = 24) -> str:
+def make_demo_dataset(directory: str, n_videos: int = 12, n_rows: int = 24, log=None) -> str:
+    """``log``: called with one line per clip as it is written (the CLI prints them: writing 12 clips takes a
+    while on a small machine)."""
     os.makedirs(os.path.join(directory, "videos"), exist_ok=True)
     names = []
     for i in range(n_videos):
+        if log is not None:
+            log(f"demo: clip {i + 1}/{n_videos}")
         codec, w, h, fps = _SPECS[i % len(_SPECS)]
         name = f"videos/clip{i:03d}_{codec}_{w}x{h}{suffix_for(codec)}"
         path = os.path.join(directory, name)
