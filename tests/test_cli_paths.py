@@ -77,3 +77,33 @@ def test_prewarm_names_an_unverified_transformers_once(tmp_path, videos):
         assert len(lines) == int(warned), r.stderr
         if warned:
             assert "transformers 5.99.0" in lines[0] and ", ".join(VERIFIED_TRANSFORMERS) in lines[0]
+
+
+def test_doctor_names_a_pin_vidcache_would_fight(tmp_path):
+    """Issue 33, CLI only: inside an image whose transformers is below vidcache's floor (a distribution record of
+    5.10.0 first on the path), doctor fails that line, naming the floor and that installing would replace the pin;
+    Miles' own image (transformers 5.12.1, scripts/setup_sglang_overlay.sh) draws no such line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+    fake = tmp_path / "site" / "transformers-5.10.0.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 5.10.0\n")
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update(VIDCACHE_DIR=str(tmp_path / "node"), PYTHONPATH=str(tmp_path / "site"))
+    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "doctor", "--fast"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    line = next(ln for ln in r.stdout.splitlines() if " transformers " in ln)
+    assert r.returncode == 1 and line.startswith("FAIL") and "5.10.0" in line and ">=5.12.1" in line, r.stdout
+    assert "replace this image's pin" in line
+    miles = Path(__file__).resolve().parent.parent / ".overlays" / "sglang-0.5.16"
+    if not miles.parent.is_dir():
+        pytest.skip("no overlays (.overlays/): run scripts/install.sh --test for the Miles-image half")
+    env["PYTHONPATH"] = str(miles)
+    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "doctor", "--fast"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    line = next(ln for ln in r.stdout.splitlines() if " transformers " in ln)
+    assert line.startswith("OK") and "5.12.1" in line and "UNVERIFIED" not in line, r.stdout

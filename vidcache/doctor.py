@@ -55,9 +55,41 @@ def versions() -> list[Check]:
         if v is None:
             out.append(Check(dist, not required, "not installed" + ("" if required else " (optional)"),
                              f"pip install {dist}"))
+        elif (spec := _fought(dist, v)) is not None:
+            out.append(Check(dist, False, f"{v}, but vidcache requires {dist}{spec}: installing vidcache would "
+                                          "replace this image's pin", f"keep the image's {dist} and use a vidcache "
+                                                                      f"release whose floor it meets, or the image's "
+                                                                      f"{dist} that meets {spec}"))
         else:
-            out.append(Check(dist, True, v))
+            out.append(Check(dist, True, v + _layout_note(dist, v)))
     return out
+
+
+def _fought(dist: str, version: str) -> str | None:
+    """The requirement of the installed vidcache on ``dist`` that ``version`` does not meet (pip would replace
+    it), or None: read from vidcache's own metadata, so it is always the floor this install declares."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion
+    for raw in md.requires("vidcache") or []:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        if req.marker is None and req.name.lower() == dist.lower() and req.specifier:
+            try:
+                if not req.specifier.contains(version, prereleases=True):
+                    return str(req.specifier)
+            except InvalidVersion:
+                return None
+    return None
+
+
+def _layout_note(dist: str, version: str) -> str:
+    from .token_layout import VERIFIED_TRANSFORMERS
+    if dist == "transformers" and version not in VERIFIED_TRANSFORMERS:
+        return (f" (UNVERIFIED for Qwen3-VL's token layout: verified {', '.join(VERIFIED_TRANSFORMERS)}; "
+                "check-server compares it with the server's)")
+    return ""
 
 
 def _fstype(path: str) -> str | None:
