@@ -182,7 +182,8 @@ def test_kill_9_during_a_write_leaves_nothing_visible(tmp_path, videos):
     assert len(_entries_are_whole(cache)) == 2
 
 
-def test_ctrl_c_stops_a_cli_prewarm_with_a_summary_and_a_rerun_completes(tmp_path):
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_ctrl_c_stops_a_cli_prewarm_with_a_summary_and_a_rerun_completes(tmp_path, backend):
     """Issue 33, CLI only, on a fresh node: Ctrl-C (SIGINT to the whole process group, as a terminal sends it)
     during a 20-row prewarm stops scheduling, lets the rows in flight finish or abandons them, prints the summary
     saying "interrupted", exits 130 within 5 s with no traceback, and leaves nothing partial: the re-run builds
@@ -204,12 +205,14 @@ def test_ctrl_c_stops_a_cli_prewarm_with_a_summary_and_a_rerun_completes(tmp_pat
     ds.write_text("\n".join(rows) + "\n")
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
     env["VIDCACHE_DIR"] = str(tmp_path / "node")
-    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--workers", "2", "--log-interval", "0.2"]
+    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--log-interval", "0.2"] + (
+        ["--workers", "2"] if backend == "local" else ["--ray"])
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     deadline = time.monotonic() + 300
     line = ""
-    while "prewarm: 1" not in line and "prewarm: 2" not in line:     # a progress line: work is under way
+    import re
+    while not re.match(r"prewarm( \(ray\))?: [1-9][0-9]*/20 ", line):    # a progress line: work is under way
         line = proc.stderr.readline()
         assert line or proc.poll() is None, "prewarm ended before it could be interrupted"
         assert time.monotonic() < deadline
