@@ -59,10 +59,13 @@ def main() -> None:
                     timed(vc + ["prewarm", ds, "--no-progress"], env)      # put it back (a hit from the tier)
         b = statistics.median(base)
         print(f"baseline: python -c 'import torch' median {b:.2f} s over {a.repeat} runs")
-        print(f"{'command':<16} {'median s':>9} {'ratio':>7}")
+        print(f"{'command':<16} {'median s':>9} {'ratio':>7} {'worst':>7}")
+        worst = {}
         for name, ts in times.items():
             m = statistics.median(ts)
-            print(f"{name:<16} {m:>9.2f} {m / b:>6.2f}x")
+            worst[name] = max(t / bt for t, bt in zip(ts, base))     # each run against the baseline beside it
+            print(f"{name:<16} {m:>9.2f} {m / b:>6.2f}x {worst[name]:>6.2f}x")
+        print(f"stats/ls worst of {a.repeat}: {max(worst['stats'], worst['ls']):.2f}x a bare import torch (target 0.3x)")
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from . import keys
 from .config import (CacheConfig, local_identity, missing_local_identity, node_tier, remember_identity,
                      remembered_identity, shared_identity)
@@ -43,6 +41,7 @@ from .store.tiered import out_of_space
 log = logging.getLogger("vidcache")
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 _UNFETCHED = object()     # "not fetched yet", as distinct from a fetch that found nothing (None)
@@ -424,6 +423,7 @@ class VideoCache:
     @contextlib.contextmanager
     def read_frames(self, key: str):
         """Zero-copy: a read-only uint8 TCHW numpy view into the memory map, valid inside the block."""
+        import numpy as np          # here, not at import: the CLI's manifest commands never need it
         m, compact = self._manifest_for_read(key)
         with self._blob(m, compact=compact) as src:
             view = np.frombuffer(src, dtype=np.uint8).reshape(m.frames.shape)
@@ -433,6 +433,7 @@ class VideoCache:
     def frames(self, key: str, manifest: Manifest | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The cached uint8 TCHW frames: one copy out of the memory map (into ``out`` if given), or none
         when they were just expanded from the shared tier's compact object."""
+        import numpy as np
         import torch
         m, compact = (manifest, _UNFETCHED) if manifest is not None else self._manifest_for_read(key)
         shape = list(m.frames.shape)

@@ -17,6 +17,7 @@ import asyncio
 import errno
 import functools
 import os
+import sys
 import threading
 import time
 from typing import Iterable, Iterator, Mapping
@@ -31,13 +32,25 @@ from ..errors import (ConfigError, InvalidKeyError, NoSpaceError, PermissionDeni
 from .base import Store
 from .publish import PARTIAL_MAX_AGE_S, is_partial, publish_bytes
 
-try:
-    import aiohttp
-    import botocore.exceptions as _boto
-    from s3fs.core import S3_RETRYABLE_ERRORS
-except ImportError:        # s3fs is a dependency, but only S3 tiers need it
-    aiohttp = _boto = None
-    S3_RETRYABLE_ERRORS = ()
+
+
+@functools.lru_cache(maxsize=None)
+def _s3_stack():
+    """aiohttp, botocore's exceptions and s3fs's retryable errors, imported by the first S3 tier (s3fs imports
+    them; 0.14 s of every CLI call on a node whose tier is a directory, so never before)."""
+    try:
+        import aiohttp
+        import botocore.exceptions as boto
+        from s3fs.core import S3_RETRYABLE_ERRORS
+    except ImportError:        # s3fs is a dependency, but only S3 tiers need it
+        return None, None, ()
+    return aiohttp, boto, S3_RETRYABLE_ERRORS
+
+
+def _s3_errors():
+    """``_s3_stack`` where S3 can have failed (botocore is loaded); else nothing of it was used, so no error of
+    its can exist, and nothing is imported."""
+    return _s3_stack() if "botocore" in sys.modules else (None, None, ())
 
 ENV_TIMEOUT = "VIDCACHE_SHARED_TIMEOUT_S"
 # The most one call on one object may take, end to end.  Generous, because a blob can be a few hundred MB
@@ -110,6 +123,7 @@ def _in_thread(limit: float, fn, *args, **kwargs):
 
 def _failure(e: BaseException, s3: bool) -> str | None:
     """What kind of tier failure ``e`` is, or None when it is not one (a bug: passed on untouched)."""
+    aiohttp, _boto, _ = _s3_errors()
     n = e.errno if isinstance(e, OSError) else None
     if isinstance(e, TimeoutError) or n == errno.ETIMEDOUT or (
             _boto and isinstance(e, (_boto.ConnectTimeoutError, _boto.ReadTimeoutError))):
@@ -254,7 +268,7 @@ class FsspecStore(Store):
                             sink(chunk)
                             got += len(chunk)
                         return
-                    except S3_RETRYABLE_ERRORS:
+                    except _s3_stack()[2]:
                         if attempt + 1 >= self.fs.retries or etag is None:
                             raise
                         await asyncio.sleep(min(1.7 ** attempt * 0.1, 15))
