@@ -310,3 +310,29 @@ def test_prewarm_sweeps_old_partial_files_of_killed_publishes(tmp_path, videos):
     r = vc(["prewarm", str(ds)], tmp_path / "b", tier)
     assert r.returncode == 0 and "removed 1 partial file(s)" in r.stderr, r.stderr
     assert not old.exists() and young.exists()
+
+
+def test_upgrade_never_trusts_an_unsound_object_at_the_compact_name(tmp_path, videos):
+    """D32, CLI only for the upgrade: a raw-layout tier where a bit-rotted frozen file (stock mode of the older
+    layout publishes to the same name) already sits at one entry's compact name.  `verify --shared --upgrade`
+    proves the object before it deletes the raw frames: the bad one is moved aside and replaced, and a fresh
+    node reads every entry exactly (before: the raw blob was deleted, and the entry was lost)."""
+    tier = tmp_path / "tier"
+    old = VideoCache(tmp_path / "old", shared=str(tier), shared_layout="raw")
+    k1 = old.ensure(videos["ffv1_10_small"], VideoOptions()).key
+    k2 = old.ensure(videos["mjpeg_24"], VideoOptions()).key
+    want = {k: old.frames(k) for k in (k1, k2)}
+    writer = VideoCache(tmp_path / "writer", shared=str(tier))
+    assert writer._publish_compact(k2, want[k2])                   # a sound object at k2's compact name ...
+    name = tier / next(n for n in ns(tier, "frozen/") if k2 in n and n.endswith(".nut"))
+    data = bytearray(name.read_bytes())
+    data[len(data) // 2] ^= 0x55                                    # ... rotted in its middle
+    name.write_bytes(bytes(data))
+    r = vc(["verify", "--shared", "--upgrade"], tmp_path / "nodeB", tier)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "2 converted to compact objects" in r.stdout, r.stdout + r.stderr
+    assert any(k2 in n for n in ns(tier, "quarantine/")), tier_names(tier)       # the bad one, kept aside
+    fresh = VideoCache(tmp_path / "nodeC", shared=str(tier))
+    assert all(torch.equal(fresh.frames(k), v) for k, v in want.items())
+    r = vc(["verify", "--shared"], tmp_path / "nodeD", tier)
+    assert r.returncode == 0 and "verify: 2 ok, 0 bad" in r.stdout, r.stdout + r.stderr

@@ -24,8 +24,8 @@ from . import keys
 from .config import (CacheConfig, local_identity, missing_local_identity, node_tier, remember_identity,
                      remembered_identity, shared_identity)
 from .digest import Digest
-from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
-                     PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
+from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, FrozenFileError,
+                     NotCachedError, PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
 from .integrity import (blob_matches, check_object, checked_frames, compact_frames, frozen_problem, quarantine,
                         tier_copy)
 from .loader.fetch import fetch, fingerprint
@@ -255,7 +255,30 @@ class VideoCache:
         ckey = self.compact_key(key)
         if self.shared.set_if_not_exists(ckey, value):
             self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
-        return True
+            return True
+        # Something is at the name already (another node's object, or a stock-mode frozen file of the older
+        # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
+        # then deleted the entry's only sound frames).  An unsound one is moved aside and ours takes its place.
+        want = str(Digest.of(frames.numpy().tobytes() if hasattr(frames, "numpy") else bytes(frames)))
+        if self._compact_holds(ckey, tuple(frames.shape), want):
+            return True
+        log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced", ckey, key)
+        self.quarantine_frozen("shared", key, f.suffix)
+        if self.shared.set_if_not_exists(ckey, value):
+            self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
+            return True
+        return self._compact_holds(ckey, tuple(frames.shape), want)      # a racing node's: checked the same way
+
+    def _compact_holds(self, ckey: str, shape: tuple, blob: str) -> bool:
+        """Whether the shared tier's object ``ckey`` decodes to frames of ``shape`` hashing to ``blob``."""
+        from .frozen_file import frames_bytes
+        value = self.shared.get(ckey)
+        if value is None:
+            return False
+        try:
+            return str(Digest.of(frames_bytes(value, shape))) == blob
+        except FrozenFileError:
+            return False
 
     def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> np.ndarray | None:
         """``m``'s frames from the shared tier's compact object (``value``: its bytes, or the ``Prefetch`` still
@@ -630,10 +653,17 @@ class VideoCache:
             else:
                 out["kept_raw"] += 1
         for b in touched:
-            if all(sh.exists_many([self.compact_key(k)])[0] for k in users.get(b, [])):
+            # Deleted only when every entry of the tier that names the blob has a compact object proven to decode
+            # to it (checked here, not taken on its existence).
+            if all(self._compact_holds(self.compact_key(k), tuple(self._shape_of(k) or ()), b)
+                   for k in users.get(b, [])):
                 out["freed_bytes"] += sh.size(keys.cas(b)) or 0
                 sh.delete(keys.cas(b))
         return out
+
+    def _shape_of(self, key: str):
+        m = self.manifest(key)
+        return None if m is None else m.frames.shape
 
     def _sources_of(self, key: str) -> list[str]:
         """Sources whose records point at ``key``'s content."""
