@@ -180,3 +180,30 @@ def test_long_commands_say_what_they_do_before_the_heavy_imports(tmp_path, ds):
     r = vc(["prewarm", str(ds), "--no-progress"], tmp_path, code=code)      # everything cached: a resume
     assert r.returncode == 0 and "0 new, 1 hit" in r.stdout, r.stdout + r.stderr
     assert not [ln for ln in r.stderr.splitlines() if ln.startswith("IMPORTING")], r.stderr
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_killing_a_verb_stops_its_forked_child(tmp_path, hung_endpoint, how):
+    """D36: the verbs that walk LMDB work in a forked child; killing the pid the user started (kill, timeout, a
+    scheduler) stops the child too, within seconds, whether the parent could forward the signal (SIGTERM) or
+    not (SIGKILL: the child's parent-death signal).  The child here waits on a shared tier that never answers."""
+    import signal
+    import time
+
+    import psutil
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node"),
+           "VIDCACHE_SHARED": "s3://bucket/tier", "AWS_ENDPOINT_URL": hung_endpoint, "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "x", "AWS_DEFAULT_REGION": "us-east-1", "VIDCACHE_SHARED_TIMEOUT_S": "300"}
+    proc = subprocess.Popen([sys.executable, "-m", "vidcache.cli", "ls"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    while not parent.children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (child,) = parent.children()
+    time.sleep(1.0)                                     # the child is at work (waiting on the tier)
+    assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+    proc.send_signal(getattr(signal, how))
+    proc.wait(timeout=30)
+    gone, alive = psutil.wait_procs([child], timeout=10)
+    assert not alive, f"the child outlived its parent's {how}"

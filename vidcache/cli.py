@@ -687,9 +687,15 @@ def _walk_in_child(args) -> int | None:
     import signal
     sys.stdout.flush()
     sys.stderr.flush()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
+        _die_with_parent(parent)
         return None
+    # What stops the parent (kill, timeout, a scheduler stopping the pid it started) stops the child (D36: a
+    # killed `verify --upgrade` went on deleting); SIGKILL cannot be caught: the child's death signal covers it.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os.kill(pid, signum))
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -707,6 +713,20 @@ def _walk_in_child(args) -> int | None:
         return 1
     print(f"vidcache: error: [internal] `vidcache {args.cmd}` died of {sig.name}", file=sys.stderr)
     return 128 + sig.value
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a forked child: be sent SIGTERM when the parent dies, however it dies (Linux ``PR_SET_PDEATHSIG``),
+    and exit now if it already has (the race between fork and the call)."""
+    import ctypes
+    import signal
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)        # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):                      # not Linux: only the forwarded signals stop it
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def entry() -> None:
