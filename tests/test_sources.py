@@ -363,3 +363,33 @@ def test_legacy_loose_temp_files_are_swept_when_old(tmp_path):
     if os.path.exists("/proc/self/stat"):
         assert sweep_stale(str(tmp_path)) == 10 and os.listdir(tmp_path) == [new.name]
     assert sweep_stale(str(tmp_path / "absent")) == 0 and tmp_bytes(str(tmp_path / "absent")) == 0
+
+
+def test_a_local_source_that_changes_while_it_is_decoded_caches_nothing(tmp_path, videos, monkeypatch):
+    """D35: the decoder reopens a local source by name after it was hashed; if the file changed meanwhile
+    (a file still being written), frames of other bytes would be cached under the digest.  The entry is refused
+    (SourceChangedError, a row failure of its own kind) and nothing is cached; once the file holds still it
+    builds, under the digest of what it now is."""
+    import shutil
+
+    import vidcache.loader.build as build
+    from vidcache import VideoCache, VideoOptions
+    from vidcache.errors import SourceChangedError
+    src = tmp_path / "growing.mp4"
+    shutil.copy(videos["h264_30"], src)
+    real = build.decode_sample_resize
+
+    def decode_then_grow(path, *a, **k):
+        out = real(path, *a, **k)
+        with open(path, "ab") as f:          # the writer appends while the row is being built
+            f.write(b"\0" * 4096)
+        return out
+
+    c = VideoCache(tmp_path / "node")
+    monkeypatch.setattr(build, "decode_sample_resize", decode_then_grow)
+    with pytest.raises(SourceChangedError, match="changed while it was hashed and decoded"):
+        c.ensure(str(src), VideoOptions())
+    assert c.entries() == []
+    monkeypatch.setattr(build, "decode_sample_resize", real)
+    key = c.ensure(str(src), VideoOptions()).key
+    assert c.entries() == [key] and key.split(".")[1] == str(src.stat().st_size)

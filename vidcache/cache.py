@@ -208,6 +208,7 @@ class VideoCache:
                 "max_decoded_bytes": self.config.max_decoded_bytes}
             frames, built = decode_sample_resize(fetched.path, options, self.decoder,
                                                  decoder_threads=self.config.decoder_threads, **budget)
+            fetched.check_unchanged()           # decoded what was hashed, or nothing is cached (D35)
         finally:
             fetched.cleanup()
         raw = memoryview(frames.numpy()).cast("B")     # no second copy of the frames (peak memory)

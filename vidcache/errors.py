@@ -36,6 +36,11 @@ class FetchTimeoutError(SourceError, TimeoutError):
     kind = "fetch_timeout"
 
 
+class SourceChangedError(SourceError, ValueError):
+    """A local source that changed while it was hashed and decoded (still being written?)."""
+    kind = "source_changed"
+
+
 class EmptySourceError(SourceError, ValueError):
     kind = "empty"
 

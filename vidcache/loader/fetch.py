@@ -29,7 +29,7 @@ import fsspec
 import fsspec.asyn
 
 from ..digest import CHUNK, Digest, StreamingDigest
-from ..errors import (EmptySourceError, FetchTimeoutError, InvalidSourceError, SchemeNotAllowedError,
+from ..errors import (EmptySourceError, FetchTimeoutError, InvalidSourceError, SchemeNotAllowedError, SourceChangedError,
                       SourceError, SourceNotFoundError, SourceTooLargeError, SourceUnavailableError)
 
 DEFAULT_SCHEMES = ("file", "http", "https", "s3", "data")
@@ -232,6 +232,21 @@ class Fetched:
     path: str
     digest: Digest
     temporary: bool
+    stat: tuple | None = None      # a local source's (device, inode, size, mtime_ns) when it was hashed
+
+    def check_unchanged(self) -> None:
+        """Raise ``SourceChangedError`` if the local source is no longer the file that was hashed: the decoder
+        reopens it by name, and frames decoded from other bytes than the digest names would be cached under
+        it (D35: one key, different frames on two nodes)."""
+        if self.stat is None:
+            return
+        try:
+            now = _identity(os.stat(self.path))
+        except OSError as e:
+            raise SourceChangedError(f"{self.path} went away while it was decoded ({e.strerror})") from None
+        if now != self.stat:
+            raise SourceChangedError(f"{self.path} changed while it was hashed and decoded (size {self.stat[2]} -> "
+                                     f"{now[2]} bytes): nothing was cached; prewarm it again once it is complete")
 
     def cleanup(self) -> None:
         if self.temporary:
@@ -239,6 +254,10 @@ class Fetched:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def fetch(source: str, limits: FetchLimits = FetchLimits(), tmp_dir: str | None = None) -> Fetched:
@@ -258,7 +277,11 @@ def fetch(source: str, limits: FetchLimits = FetchLimits(), tmp_dir: str | None 
                 raise
             with open(fd, "rb") as f:
                 digest = _stream(f, None, source, limits, deadline)
-        return Fetched(path, digest, temporary=False)
+                after = os.fstat(f.fileno())
+        if _identity(after) != _identity(st) or after.st_size != digest.size_bytes:
+            raise SourceChangedError(f"{source} changed while it was hashed ({st.st_size} -> {after.st_size} "
+                                     "bytes): nothing was cached; prewarm it again once it is complete")
+        return Fetched(path, digest, temporary=False, stat=_identity(after))
 
     fs, p = _filesystem(source, scheme, limits)
     fd, tmp = tempfile.mkstemp(prefix="fetch-", suffix=".video", dir=tmp_dir)
