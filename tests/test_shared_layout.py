@@ -336,3 +336,28 @@ def test_upgrade_never_trusts_an_unsound_object_at_the_compact_name(tmp_path, vi
     assert all(torch.equal(fresh.frames(k), v) for k, v in want.items())
     r = vc(["verify", "--shared"], tmp_path / "nodeD", tier)
     assert r.returncode == 0 and "verify: 2 ok, 0 bad" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_symlink_planted_at_an_object_name_is_never_followed(tmp_path, videos):
+    """D33: anyone who can write the export plants `frozen/.../<key>.nut -> /a/node/secret`.  A fresh node never
+    reads through the link: the entry is as if that object were missing (the read fails by name or is rebuilt),
+    and nothing of the secret reaches the tier (its quarantine/ included)."""
+    from vidcache.errors import NotCachedError
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    obj = tier / next(n for n in ns(tier, "frozen/") if key in n and n.endswith(".nut"))
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"TOPSECRET" * 1000)
+    obj.unlink()
+    obj.symlink_to(secret)
+    b = VideoCache(tmp_path / "b", shared=str(tier))
+    with pytest.raises(NotCachedError):
+        b.frames(key)
+    r = vc(["verify", "--shared"], tmp_path / "c", tier)                 # CLI: named, no traceback
+    assert "Traceback" not in r.stderr and key in r.stdout + r.stderr
+    for d, _, fs in os.walk(tier):
+        for f in fs:
+            p = os.path.join(d, f)
+            if not os.path.islink(p):
+                assert b"TOPSECRET" not in open(p, "rb").read(), p

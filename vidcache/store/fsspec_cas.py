@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import errno
 import functools
+import logging
 import os
+import stat
 import sys
 import threading
 import time
@@ -47,11 +49,29 @@ def _s3_stack():
     return aiohttp, boto, S3_RETRYABLE_ERRORS
 
 
+def _open_object(path: str):
+    """A directory tier's object, opened only if it is a regular file of the tier itself: a symlink planted at an
+    object's name is not followed (D33: every node that read it copied the link's target, a file of its own, into
+    the tier's quarantine/), and counts as no object, like a directory at the name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            log.warning("not following the symlink at %s: a tier's objects are its own files", path)
+            raise FileNotFoundError(errno.ENOENT, "a symlink, not an object", path) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+    return os.fdopen(fd, "rb")
+
+
 def _s3_errors():
     """``_s3_stack`` where S3 can have failed (botocore is loaded); else nothing of it was used, so no error of
     its can exist, and nothing is imported."""
     return _s3_stack() if "botocore" in sys.modules else (None, None, ())
 
+log = logging.getLogger(__name__)
 ENV_TIMEOUT = "VIDCACHE_SHARED_TIMEOUT_S"
 # The most one call on one object may take, end to end.  Generous, because a blob can be a few hundred MB
 # on a slow link; it exists to stop a hung tier (an S3 PUT to a hung endpoint otherwise waits forever, and
@@ -244,6 +264,11 @@ class FsspecStore(Store):
         # S3: one GET; s3fs otherwise sends a HEAD first to plan concurrent ranges
         kwargs = {"max_concurrency": 1} if self._s3 else {}
         try:
+            if self._local:
+                def read() -> bytes:
+                    with _open_object(path) as fh:
+                        return fh.read()
+                return self._call(f"get {key}", read)
             return self._call(f"get {key}", self.fs.cat_file, path, **kwargs)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
@@ -277,7 +302,7 @@ class FsspecStore(Store):
             run = functools.partial(fsspec.asyn.sync, self.fs.loop, pump)
         elif self._local:
             def run() -> None:
-                with open(path, "rb") as fh:
+                with _open_object(path) as fh:
                     while chunk := fh.read(STREAM_PIECE):
                         sink(chunk)
         else:
