@@ -186,3 +186,17 @@ def test_cli_check_server_in_stock_mode_sends_the_sglang_nodes_mount(tmp_path, m
         assert fails and "not-mounted-here/frozen/" in fails[0] and "VIDCACHE_SHARED_SERVER_PATH" in fails[0], r.stdout
         r = check(tmp_path / "mntB")
         assert r.returncode == 0 and "parity established" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_canary_is_one_entry_however_often_it_runs(tmp_path):
+    """D40: the canary is the same file every run (NUT: Matroska wrote a random segment UID), so repeated checks
+    (Miles runs one per worker per process) add no entries and no source records to the tier."""
+    from vidcache import VideoCache
+    from vidcache import keys as K
+    from vidcache.sglang.check import canary_handle
+    c = VideoCache(tmp_path / "node", shared=str(tmp_path / "tier"))
+    for mode in ("plugin", "stock"):
+        first = canary_handle("qwen2_5_vl", mode, c).resolve()
+        assert all(canary_handle("qwen2_5_vl", mode, c).resolve() == first for _ in range(3))
+    assert len(c.entries()) == 2
+    assert len(list(c.shared.keys(K.SRC))) == 1                  # one source (the fixed canary path), two options

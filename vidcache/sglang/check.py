@@ -124,10 +124,20 @@ def canary_handle(family: str, mode: str, cache=None, sglang_version: str | None
     from ..handle import get
     rng = np.random.default_rng(20261201)
     frames = rng.integers(0, 256, (8, 96, 96, 3), dtype=np.uint8)      # 2 s at 4 fps: noise exercises every bit
-    with tempfile.TemporaryDirectory(prefix="vidcache-canary-") as d:
-        path = os.path.join(d, "vidcache-canary.mkv")
-        write_video(path, frames, codec="ffv1", rate=Fraction(4), pix_fmt="bgr0")
-        return get(path, canary_options(family, mode, sglang_version), cache)
+    # NUT, not Matroska: Matroska writes a random segment UID, so every run cached a new canary entry (D40).  One
+    # fixed path per user, written whole (os.replace), so its source record is the same every run too.
+    d = os.path.join(tempfile.gettempdir(), f"vidcache-canary-{os.getuid() if hasattr(os, 'getuid') else 0}")
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, "vidcache-canary.nut")
+    tmp = tempfile.NamedTemporaryFile(dir=d, suffix=".nut", delete=False)
+    tmp.close()
+    try:
+        write_video(tmp.name, frames, codec="ffv1", rate=Fraction(4), pix_fmt="bgr0", exact_time_base=True)
+        os.replace(tmp.name, path)
+    finally:
+        if os.path.exists(tmp.name):
+            os.unlink(tmp.name)
+    return get(path, canary_options(family, mode, sglang_version), cache)
 
 
 def _load_processor(path: str):
