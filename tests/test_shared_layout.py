@@ -361,3 +361,22 @@ def test_a_symlink_planted_at_an_object_name_is_never_followed(tmp_path, videos)
             p = os.path.join(d, f)
             if not os.path.islink(p):
                 assert b"TOPSECRET" not in open(p, "rb").read(), p
+
+
+def test_a_crash_between_the_object_and_its_record_heals_on_the_next_publish(tmp_path, videos):
+    """D39: a node dies after the compact object's PUT and before its digest record.  The next publish of that
+    entry (the resumed prewarm rebuilding it) finds the sound object and writes the missing record, so `verify
+    --shared` (CLI, a fresh node) passes without --repair."""
+    tier = tmp_path / "tier"
+    a = VideoCache(tmp_path / "a", shared=str(tier))
+    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    frames = a.frames(key)
+    records = [n for n in ns(tier, "frozen-digest/") if key in n]
+    assert records, tier_names(tier)
+    for n in records:
+        os.unlink(tier / n)                                     # the crash: the object, and no record
+    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr      # what D39 reported
+    assert a._publish_compact(key, frames)                      # the resumed run's publish
+    r = vc(["verify", "--shared"], tmp_path / "c", tier)
+    assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr

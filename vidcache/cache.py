@@ -261,25 +261,30 @@ class VideoCache:
         # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
         # then deleted the entry's only sound frames).  An unsound one is moved aside and ours takes its place.
         want = str(Digest.of(frames.numpy().tobytes() if hasattr(frames, "numpy") else bytes(frames)))
-        if self._compact_holds(ckey, tuple(frames.shape), want):
-            return True
-        log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced", ckey, key)
-        self.quarantine_frozen("shared", key, f.suffix)
-        if self.shared.set_if_not_exists(ckey, value):
-            self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
-            return True
-        return self._compact_holds(ckey, tuple(frames.shape), want)      # a racing node's: checked the same way
+        if (there := self._sound_compact(ckey, tuple(frames.shape), want)) is None:
+            log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
+                        ckey, key)
+            self.quarantine_frozen("shared", key, f.suffix)
+            if self.shared.set_if_not_exists(ckey, value):
+                self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
+                return True
+            if (there := self._sound_compact(ckey, tuple(frames.shape), want)) is None:   # a racing node's
+                return False
+        rkey = keys.frozen_digest(key, f.suffix)
+        if self.shared.get(rkey) is None:      # D39: a crash between the object and its record left none
+            self.shared.set_many({rkey: str(Digest.of(there)).encode()})
+        return True
 
-    def _compact_holds(self, ckey: str, shape: tuple, blob: str) -> bool:
-        """Whether the shared tier's object ``ckey`` decodes to frames of ``shape`` hashing to ``blob``."""
+    def _sound_compact(self, ckey: str, shape: tuple, blob: str) -> bytes | None:
+        """The shared tier's object ``ckey`` when it decodes to frames of ``shape`` hashing to ``blob``, else None."""
         from .frozen_file import frames_bytes
         value = self.shared.get(ckey)
         if value is None:
-            return False
+            return None
         try:
-            return str(Digest.of(frames_bytes(value, shape))) == blob
+            return value if str(Digest.of(frames_bytes(value, shape))) == blob else None
         except FrozenFileError:
-            return False
+            return None
 
     def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> np.ndarray | None:
         """``m``'s frames from the shared tier's compact object (``value``: its bytes, or the ``Prefetch`` still
@@ -656,7 +661,7 @@ class VideoCache:
         for b in touched:
             # Deleted only when every entry of the tier that names the blob has a compact object proven to decode
             # to it (checked here, not taken on its existence).
-            if all(self._compact_holds(self.compact_key(k), tuple(self._shape_of(k) or ()), b)
+            if all(self._sound_compact(self.compact_key(k), tuple(self._shape_of(k) or ()), b) is not None
                    for k in users.get(b, [])):
                 out["freed_bytes"] += sh.size(keys.cas(b)) or 0
                 sh.delete(keys.cas(b))
