@@ -66,6 +66,7 @@ def test_stock_server_passes_in_stock_mode_and_names_the_missing_plugin(tmp_path
         res = check_server(srv.url, mode="stock", processor=build_processor(FAMILY))
         assert res.ok, res.lines()
         assert any(p.startswith("canary ids match") for p in res.passed)
+        assert "the pixels are NOT checked" in res.lines()[-1]          # D38: the verdict says what it covers
         res = check_server(srv.url, mode="plugin", processor=build_processor(FAMILY))
         assert [c.kind for c in res.causes] == ["plugin"], res.lines()
         assert "not loaded" in res.causes[0].message

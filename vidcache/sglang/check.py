@@ -71,7 +71,10 @@ class ServerCheck:
         head = f"{self.url}: SGLang {self.version or '?'}, {self.family or '?'}, {self.mode or '?'} mode"
         warn = [f"WARN {w}" for w in self.warnings]
         if self.ok:
-            return warn + [f"OK   {head}: parity established ({'; '.join(self.passed)})"]
+            # Stock mode sees ids and the server's self-reported config only (D38): the line says so.
+            limit = ("; stock mode: the pixels are NOT checked (the server's own processor settings and decoder "
+                     "are taken on trust; --mode plugin attests them)" if self.mode == "stock" else "")
+            return warn + [f"OK   {head}: parity established ({'; '.join(self.passed)}{limit})"]
         return warn + [f"{head}: parity NOT established"] + [c.line() for c in self.causes]
 
     def raise_for_causes(self) -> None:
