@@ -323,7 +323,7 @@ def test_upgrade_never_trusts_an_unsound_object_at_the_compact_name(tmp_path, vi
     k2 = old.ensure(videos["mjpeg_24"], VideoOptions()).key
     want = {k: old.frames(k) for k in (k1, k2)}
     writer = VideoCache(tmp_path / "writer", shared=str(tier))
-    assert writer._publish_compact(k2, want[k2])                   # a sound object at k2's compact name ...
+    assert writer._publish_compact(k2, want[k2], old.manifest(k2))   # a sound object at k2's compact name ...
     name = tier / next(n for n in ns(tier, "frozen/") if k2 in n and n.endswith(".nut"))
     data = bytearray(name.read_bytes())
     data[len(data) // 2] ^= 0x55                                    # ... rotted in its middle
@@ -377,7 +377,7 @@ def test_a_crash_between_the_object_and_its_record_heals_on_the_next_publish(tmp
         os.unlink(tier / n)                                     # the crash: the object, and no record
     r = vc(["verify", "--shared"], tmp_path / "b", tier)
     assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr      # what D39 reported
-    assert a._publish_compact(key, frames)                      # the resumed run's publish
+    assert a._publish_compact(key, frames, a.manifest(key))     # the resumed run's publish
     r = vc(["verify", "--shared"], tmp_path / "c", tier)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
 

@@ -24,8 +24,8 @@ from . import keys
 from .config import (CacheConfig, local_identity, missing_local_identity, node_tier, remember_identity,
                      remembered_identity, shared_identity)
 from .digest import Digest
-from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, FrozenFileError,
-                     NotCachedError, PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
+from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
+                     PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
 from .integrity import (blob_matches, check_object, checked_frames, compact_frames, frozen_problem, quarantine,
                         tier_copy)
 from .loader.fetch import fetch, fingerprint
@@ -219,7 +219,7 @@ class VideoCache:
         # Blob first, manifest last: one transaction locally; on the shared tier the manifest is
         # published only after its frames (compact or raw), so no reader sees a manifest without them.
         items = {keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record}
-        if self._publish_compact(key, frames):
+        if self._publish_compact(key, frames, man):
             self.shared.set_many({k: v for k, v in items.items() if not k.startswith(keys.CAS)})
             self.local.set_many(items)
         else:
@@ -232,10 +232,11 @@ class VideoCache:
         from .frozen_file import FORMATS
         return keys.frozen(key, FORMATS[COMPACT_FORMAT].suffix)
 
-    def _publish_compact(self, key: str, frames) -> bool:
+    def _publish_compact(self, key: str, frames, m: Manifest) -> bool:
         """Put ``key``'s frames into the shared tier as its compact object, verified to decode exactly with
         every decoder SGLang may use, its digest recorded after it.  False: the tier keeps raw frames for
-        this entry (a raw-layout cache, no shared tier, or a clip no frozen file holds exactly)."""
+        this entry (a raw-layout cache, no shared tier, or a clip no frozen file holds exactly).  ``m``: the
+        entry's manifest, what an object already at the name must decode to before it is trusted."""
         if self.shared is None or self.read_only or self.config.shared_layout != "compact":
             return False
         import tempfile
@@ -260,31 +261,25 @@ class VideoCache:
         # Something is at the name already (another node's object, or a stock-mode frozen file of the older
         # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
         # then deleted the entry's only sound frames).  An unsound one is moved aside and ours takes its place.
-        want = str(Digest.of(frames.numpy().tobytes() if hasattr(frames, "numpy") else bytes(frames)))
-        if (there := self._sound_compact(ckey, tuple(frames.shape), want)) is None:
+        if (there := self._sound_compact(ckey, m)) is None:
             log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
                         ckey, key)
             self.quarantine_frozen("shared", key, f.suffix)
             if self.shared.set_if_not_exists(ckey, value):
                 self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
                 return True
-            if (there := self._sound_compact(ckey, tuple(frames.shape), want)) is None:   # a racing node's
+            if (there := self._sound_compact(ckey, m)) is None:   # a racing node's
                 return False
         rkey = keys.frozen_digest(key, f.suffix)
         if self.shared.get(rkey) is None:      # D39: a crash between the object and its record left none
             self.shared.set_many({rkey: str(Digest.of(there)).encode()})
         return True
 
-    def _sound_compact(self, ckey: str, shape: tuple, blob: str) -> bytes | None:
-        """The shared tier's object ``ckey`` when it decodes to frames of ``shape`` hashing to ``blob``, else None."""
-        from .frozen_file import frames_bytes
+    def _sound_compact(self, ckey: str, m: Manifest) -> bytes | None:
+        """The shared tier's object ``ckey`` when it decodes to exactly ``m``'s frames (``compact_frames``), else
+        None."""
         value = self.shared.get(ckey)
-        if value is None:
-            return None
-        try:
-            return value if str(Digest.of(frames_bytes(value, shape))) == blob else None
-        except FrozenFileError:
-            return None
+        return value if value is not None and compact_frames(value, m)[0] is not None else None
 
     def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> np.ndarray | None:
         """``m``'s frames from the shared tier's compact object (``value``: its bytes, or the ``Prefetch`` still
@@ -341,7 +336,7 @@ class VideoCache:
                 raise CorruptEntryError(f"entry {key}: its local blob is missing or unsound; not published "
                                         "(`vidcache verify --repair`)")
             frames = value if m.frames.encoding == "raw" else zlib.decompress(value)
-            if not self._publish_compact(key, _as_tensor(frames, m)):     # the bytes just checked, not a re-read
+            if not self._publish_compact(key, _as_tensor(frames, m), m):     # the bytes just checked, not a re-read
                 items[blob_key] = value
         raw = self.local.get(keys.ac(key))
         if raw is None:
@@ -624,7 +619,7 @@ class VideoCache:
         for name, tier in self._tiers():
             if name == "shared":
                 if not any(tier.exists_many([blob_key, self.compact_key(key)])):
-                    if not self._publish_compact(key, _as_tensor(frames, m)):
+                    if not self._publish_compact(key, _as_tensor(frames, m), m):
                         tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
             elif not tier.exists_many([blob_key])[0]:
                 tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
@@ -653,7 +648,7 @@ class VideoCache:
                 out["already"] += 1
                 continue
             frames = blob if m.frames.encoding == "raw" else zlib.decompress(blob)
-            if self._publish_compact(key, _as_tensor(frames, m)):
+            if self._publish_compact(key, _as_tensor(frames, m), m):
                 out["converted"] += 1
                 touched.add(m.frames.blob)
             else:
@@ -661,15 +656,11 @@ class VideoCache:
         for b in touched:
             # Deleted only when every entry of the tier that names the blob has a compact object proven to decode
             # to it (checked here, not taken on its existence).
-            if all(self._sound_compact(self.compact_key(k), tuple(self._shape_of(k) or ()), b) is not None
+            if all((mk := self.manifest(k)) is not None and self._sound_compact(self.compact_key(k), mk) is not None
                    for k in users.get(b, [])):
                 out["freed_bytes"] += sh.size(keys.cas(b)) or 0
                 sh.delete(keys.cas(b))
         return out
-
-    def _shape_of(self, key: str):
-        m = self.manifest(key)
-        return None if m is None else m.frames.shape
 
     def _sources_of(self, key: str) -> list[str]:
         """Sources whose records point at ``key``'s content."""

@@ -260,17 +260,23 @@ def cmd_verify(args) -> int:
 _PREFIX = re.compile(r"[0-9a-f]{4,32}(\.[0-9]{0,20}(\.[0-9a-f]{0,32})?)?")
 
 
+def _key_stem(given: str) -> str | None:
+    """``given`` without the ``..`` that `vidcache ls` prints, when it is a key or a prefix of one; else None."""
+    stem = given[:-2] if given.endswith("..") else given
+    return stem if _PREFIX.fullmatch(stem) else None
+
+
 def _full_key(cache, given: str) -> str:
     """``given`` as a whole entry key: a key as it is, or a prefix of one (``vidcache ls`` prints 16 hex digits
     and ``..``) completed over the entries of every tier, as git completes object names: refused when no entry or
     more than one starts with it."""
     from . import keys as k
     from .errors import InvalidKeyError
-    stem = given[:-2] if given.endswith("..") else given
+    stem = _key_stem(given)
+    if stem is None:
+        k.check_key(given)               # the usual "not a vidcache key" error
     if k.is_key(stem):
         return stem
-    if not _PREFIX.fullmatch(stem):
-        k.check_key(given)               # the usual "not a vidcache key" error
     names = set(cache.local.keys(k.AC)) | (set(cache.shared.keys(k.AC)) if cache.shared is not None else set())
     found = sorted({e for e in (k.entry_key(n) for n in names) if e.startswith(stem)})
     if len(found) == 1:
@@ -284,7 +290,7 @@ def _full_key(cache, given: str) -> str:
 def cmd_evict(args) -> int:
     from . import keys as k
     for key in args.keys:
-        if not (k.is_key(key) or _PREFIX.fullmatch(key[:-2] if key.endswith("..") else key)):
+        if _key_stem(key) is None:
             k.check_key(key)
     path = _node_dir(args)
     if not args.shared and not _has_local(path):
@@ -374,16 +380,16 @@ def cmd_inspect(args) -> int:
     from .errors import InvalidKeyError
     cache = _cache(args, read_only=True)
     target = args.target
-    stem = target[:-2] if target.endswith("..") else target
+    as_key = not os.path.exists(target) and _key_stem(target) is not None
     try:
-        if os.path.exists(target) or not _PREFIX.fullmatch(stem):
+        if not as_key:
             m = cache.manifest(target)
         else:                              # a key, or a prefix of one as `ls` prints it: its errors are the answer
             m = cache.manifest(_full_key(cache, target))
             if m is None:
                 raise InvalidKeyError(f"no cached entry has the key {target}")
     except InvalidKeyError:
-        if not os.path.exists(target) and _PREFIX.fullmatch(stem):
+        if as_key:
             raise
         m = None
         target = source_arg(target)

@@ -208,7 +208,7 @@ def expanded_ids(processor, prompt: str, manifests, mode: str = "plugin", token_
     reps = video_replacements(processor, manifests, mode)
     text = processor.get_text_with_replacements([prompt], videos_replacements=reps)[0][0] if reps else prompt
     ids = list(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
-    return to_layout(processor, ids, manifests, mode, token_layout)
+    return to_layout(processor, ids, manifests, mode, token_layout, reps)
 
 
 def video_replacements(processor, manifests, mode: str) -> list[str]:

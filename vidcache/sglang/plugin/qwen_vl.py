@@ -137,8 +137,9 @@ def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:
         raise ValueError(f"vidcache references of one request name different token layouts {sorted(map(str, wanted))}")
     (layout,) = wanted
     ids = ret["input_ids"]
-    new = to_layout(processor, ids[0].tolist(), [v.manifest for v in refs], "plugin", layout)
-    if len(new) != ids.shape[-1] or new != ids[0].tolist():
+    old = ids[0].tolist()
+    new = to_layout(processor, old, [v.manifest for v in refs], "plugin", layout)
+    if new != old:
         ret["input_ids"] = torch.tensor([new], dtype=ids.dtype)
         if "attention_mask" in ret:
             ret["attention_mask"] = torch.ones_like(ret["input_ids"])
