@@ -79,8 +79,8 @@ def cat(shared: str, opts: dict, cache: VideoCache, key: str) -> float:
     """A plain read of the objects a first read fetches: the manifest, and the compact object or the raw blob."""
     fs, root = fsspec.core.url_to_fs(shared, **opts)
     m = cache.manifest(key)
-    compact = cache.config.shared_layout == "compact" and cache.shared.exists_many([cache.compact_key(key)])[0]
-    objs = [keys.ac(key), cache.compact_key(key) if compact else keys.cas(m.frames.blob)]
+    compact = cache.config.shared_layout == "compact" and cache.shared.exists_many([cache.compact.key(key)])[0]
+    objs = [keys.ac(key), cache.compact.key(key) if compact else keys.cas(m.frames.blob)]
     t = time.perf_counter()
     for k in objs:
         fs.cat_file(cache.shared._path(k))

@@ -58,7 +58,7 @@ def main() -> None:
     from support.toy_processors import build_processor
 
     from vidcache import VideoOptions, prepare
-    from vidcache.cache import open_cache
+    from vidcache.node import open_cache
     from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config
     from vidcache.testing.videos import make_video
 

@@ -19,7 +19,6 @@ import os
 from dataclasses import dataclass
 
 from vidcache import VideoOptions
-from vidcache.config import ENV_DIR
 from vidcache.options import OPTION_HELP, PATCH_SIZE
 from vidcache.serving import MODES, STOCK_QWEN3_GRID, default_mode, stock_sglang_problems
 from vidcache.sglang.transport import TRANSPORTS
@@ -181,15 +180,7 @@ class VidcacheConfig:
         Its identity is read here, which registers it in the process: handles that name it (rebuilt from
         ``sample.metadata`` or a handle tensor) resolve to this cache even when it was configured by flags."""
         from vidcache import node_cache, open_cache
-        if self.cache is None and self.shared is None:
-            cache = node_cache()
-        else:
-            k = (self.cache or os.environ.get(ENV_DIR), self.shared)     # an unset directory means $VIDCACHE_DIR
-            if k not in _OPEN:
-                _OPEN[k] = open_cache(self.cache, shared=self.shared)
-            cache = _OPEN[k]
+        # vidcache.node keeps one cache per (directory, shared tier) per process: no registry of our own.
+        cache = node_cache() if self.cache is None and self.shared is None else open_cache(self.cache, shared=self.shared)
         cache.identity  # noqa: B018 -- registers the cache for handle resolution in this process
         return cache
-
-
-_OPEN: dict = {}

@@ -134,7 +134,7 @@ def test_verify_walks_the_shared_tier_and_repairs_it_from_the_local_copy(tmp_pat
     assert cli(["verify"] + args) == 0
     out = capsys.readouterr().out
     assert _verify_lines(out) == {key: "OK"} and "verify: 1 ok, 0 bad" in out
-    obj = c.compact_key(key)                            # the shared tier's one (compact) copy of the entry
+    obj = c.compact.key(key)                            # the shared tier's one (compact) copy of the entry
     raw = bytearray(c.shared.get(obj))
     raw[len(raw) // 2] ^= 0x10
     c.shared.set_many({obj: bytes(raw)})                # only the shared copy is damaged

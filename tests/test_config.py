@@ -10,7 +10,7 @@ from vidcache import keys
 from vidcache.config import (ENCODINGS, NODE_FILE, SHARED_LAYOUTS, VERIFY_READS, CacheConfig, NodeLayout,
                              local_identity, read_node_file, set_shared_identity, shared_identity, tier_record)
 from vidcache.errors import ConfigError, StoreError
-from vidcache.store.fsspec_cas import FsspecStore
+from vidcache.store.fsspec import FsspecStore
 from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore
 from vidcache.store.tiered import TieredStore

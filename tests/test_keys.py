@@ -5,7 +5,7 @@ import pytest
 from vidcache import VideoOptions, cache_key, keys
 from vidcache.digest import Digest
 from vidcache.errors import InvalidKeyError
-from vidcache.store.fsspec_cas import FsspecStore
+from vidcache.store.fsspec import FsspecStore
 
 GOOD = "0123456789abcdef0123456789abcdef.1234.fedcba9876543210fedcba9876543210"
 BAD_KEYS = ["../../etc/passwd", "0" * 32 + ".1.nope", "", None, 42, b"0" * 32, GOOD.upper(), GOOD + "\n",

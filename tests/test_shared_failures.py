@@ -21,8 +21,9 @@ import torch
 
 from vidcache.errors import (ConfigError, NoSpaceError, PermissionDeniedError, ReadOnlyFilesystemError,
                              ReadOnlyStoreError, SharedTimeoutError, SharedUnavailableError, StoreError)
-from vidcache.store import fsspec_cas, tiered
-from vidcache.store.fsspec_cas import FsspecStore, s3_storage_options
+from vidcache import errors
+from vidcache.store import fsspec as store_fsspec
+from vidcache.store.fsspec import FsspecStore, s3_storage_options
 from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore
 from vidcache.store.tiered import TieredStore, out_of_space
@@ -145,7 +146,7 @@ def test_hung_endpoint_ends_at_the_time_limit(hung, call):
     assert time.monotonic() - t0 < 20
     _assert_clear(ei.value, SharedTimeoutError, "shared_timeout", store.url)
     assert isinstance(ei.value, TimeoutError) and isinstance(ei.value, SharedUnavailableError)
-    assert fsspec_cas.ENV_TIMEOUT in str(ei.value)       # the fix for a slow (not dead) tier
+    assert store_fsspec.ENV_TIMEOUT in str(ei.value)       # the fix for a slow (not dead) tier
 
 
 def test_s3_access_denied_is_permission_denied(dummy_credentials, monkeypatch):
@@ -169,7 +170,7 @@ def test_hung_directory_tier_ends_at_the_time_limit(tmp_path, monkeypatch):
         release.wait(60)
         raise OSError(errno.EIO, "late")
     # A directory tier opens its objects itself (never through a symlink, D33): the open is what hangs.
-    monkeypatch.setattr(fsspec_cas, "_open_object", stuck)
+    monkeypatch.setattr(fsspec, "_open_object", stuck)
     try:
         t0 = time.monotonic()
         with pytest.raises(SharedTimeoutError) as ei:
@@ -181,13 +182,13 @@ def test_hung_directory_tier_ends_at_the_time_limit(tmp_path, monkeypatch):
 
 
 def test_time_limit_setting(monkeypatch, tmp_path):
-    monkeypatch.setenv(fsspec_cas.ENV_TIMEOUT, "7.5")
+    monkeypatch.setenv(store_fsspec.ENV_TIMEOUT, "7.5")
     store = FsspecStore(str(tmp_path))
     assert store.timeout_s == 7.5
     assert pickle.loads(pickle.dumps(store)).timeout_s == 7.5 and store.with_read_only().timeout_s == 7.5
     assert FsspecStore(str(tmp_path), timeout_s=3).timeout_s == 3
     for bad in ("0", "-1", "nan", "inf", "soon"):
-        monkeypatch.setenv(fsspec_cas.ENV_TIMEOUT, bad)
+        monkeypatch.setenv(store_fsspec.ENV_TIMEOUT, bad)
         with pytest.raises(ConfigError):
             FsspecStore(str(tmp_path))
 
@@ -206,7 +207,7 @@ def test_directory_write_failures_are_named(tmp_path, monkeypatch, err, cls, kin
 
     def fail(*a, **kw):
         raise err
-    monkeypatch.setattr(fsspec_cas, "publish_bytes", fail)
+    monkeypatch.setattr(fsspec, "publish_bytes", fail)
     for write in (lambda: store.set_many({"cas/x": b"1"}), lambda: store.set_if_not_exists("meta/tier", b"1")):
         with pytest.raises(cls) as ei:
             write()
@@ -254,8 +255,8 @@ def test_local_hits_work_while_the_shared_tier_is_refused(tmp_path, refused):
 # --- D20: a full local disk serves sound shared values ---------------------------------------------------
 @pytest.fixture
 def warned(monkeypatch, caplog):
-    monkeypatch.setattr(tiered, "_warned_pid", None)
-    caplog.set_level(logging.WARNING, logger="vidcache.store.tiered")
+    monkeypatch.setattr(errors, "_WARNED", set())      # errors.warn_once: once per process
+    caplog.set_level(logging.WARNING, logger="vidcache")
     return lambda: [r for r in caplog.records if "out of space" in r.getMessage()]
 
 
@@ -355,13 +356,13 @@ def test_a_node_serves_what_it_holds_while_its_shared_tier_is_down(tmp_path, s3,
     never read it gets the specific error, never a hang."""
     import vidcache
     from vidcache import VideoCache, VideoOptions
-    from vidcache.cache import cache_for
+    from vidcache.node import cache_for
     shared = "s3://cache/" + uuid.uuid4().hex
     up = {"endpoint_url": s3.endpoint, **S3_OPTS}
     a = VideoCache(tmp_path / "a", shared=shared, shared_storage_options=up)
     h = vidcache.get(videos["mjpeg_24"], VideoOptions(), a)
     want, ident = h.frames(), a.identity
-    monkeypatch.setenv(fsspec_cas.ENV_TIMEOUT, "5")
+    monkeypatch.setenv(store_fsspec.ENV_TIMEOUT, "5")
     down = {"endpoint_url": f"http://127.0.0.1:{free_port()}", **S3_OPTS}
     again = VideoCache(tmp_path / "a", shared=shared, shared_storage_options=down)      # a new process's view
     assert again.identity == ident and torch.equal(again.frames(h.key), want)
@@ -383,7 +384,7 @@ def test_every_command_is_bounded_and_named_when_the_s3_tier_is_down(tmp_path, r
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node"),
            "VIDCACHE_SHARED": "s3://cache/down", "FSSPEC_S3_ENDPOINT_URL": endpoint,
            "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           fsspec_cas.ENV_TIMEOUT: "3"}
+           store_fsspec.ENV_TIMEOUT: "3"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for args in (["stats"], ["verify", "--shared"], ["prewarm", str(ds)]):
         t = time.monotonic()

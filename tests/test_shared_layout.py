@@ -75,7 +75,7 @@ def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, vi
     20 s): it fails on a reader that waits for the whole object before decoding."""
     import threading
 
-    from vidcache.store.fsspec_cas import FsspecStore
+    from vidcache.store.fsspec import FsspecStore
     from vidcache.store.prefetch import Prefetch
     tier = tmp_path / "tier"
     a = VideoCache(tmp_path / "a", shared=str(tier))
@@ -104,7 +104,7 @@ def test_a_tier_failure_part_way_through_a_download_is_raised_and_the_object_sta
     """A fetch cut off mid-object is the tier's failure (SharedUnavailableError), never a corrupt object: the
     compact object is not quarantined, nothing half-decoded is served or kept, and the next read is exact."""
     from vidcache.errors import SharedUnavailableError
-    from vidcache.store.fsspec_cas import FsspecStore
+    from vidcache.store.fsspec import FsspecStore
     tier = tmp_path / "tier"
     a = VideoCache(tmp_path / "a", shared=str(tier))
     k = a.ensure(videos["h264_30"], VideoOptions()).key
@@ -118,7 +118,7 @@ def test_a_tier_failure_part_way_through_a_download_is_raised_and_the_object_sta
     b = VideoCache(tmp_path / "b", shared=str(tier))
     with pytest.raises(SharedUnavailableError, match="connection reset"):
         b.frames(k)
-    assert b.shared.get(b.compact_key(k)) is not None                        # still there, ...
+    assert b.shared.get(b.compact.key(k)) is not None                        # still there, ...
     assert not list(b.shared.keys(K.QUARANTINE))                             # ... nothing moved aside
     assert not b.local.exists_many([K.cas(b.manifest(k).frames.blob)])[0]    # nothing kept
     monkeypatch.setattr(FsspecStore, "stream", real_stream)
@@ -131,7 +131,7 @@ def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(t
     the object."""
     import threading
 
-    from vidcache.store.fsspec_cas import FsspecStore
+    from vidcache.store.fsspec import FsspecStore
     tier = tmp_path / "tier"
     a = VideoCache(tmp_path / "a", shared=str(tier))
     k = a.ensure(videos["h264_30"], VideoOptions()).key
@@ -152,12 +152,12 @@ def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(t
     monkeypatch.setattr(FsspecStore, "stream", stream)
     b = VideoCache(tmp_path / "b", shared=str(tier))
     assert torch.equal(b.frames(k), a.frames(k))
-    assert fetched.count(b.compact_key(k)) == 1 and fetched.count(K.ac(k)) == 1
+    assert fetched.count(b.compact.key(k)) == 1 and fetched.count(K.ac(k)) == 1
     fetched.clear()
     assert torch.equal(b.frames(k), a.frames(k)) and fetched == []          # the second read is local
     c = VideoCache(tmp_path / "c", shared=str(tier))
     assert c.ensure(videos["h264_30"], VideoOptions()).status == "hit"
-    assert c.compact_key(k) not in fetched                                   # a hit is counted, not pulled
+    assert c.compact.key(k) not in fetched                                   # a hit is counted, not pulled
 
 
 def test_an_older_raw_tier_is_read_and_converted_only_when_asked(tmp_path, videos):
@@ -323,7 +323,7 @@ def test_upgrade_never_trusts_an_unsound_object_at_the_compact_name(tmp_path, vi
     k2 = old.ensure(videos["mjpeg_24"], VideoOptions()).key
     want = {k: old.frames(k) for k in (k1, k2)}
     writer = VideoCache(tmp_path / "writer", shared=str(tier))
-    assert writer._publish_compact(k2, want[k2], old.manifest(k2))   # a sound object at k2's compact name ...
+    assert writer.compact.publish(k2, want[k2], old.manifest(k2))   # a sound object at k2's compact name ...
     name = tier / next(n for n in ns(tier, "frozen/") if k2 in n and n.endswith(".nut"))
     data = bytearray(name.read_bytes())
     data[len(data) // 2] ^= 0x55                                    # ... rotted in its middle
@@ -376,8 +376,11 @@ def test_a_crash_between_the_object_and_its_record_heals_on_the_next_publish(tmp
     for n in records:
         os.unlink(tier / n)                                     # the crash: the object, and no record
     r = vc(["verify", "--shared"], tmp_path / "b", tier)
-    assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr      # what D39 reported
-    assert a._publish_compact(key, frames, a.manifest(key))     # the resumed run's publish
+    # D39 reported it bad; verify now checks an unrecorded compact object by decoding it (and a look writes nothing)
+    assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
+    assert not [n for n in ns(tier, "frozen-digest/") if key in n]
+    assert a.compact.publish(key, frames, a.manifest(key))     # the resumed run's publish
+    assert sorted(n for n in ns(tier, "frozen-digest/") if key in n) == sorted(records)   # the record is back
     r = vc(["verify", "--shared"], tmp_path / "c", tier)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
 
@@ -417,3 +420,28 @@ def test_ctrl_c_during_an_upgrade_loses_nothing_and_a_rerun_completes(tmp_path, 
     assert ns(tier, "cas/") == []
     fresh = VideoCache(tmp_path / "nodeD", shared=str(tier))
     assert all(torch.equal(fresh.frames(k), v) for k, v in want.items())
+
+
+def test_a_compact_object_without_its_record_is_sound_to_verify_and_repair_records_it(tmp_path, videos):
+    """D39 as verify sees it, CLI only on fresh node dirs: a crash (or Ctrl-C) between a compact object and its
+    digest record leaves an object that decodes exactly.  `verify --shared` checks it by decoding, calls it
+    sound, and `verify --shared --repair` writes the record back; a flipped byte is still bad."""
+    tier = tmp_path / "tier"
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["mjpeg_24"]]}) + "\n")
+    r = vc(["prewarm", str(ds)], tmp_path / "a", tier)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rec,) = ns(tier, "frozen-digest/")
+    os.unlink(tier / rec)                                  # the record never written
+    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
+    assert ns(tier, "frozen-digest/") == []                 # a look changes nothing
+    r = vc(["verify", "--shared", "--repair"], tmp_path / "c", tier)
+    assert r.returncode == 0 and ns(tier, "frozen-digest/") == [rec], r.stdout + r.stderr
+    os.unlink(tier / rec)
+    (obj,) = ns(tier, "frozen/")
+    data = bytearray((tier / obj).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tier / obj).write_bytes(bytes(data))
+    r = vc(["verify", "--shared"], tmp_path / "d", tier)
+    assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr

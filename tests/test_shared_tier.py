@@ -39,7 +39,7 @@ def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos,
     key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
     good = a.frames(key)
     m = a.manifest(key)
-    store_key = a.compact_key(key) if layout == "compact" else "cas/" + m.frames.blob
+    store_key = a.compact.key(key) if layout == "compact" else "cas/" + m.frames.blob
     assert (a.shared.get("cas/" + m.frames.blob) is None) == (layout == "compact")   # no raw copy, compact
     blob_path = a.shared._path(store_key)
     raw = bytearray(open(blob_path, "rb").read())

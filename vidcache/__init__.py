@@ -9,7 +9,9 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config   entry records; the video writer; the frozen-file format; node settings
   integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
-  cache                           VideoCache: build, read, check, repair
+  frozen_copies, compact, repair   the cache's policies: frozen-file records, the shared tier's compact layout, verify/repair
+  cache                           VideoCache: lookup, build, read, housekeeping
+  node                            the caches open in this process, and the lookup by identity
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)
   handle, dataset                 lazy references above the cache; handles hand their frames down
   sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"       # pyproject.toml reads it from here
 
 _EXPORTS = {
-    "VideoCache": "vidcache.cache", "open_cache": "vidcache.cache", "node_cache": "vidcache.cache",
+    "VideoCache": "vidcache.cache", "open_cache": "vidcache.node", "node_cache": "vidcache.node",
     "cache_key": "vidcache.keys", "CacheConfig": "vidcache.config",
     "VideoHandle": "vidcache.handle", "get": "vidcache.handle", "lazy": "vidcache.handle",
     "from_key": "vidcache.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
@@ -34,7 +36,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:      # the same names, for type checkers and IDEs (at run time they stay lazy: __getattr__)
-    from vidcache.cache import VideoCache, node_cache, open_cache
+    from vidcache.cache import VideoCache
+    from vidcache.node import node_cache, open_cache
     from vidcache.config import CacheConfig
     from vidcache.dataset import LazyVideoDataset
     from vidcache.digest import Digest

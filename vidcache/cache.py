@@ -1,4 +1,9 @@
-"""``VideoCache``: resolve (source, options) to cached canonical frames, building on a miss.
+"""``VideoCache``: a node's cache.  It resolves (source, options) to cached canonical frames, building on a
+miss, reads them back, and keeps its house (evict, gc, listing, stats).
+
+Its policies are objects of their own, handed the parts they need: the shared tier's compact layout
+(``compact``), the frozen-file records (``frozen_copies``), verify and repair (``repair``).  The open caches of
+a process are ``node``'s.
 
 Integrity (the checks themselves live in ``vidcache.integrity``): every blob digest
 is checked on its first read in a process (or on every read, or never:
@@ -11,40 +16,31 @@ blob's size.  A corrupt object is never served: it is moved aside
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import os
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import keys
+from .compact import UNFETCHED, CompactLayout, as_tensor
 from .config import (CacheConfig, local_identity, missing_local_identity, node_tier, remember_identity,
                      remembered_identity, shared_identity)
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
-                     PermissionDeniedError, ReadOnlyStoreError, SharedUnavailableError, StoreError, VidcacheError)
-from .integrity import (blob_matches, check_object, checked_frames, compact_frames, frozen_problem, quarantine,
-                        tier_copy)
+                     SharedUnavailableError, StoreError, VidcacheError, warn_once)
+from .frozen_copies import FrozenCopies
+from .integrity import blob_matches, check_object, checked_frames, quarantine
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir, tmp_bytes
-from .manifest import Manifest, SourceRecord, build_manifest
+from .manifest import Manifest, SourceRecord, blob_of, build_manifest
 from .options import VideoOptions
-from .serving import COMPACT_FORMAT
+from .repair import Repair
 from .store.backfill import Backfill
 from .store.base import Store
-from .store.prefetch import Prefetch
-from .store.tiered import out_of_space
-
-log = logging.getLogger("vidcache")
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
-
-_UNFETCHED = object()     # "not fetched yet", as distinct from a fetch that found nothing (None)
 
 # torch (and the decoders, via loader.build / loader.resize) are imported where frames are built or
 # copied out, not here: commands that only read manifests (stats, ls, verify, inspect, sglang-config,
@@ -72,8 +68,16 @@ class VideoCache:
         # The shared tier's failure when the identity was read and the remembered one served instead.
         self.shared_unreachable: SharedUnavailableError | None = None
         self._lock = threading.Lock()
-        # Local copies of expanded compact objects commit behind the read that expanded them.
-        self._backfill = Backfill(self.local, self._backfill_failed)
+        # Local copies of expanded compact objects commit behind the read that expanded them; a full disk
+        # costs only the copy, by the tiers' own rule (TieredStore.local_copy_failed).
+        self._backfill = Backfill(self.local, getattr(self.store, "local_copy_failed", lambda e, n: False))
+        self.frozen = FrozenCopies(self.layout, self.local, self.shared, self.read_only)
+        self.compact = CompactLayout(self.shared, self.local, frozen=self.frozen, backfill=self._backfill,
+                                     verified=self._verified, tmp_dir=self.tmp_dir,
+                                     writes=not self.read_only and self.config.shared_layout == "compact")
+        self._repair = Repair(self._tiers(), self.compact, self.frozen, quarantine=self._quarantine_bad,
+                              forget=lambda key: self._manifests.pop(key, None), rebuild=self._rebuild,
+                              read_only=self.read_only)
         if self.config.store is None and not self.read_only:
             # Named before anything is written: a local cache once, at creation; a new shared tier by the
             # first writer that opens it (race-safe, config.shared_identity), so no object ever sits in a
@@ -135,8 +139,8 @@ class VideoCache:
         except SharedUnavailableError as e:
             if known is None:
                 raise
-            _warn_once("identity", f"{e}; serving this node's own entries under the identity it last read "
-                                   f"({known})")
+            warn_once("identity", f"{e}; serving this node's own entries under the identity it last read "
+                                  f"({known})")
             self.shared_unreachable = e
             return known
         if not self.read_only:
@@ -161,7 +165,7 @@ class VideoCache:
         if hasattr(self.local, "sync"):
             self.local.sync()
 
-    # --- identity -----------------------------------------------------------
+    # --- lookup -------------------------------------------------------------
     def _recorded_digest(self, source: str, fp: dict | None) -> Digest | None:
         if fp is None:
             return None
@@ -213,108 +217,18 @@ class VideoCache:
             fetched.cleanup()
         raw = memoryview(frames.numpy()).cast("B")     # no second copy of the frames (peak memory)
         blob = Digest.of(raw)
-        payload = raw if self.config.encoding == "raw" else zlib.compress(raw, 1)
         man = build_manifest(key, fetched.digest, options, blob, tuple(frames.shape), self.config.encoding, built,
                              {"created_unix": round(time.time(), 3)})
         # Blob first, manifest last: one transaction locally; on the shared tier the manifest is
         # published only after its frames (compact or raw), so no reader sees a manifest without them.
-        items = {keys.cas(str(blob)): payload, keys.ac(key): man.to_json(), **record}
-        if self._publish_compact(key, frames, man):
+        items = {keys.cas(str(blob)): man.frames.encode(raw), keys.ac(key): man.to_json(), **record}
+        if self.compact.publish(key, frames, man):
             self.shared.set_many({k: v for k, v in items.items() if not k.startswith(keys.CAS)})
             self.local.set_many(items)
         else:
             self.store.set_many(items)
         self._verified.add(str(blob))
         return EnsureResult(key, "new", raw.nbytes)
-
-    # --- the shared tier's compact copy (one MagicYUV object per entry) ----------------------
-    def compact_key(self, key: str) -> str:
-        from .frozen_file import FORMATS
-        return keys.frozen(key, FORMATS[COMPACT_FORMAT].suffix)
-
-    def _publish_compact(self, key: str, frames, m: Manifest) -> bool:
-        """Put ``key``'s frames into the shared tier as its compact object, verified to decode exactly with
-        every decoder SGLang may use, its digest recorded after it.  False: the tier keeps raw frames for
-        this entry (a raw-layout cache, no shared tier, or a clip no frozen file holds exactly).  ``m``: the
-        entry's manifest, what an object already at the name must decode to before it is trusted."""
-        if self.shared is None or self.read_only or self.config.shared_layout != "compact":
-            return False
-        import tempfile
-
-        from .errors import FrozenFileError
-        from .frozen_file import FORMATS, verify_frozen, write_frozen
-        f = FORMATS[COMPACT_FORMAT]
-        os.makedirs(self.tmp_dir, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.tmp_dir) as d:
-            path = os.path.join(d, key + f.suffix)
-            try:
-                write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
-            except FrozenFileError as e:      # e.g. decord cannot open a 2-frame NUT: raw frames instead
-                log.info("entry %s stays raw in the shared tier: %s", key, e)
-                return False
-            with open(path, "rb") as fh:
-                value = fh.read()
-        ckey = self.compact_key(key)
-        if self.shared.set_if_not_exists(ckey, value):
-            self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
-            return True
-        # Something is at the name already (another node's object, or a stock-mode frozen file of the older
-        # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
-        # then deleted the entry's only sound frames).  An unsound one is moved aside and ours takes its place.
-        if (there := self._sound_compact(ckey, m)) is None:
-            log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
-                        ckey, key)
-            self.quarantine_frozen("shared", key, f.suffix)
-            if self.shared.set_if_not_exists(ckey, value):
-                self.shared.set_many({keys.frozen_digest(key, f.suffix): str(Digest.of(value)).encode()})
-                return True
-            if (there := self._sound_compact(ckey, m)) is None:   # a racing node's
-                return False
-        rkey = keys.frozen_digest(key, f.suffix)
-        if self.shared.get(rkey) is None:      # D39: a crash between the object and its record left none
-            self.shared.set_many({rkey: str(Digest.of(there)).encode()})
-        return True
-
-    def _sound_compact(self, ckey: str, m: Manifest) -> bytes | None:
-        """The shared tier's object ``ckey`` when it decodes to exactly ``m``'s frames (``compact_frames``), else
-        None."""
-        value = self.shared.get(ckey)
-        return value if value is not None and compact_frames(value, m)[0] is not None else None
-
-    def _expand_compact(self, m: Manifest, value=_UNFETCHED) -> np.ndarray | None:
-        """``m``'s frames from the shared tier's compact object (``value``: its bytes, or the ``Prefetch`` still
-        bringing them, when the caller began the fetch): decoded, checked against the blob digest, and only
-        then backfilled into the local tier.  None when the tier has no compact object for it; a copy that
-        decodes to other bytes is quarantined and raised (``DigestMismatchError``), never served; a fetch
-        that failed part-way raises the tier's error instead, quarantining nothing."""
-        if self.shared is None:
-            return None
-        ckey = self.compact_key(m.key)
-        if value is _UNFETCHED:
-            value = self.shared.get(ckey)
-        elif isinstance(value, Prefetch) and not value.found():
-            value = None
-        if value is None:
-            return None
-        raw, why = compact_frames(value, m)
-        if why is not None:
-            if isinstance(value, Prefetch):
-                value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
-            if not self.read_only:
-                self.quarantine_frozen("shared", m.key, ckey[len(keys.FROZEN) + len(m.key):])
-            raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
-        self._verified.add(m.frames.blob)
-        if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on
-            self._backfill.put(keys.cas(m.frames.blob), raw if m.frames.encoding == "raw" else zlib.compress(raw, 1))
-        return raw
-
-    def _backfill_failed(self, e: BaseException, nbytes: int) -> bool:
-        """A local copy that could not be written: a full disk is tolerated (one warning; the checked frames
-        were served); anything else is not (False: the backfill raises it on this process's next use)."""
-        if not out_of_space(e, self.local, nbytes):
-            return False
-        _warn_once("backfill", f"serving shared-tier entries without a local copy: {e}")
-        return True
 
     def _hit(self, key: str, m: Manifest, record: dict) -> EnsureResult:
         status = "published" if self.publish_missing(key, m, record) else "hit"
@@ -330,13 +244,13 @@ class VideoCache:
         m = m or self.require_manifest(key)
         blob_key = keys.cas(m.frames.blob)
         items = {}
-        if not any(sh.exists_many([blob_key, self.compact_key(key)])):
+        if not self.compact.holds(key, m.frames.blob):
             value = self.local.get(blob_key)
             if value is None or not blob_matches(m.frames.blob, value):
                 raise CorruptEntryError(f"entry {key}: its local blob is missing or unsound; not published "
                                         "(`vidcache verify --repair`)")
-            frames = value if m.frames.encoding == "raw" else zlib.decompress(value)
-            if not self._publish_compact(key, _as_tensor(frames, m), m):     # the bytes just checked, not a re-read
+            # the bytes just checked, not a re-read
+            if not self.compact.publish(key, as_tensor(m.frames.decode(value), m), m):
                 items[blob_key] = value
         raw = self.local.get(keys.ac(key))
         if raw is None:
@@ -354,7 +268,7 @@ class VideoCache:
             if self.shared is not None and not self.local.exists_many([blob_key])[0]:
                 # Only in the shared tier: present is enough here (every pull is checked), and a resume on
                 # a fresh node must not download the whole tier to count its hits.
-                return m if any(self.shared.exists_many([blob_key, self.compact_key(key)])) else None
+                return m if self.compact.holds(key, m.frames.blob) else None
             with self._blob(m):
                 pass
             return m
@@ -393,17 +307,18 @@ class VideoCache:
 
     def _manifest_for_read(self, key: str) -> tuple[Manifest, object]:
         """``key``'s manifest for a read of its frames, and its compact object when this node has neither
-        (else ``_UNFETCHED``): the two are fetched side by side, so a first read waits for one round trip to
-        the shared tier, not two in a row.  Only reads do this: a resume check must not pull frames."""
+        (else ``UNFETCHED``): the two are fetched side by side, so a first read waits for one round trip to
+        the shared tier, not two in a row.  Only reads do this: a resume check must not pull frames (and a
+        read that has no compact object started here starts one in ``CompactLayout.expand``)."""
         keys.check_key(key)
         if (self.shared is None or self.config.shared_layout != "compact" or key in self._manifests
                 or self.local.exists_many([keys.ac(key)])[0]):
-            return self.require_manifest(key), _UNFETCHED
-        compact = Prefetch(self.shared, self.compact_key(key))   # decoded as it arrives (store/prefetch)
+            return self.require_manifest(key), UNFETCHED
+        compact = self.compact.prefetch(key)   # decoded as it arrives (store/prefetch)
         return self.require_manifest(key), compact
 
     @contextlib.contextmanager
-    def _blob(self, m: Manifest, verify: bool | None = None, compact=_UNFETCHED):
+    def _blob(self, m: Manifest, verify: bool | None = None, compact=UNFETCHED):
         """The frame bytes of ``m``, checked for presence and size, and for their digest when due.
         ``compact``: the shared tier's compact object, when ``_manifest_for_read`` fetched it already."""
         fr = m.frames
@@ -421,8 +336,8 @@ class VideoCache:
                         view = stack.enter_context(self.local.read(blob_key))
                         # The object fetched beforehand serves the first attempt only: after a quarantine,
                         # what the tier holds now.
-                        if view is None and (expanded := self._expand_compact(
-                                m, compact if attempt == 0 else _UNFETCHED)) is not None:
+                        if view is None and (expanded := self.compact.expand(
+                                m, compact if attempt == 0 else UNFETCHED)) is not None:
                             src = expanded       # an array of its own, decoded and digest-checked already
                     if src is None:
                         if view is None:
@@ -459,7 +374,7 @@ class VideoCache:
         when they were just expanded from the shared tier's compact object."""
         import numpy as np
         import torch
-        m, compact = (manifest, _UNFETCHED) if manifest is not None else self._manifest_for_read(key)
+        m, compact = (manifest, UNFETCHED) if manifest is not None else self._manifest_for_read(key)
         shape = list(m.frames.shape)
         if out is not None and (out.dtype != torch.uint8 or list(out.shape) != shape or not out.is_contiguous()):
             raise ValueError(f"out must be a contiguous uint8 tensor of shape {shape}")
@@ -481,214 +396,46 @@ class VideoCache:
         """Move every copy of ``store_key`` that fails its check aside (``quarantine/``); keep sound ones."""
         if self.read_only:
             return
-        for _, tier in self._tiers():
-            try:
-                quarantine([tier], store_key)
-            except (ReadOnlyStoreError, PermissionDeniedError) as e:   # a read-only or refusing tier: the
-                _warn_once("quarantine", f"could not move a corrupt copy aside: {e}")   # bad copy stays, unserved
+        quarantine([tier for _, tier in self._tiers()], store_key)
         if store_key.startswith(keys.AC):
             self._manifests.pop(store_key[len(keys.AC):], None)
 
-    # --- frozen files (their bytes: sglang.frozen makes them) ---------------------------
+    # --- verify and repair (vidcache.repair), the compact layout's conversion -----------------
     @property
     def frozen_dir(self) -> str:
         """This node's frozen-file copies (files, because SGLang reads them by path or URL)."""
-        return self.layout.frozen_dir
-
-    def frozen_copies(self, key: str) -> list[tuple[str, str]]:
-        """(tier name, suffix) of every frozen file of ``key``: this node's files, the shared tier's objects."""
-        keys.check_key(key)
-        out = []
-        with contextlib.suppress(FileNotFoundError):
-            out += [("local", n[len(key):]) for n in sorted(os.listdir(self.frozen_dir)) if n.startswith(key)]
-        if self.shared is not None:
-            out += [("shared", k[len(keys.FROZEN) + len(key):]) for k in self.shared.keys(keys.FROZEN + key)]
-        return out
-
-    def frozen_bytes(self, tier: str, key: str, suffix: str):
-        """(bytes, recorded digest) of one frozen copy; bytes None when absent."""
-        rkey = keys.frozen_digest(key, suffix)
-        if tier == "shared":
-            return self.shared.get(keys.frozen(key, suffix)), self.shared.get(rkey)
-        try:
-            with open(os.path.join(self.frozen_dir, keys.check_key(key) + suffix), "rb") as f:
-                value = f.read()
-        except FileNotFoundError:
-            value = None
-        return value, self.local.get(rkey)
-
-    def record_frozen(self, tier: str, key: str, suffix: str, value) -> None:
-        """Record the digest of a frozen copy that was just verified against the frames (by decoding)."""
-        store = self.shared if tier == "shared" else self.local
-        if not store.read_only:
-            store.set_many({keys.frozen_digest(key, suffix): str(Digest.of(value)).encode()})
-
-    def quarantine_frozen(self, tier: str, key: str, suffix: str) -> None:
-        """Move a bad frozen copy aside (never served again) and forget its record; it is rebuilt from the
-        frames on next use."""
-        if self.read_only:
-            return
-        rkey = keys.frozen_digest(key, suffix)
-        if tier == "shared":
-            skey = keys.frozen(key, suffix)
-            try:
-                if (value := self.shared.get(skey)) is not None:
-                    self.shared.set_many({keys.quarantined(skey): value})
-                self.shared.delete(skey)
-                self.shared.delete(rkey)
-            except (ReadOnlyStoreError, PermissionDeniedError) as e:    # the caller still refuses the copy
-                _warn_once("quarantine", f"could not move a corrupt copy aside: {e}")
-            return
-        qdir = self.layout.quarantine_dir
-        os.makedirs(qdir, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(os.path.join(self.frozen_dir, keys.check_key(key) + suffix), os.path.join(qdir, key + suffix))
-        if not self.local.read_only:
-            self.local.delete(rkey)
-
-    def frozen_problems(self, key: str, repair: bool = False) -> list[str]:
-        """Frozen copies of ``key`` whose bytes are not the recorded ones (``repair``: quarantined).  A copy
-        made before copies were recorded is reported too; ``sglang.frozen.repair_frozen`` checks it by
-        decoding."""
-        problems = []
-        for tier, suffix in self.frozen_copies(key):
-            value, record = self.frozen_bytes(tier, key, suffix)
-            if value is None or (why := frozen_problem(value, record)) is None:
-                continue
-            problems.append(f"{tier}: frozen file {suffix} {why}")
-            if repair and record is not None:
-                self.quarantine_frozen(tier, key, suffix)
-        return problems
+        return self.frozen.dir
 
     def verify(self, key: str, repair: bool = False) -> list[str]:
         """Check ``key`` in every tier, its frozen files included; the problems found (empty: sound).
         ``repair`` quarantines bad copies, restores them from a sound copy in another tier, or rebuilds the
         entry from its source (bad frozen files are quarantined here and remade by the serving layer)."""
         self._backfill.drain()       # what this process wrote is in the local tier
-        keys.check_key(key)
-        problems = self.frozen_problems(key, repair)
-        for name, tier in self._tiers():
-            raw, m, blob, problem, _ = self._tier_copy(name, tier, key)
-            if problem is None:
-                continue
-            if name == "local" and (raw is None or (m is not None and blob is None and self.shared is not None)):
-                continue            # absent locally, or its blob evicted: reads go through to the shared tier
-            problems.append(f"{name}: {problem}")
-        if not any(t.exists_many([keys.ac(key)])[0] for _, t in self._tiers()):
-            problems.append("not cached")
-        if problems and repair and not self.read_only:
-            self._repair(key)
-        return problems
+        return self._repair.verify(key, repair)
 
-    def _tier_copy(self, name: str, tier: Store, key: str):
-        return tier_copy(tier, key, self.compact_key(key) if name == "shared" else None)
-
-    def _repair(self, key: str) -> None:
-        good = None                            # (manifest bytes, raw frame bytes, manifest) of a sound copy
-        options = None
-        for name, tier in self._tiers():
-            raw, m, blob, problem, compact = self._tier_copy(name, tier, key)
-            if raw is not None and m is None:
-                self._quarantine_bad(keys.ac(key))
-            if m is None:
-                continue
-            options = m.video_options()
-            if problem is None:
-                frames = blob if compact or m.frames.encoding == "raw" else zlib.decompress(blob)
-                good = good or (raw, frames, m)
-            elif compact:
-                self.quarantine_frozen("shared", key, self.compact_key(key)[len(keys.FROZEN) + len(key):])
-            elif blob is not None:
-                self._quarantine_bad(keys.cas(m.frames.blob))
-        self._manifests.pop(key, None)
-        if good is not None:
-            self._restore(key, *good)
-            return
-        options = options or self._quarantined_options(key)
-        if options is None:
-            return
-        for src in self._sources_of(key):
+    def _rebuild(self, key: str, options: VideoOptions) -> bool:
+        """The repair's last resort: build ``key`` again from a source recorded for its content."""
+        for src in self.sources_by_digest().get(str(keys.source_digest_of(key)), []):
             with contextlib.suppress(VidcacheError):    # an unreachable source: try the next one
                 if self.ensure(src, options).key == key:
-                    return
-
-    def _restore(self, key: str, manifest_raw: bytes, frames: bytes, m: Manifest) -> None:
-        """Put a sound copy back into every tier that lacks one: frames first (raw locally; the shared tier
-        its compact object, or raw frames), the manifest last."""
-        blob_key = keys.cas(m.frames.blob)
-        for name, tier in self._tiers():
-            if name == "shared":
-                if not any(tier.exists_many([blob_key, self.compact_key(key)])):
-                    if not self._publish_compact(key, _as_tensor(frames, m), m):
-                        tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
-            elif not tier.exists_many([blob_key])[0]:
-                tier.set_many({blob_key: frames if m.frames.encoding == "raw" else zlib.compress(frames, 1)})
-            if not tier.exists_many([keys.ac(key)])[0]:
-                tier.set_many({keys.ac(key): manifest_raw})
+                    return True
+        return False
 
     def upgrade_shared(self, entry_keys: list[str]) -> dict:
-        """Convert entries an older vidcache wrote to the shared tier as raw frames (``cas/``) into compact
-        objects.  Each raw blob is deleted from the tier only after every entry there that uses it has its
-        compact object.  Only on request (``vidcache verify --shared --upgrade``): nothing converts silently."""
+        """Convert entries an older vidcache wrote to the shared tier as raw frames into compact objects
+        (``CompactLayout.upgrade``).  Only on request (``vidcache verify --shared --upgrade``)."""
         self._backfill.drain()       # what this process wrote is in the local tier
-        sh = self.shared
-        if sh is None or self.read_only:
+        if self.shared is None or self.read_only:
             raise ConfigError(f"{self!r}: upgrading needs a writable shared tier")
-        out = {"converted": 0, "already": 0, "kept_raw": 0, "freed_bytes": 0}
-        users: dict[str, list[str]] = {}           # blob -> every entry of the tier that names it
-        for k in sh.keys(keys.AC):
-            if (b := self._blob_of(sh.get(k))) is not None:
-                users.setdefault(b, []).append(keys.entry_key(k))
-        touched = set()
-        for key in entry_keys:
-            raw, m, blob, problem, compact = self._tier_copy("shared", sh, key)
-            if m is None or problem is not None:
-                continue                     # verify reports it; nothing is converted from a bad copy
-            if compact:
-                out["already"] += 1
-                continue
-            frames = blob if m.frames.encoding == "raw" else zlib.decompress(blob)
-            if self._publish_compact(key, _as_tensor(frames, m), m):
-                out["converted"] += 1
-                touched.add(m.frames.blob)
-            else:
-                out["kept_raw"] += 1
-        for b in touched:
-            # Deleted only when every entry of the tier that names the blob has a compact object proven to decode
-            # to it (checked here, not taken on its existence).
-            if all((mk := self.manifest(k)) is not None and self._sound_compact(self.compact_key(k), mk) is not None
-                   for k in users.get(b, [])):
-                out["freed_bytes"] += sh.size(keys.cas(b)) or 0
-                sh.delete(keys.cas(b))
-        return out
-
-    def _sources_of(self, key: str) -> list[str]:
-        """Sources whose records point at ``key``'s content."""
-        return self.sources_by_digest().get(str(keys.source_digest_of(key)), [])
-
-    def _quarantined_options(self, key: str) -> VideoOptions | None:
-        # A quarantined manifest still records the options it was built with.
-        for _, tier in self._tiers():
-            raw = tier.get(keys.quarantined(keys.ac(key)))
-            if raw is not None:
-                with contextlib.suppress(ValueError, TypeError, KeyError, VidcacheError):
-                    return VideoOptions.from_dict(json.loads(raw)["options"])
-        return None
+        return self.compact.upgrade(entry_keys, self.manifest)
 
     # --- eviction, listing, stats ------------------------------------------------------
-    @staticmethod
-    def _blob_of(raw) -> str | None:
-        try:
-            return json.loads(raw)["frames"]["blob"]
-        except (ValueError, TypeError, KeyError):
-            return None
-
     def _blobs_in_use(self, tier: Store, but: str) -> set[str]:
         """Blobs that manifests in ``tier`` other than entry ``but`` reference (the same frames under
         other options share one blob: deleting it would break those entries too)."""
         used = set()
         for k in tier.keys(keys.AC):
-            if k != keys.ac(but) and (b := self._blob_of(tier.get(k))) is not None:
+            if k != keys.ac(but) and (b := blob_of(tier.get(k))) is not None:
                 used.add(b)
         return used
 
@@ -704,7 +451,7 @@ class VideoCache:
         removed = False
         for tier in tiers:
             doomed = [keys.ac(key)]
-            blob = self._blob_of(tier.get(keys.ac(key)))
+            blob = blob_of(tier.get(keys.ac(key)))
             if blob is not None and blob not in self._blobs_in_use(tier, key):
                 doomed.append(keys.cas(blob))
             doomed += [*tier.keys(keys.FROZEN + key), *tier.keys(keys.FROZEN_DIGEST + key)]
@@ -732,7 +479,7 @@ class VideoCache:
         out = self.local.gc(budget)
         if self.shared is None and out.get("evicted"):
             for k in list(self.local.keys(keys.AC)):
-                blob = self._blob_of(self.local.get(k))
+                blob = blob_of(self.local.get(k))
                 if blob is None or not self.local.exists_many([keys.cas(blob)])[0]:
                     self.local.delete(k)
             self._manifests.clear()
@@ -813,24 +560,9 @@ class VideoCache:
         return out
 
 
-def _as_tensor(frames: bytes, m: Manifest) -> "torch.Tensor":
-    """Raw frame bytes of ``m`` as the uint8 TCHW tensor the frozen-file writer takes."""
-    import torch
-    return torch.frombuffer(bytearray(frames), dtype=torch.uint8).reshape(m.frames.shape)
 
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(what: str, message: str) -> None:
-    if what not in _WARNED:
-        _WARNED.add(what)
-        log.warning(message)
-
-
-# --- the caches of this process, by identity ------------------------------------------
+# --- the caches of this process, by identity (vidcache.node looks them up) --------------------
 _REGISTRY: dict[str, VideoCache] = {}
-_NODE: dict[tuple, VideoCache] = {}
 
 
 def _register(cache: VideoCache) -> None:
@@ -838,38 +570,6 @@ def _register(cache: VideoCache) -> None:
         _REGISTRY[cache._identity] = cache
 
 
-def node_cache() -> VideoCache:
-    """This process's node cache, from ``$VIDCACHE_DIR`` and ``$VIDCACHE_SHARED`` (one per process)."""
-    from .config import ENV_DIR, ENV_SHARED
-    k = (os.getpid(), os.environ.get(ENV_DIR), os.environ.get(ENV_SHARED))
-    if k not in _NODE:
-        _NODE[k] = VideoCache()
-    return _NODE[k]
-
-
-def cache_for(identity: str) -> VideoCache:
-    """The cache of this process that has ``identity``: one made here, else the node's own.  Never
-    opens a path named by the caller; a foreign identity is a ``TierMismatchError``."""
-    from .errors import TierMismatchError
-    c = _REGISTRY.get(identity)
-    if c is not None:
-        return c
-    from .config import CacheConfig
-    cfg = CacheConfig.resolve(read_only=True)
-    if not cfg.shared and not os.path.exists(cfg.layout.node_file):
-        # No shared tier and no local cache here yet: nothing can match, and nothing is created to say so.
-        raise TierMismatchError(f"this names cache {identity!r}, but this node has no cache at {cfg.path} and "
-                                "no VIDCACHE_SHARED: set it to the shared tier that made it")
-    node = node_cache()
-    if node.identity == identity:
-        return node
-    raise TierMismatchError(
-        f"this names cache {identity!r}, but this node's cache ({node!r}, identity {node.identity!r}) is "
-        f"another one. Set VIDCACHE_SHARED on this node to the shared tier that made it")
-
-
-def open_cache(path=None, **settings) -> VideoCache:
-    """A ``VideoCache`` for ``path`` (default: the node's), shared per process."""
-    if path is None and not settings:
-        return node_cache()
-    return VideoCache(path, **settings)
+def registered(identity: str) -> VideoCache | None:
+    """The cache of this process whose identity was read as ``identity``, if any."""
+    return _REGISTRY.get(identity)

@@ -491,7 +491,7 @@ def cmd_tier_id(args) -> int:
     """Print the shared tier's identity; --init makes it on a new tier, --restore/--new repair a lost one."""
     from .config import set_shared_identity, shared_identity
     from .errors import ConfigError
-    from .store.fsspec_cas import FsspecStore
+    from .store.fsspec import FsspecStore
     url = _shared_url(args, _node_dir(args))
     if not url:
         raise ConfigError("no shared tier: set VIDCACHE_SHARED or pass --shared URL")

@@ -27,6 +27,7 @@ from .errors import ConfigError, SharedUnavailableError, StoreError
 from .keys import LOCAL_ONLY, TIER as TIER_KEY
 from .loader.fetch import FetchLimits
 from .store.base import Store
+from .store.lmdb_env import DATA_FILE
 from .store.publish import publish_bytes
 
 ENV_DIR = "VIDCACHE_DIR"
@@ -45,7 +46,7 @@ class NodeLayout:
     root: str
 
     lmdb_dir = property(lambda self: os.path.join(self.root, "lmdb"))          # the local tier (LMDB)
-    lmdb_file = property(lambda self: os.path.join(self.root, "lmdb", "data.mdb"))   # LMDB's own file name
+    lmdb_file = property(lambda self: os.path.join(self.root, "lmdb", DATA_FILE))
     tmp_dir = property(lambda self: os.path.join(self.root, "tmp"))            # per-process downloads
     frozen_dir = property(lambda self: os.path.join(self.root, "frozen"))      # this node's frozen files
     quarantine_dir = property(lambda self: os.path.join(self.root, "quarantine"))   # bad frozen files, aside
@@ -126,7 +127,7 @@ class CacheConfig:
     def shared_store(self) -> Store | None:
         if not self.shared:
             return None
-        from .store.fsspec_cas import FsspecStore
+        from .store.fsspec import FsspecStore
         url = self.shared
         if "://" not in url:
             url = _abs(url)         # a plain shared path, e.g. an NFS mount

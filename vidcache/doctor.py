@@ -126,7 +126,7 @@ def node_dir(path: str) -> Check:
 def shared_tier(url: str | None) -> Check:
     from .config import shared_identity, tier_holds_objects
     from .errors import VidcacheError
-    from .store.fsspec_cas import FsspecStore
+    from .store.fsspec import FsspecStore
     if not url:
         return Check("VIDCACHE_SHARED", True, "not set: a single-node cache (other nodes cannot resolve its "
                                               "handles; set it for a cluster)")

@@ -2,9 +2,23 @@
 
 Every error also subclasses the builtin that callers already catch, so
 ``except FileNotFoundError`` keeps working around vidcache calls.  Each error
-has a short ``kind`` used in prewarm's failures JSONL.
+has a short ``kind`` used in prewarm's failures JSONL.  ``warn_once`` is the one
+way a condition that stays true for the whole process (a full disk, a refusing
+tier) is reported: once, not on every read.
 """
 from __future__ import annotations
+
+import logging
+import os
+
+_WARNED: set[tuple[int, str]] = set()
+
+
+def warn_once(what: str, message: str, *args) -> None:
+    """Log ``message`` once per ``what`` per process (a forked child warns for itself: its pid differs)."""
+    if (os.getpid(), what) not in _WARNED:
+        _WARNED.add((os.getpid(), what))
+        logging.getLogger("vidcache").warning(message, *args)
 
 
 class VidcacheError(Exception):

@@ -5,7 +5,7 @@ identity (the shared tier's id) and the entry key, never by a node-local path,
 so a handle made on one node resolves on any node configured for the same
 shared tier (``VIDCACHE_SHARED``).  In the process that made it, a handle is
 bound to its ``VideoCache`` object; unpickled elsewhere it finds the cache
-through ``vidcache.cache.cache_for`` (a cache made in that process with that
+through ``vidcache.node.cache_for`` (a cache made in that process with that
 identity, or the node's own), and a foreign identity is an error, never a
 silent rebuild into some other directory.
 
@@ -49,10 +49,10 @@ class VideoHandle:
     @property
     def cache(self) -> "VideoCache":
         """The ``VideoCache`` this handle reads: the one it was made with, or, unpickled in another
-        process, the one this process has for its identity (``vidcache.cache.cache_for``)."""
+        process, the one this process has for its identity (``vidcache.node.cache_for``)."""
         c = self.__dict__.get("_cache_obj")
         if c is None:
-            from .cache import cache_for
+            from .node import cache_for
             c = cache_for(self.tier)
             object.__setattr__(self, "_cache_obj", c)
         return c
@@ -133,7 +133,7 @@ class VideoHandle:
 def _cache_or_node(cache):
     if cache is not None:
         return cache
-    from .cache import node_cache
+    from .node import node_cache
     return node_cache()
 
 

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from . import keys
 from .digest import Digest
-from .errors import CorruptEntryError, CorruptManifestError, DigestMismatchError, FrozenFileError
+from .errors import (CorruptEntryError, CorruptManifestError, DigestMismatchError, FrozenFileError,
+                     PermissionDeniedError, ReadOnlyStoreError, warn_once)
 from .manifest import Manifest
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ def checked_frames(m: Manifest, view, verify: bool):
     ``DigestMismatchError`` naming the entry otherwise."""
     fr = m.frames
     try:
-        src = zlib.decompress(view) if fr.encoding == "zlib" else view
+        src = fr.decode(view)
     except zlib.error as e:
         raise DigestMismatchError(f"entry {m.key}: blob {fr.blob} does not decompress: {e}") from None
     if len(src) != fr.nbytes:
@@ -94,6 +95,11 @@ class TierCopy(NamedTuple):
     blob: bytes | None             # the frames' stored bytes (decoded, for a compact copy)
     problem: str | None            # why this copy is not sound (None: it is)
     compact: bool = False          # the frames are the tier's compact object, not raw bytes
+
+    @property
+    def frames(self):
+        """The copy's frame bytes (for a sound copy): its compact object decoded, or its blob decompressed."""
+        return self.blob if self.compact else self.manifest.frames.decode(self.blob)
 
 
 def tier_copy(tier: "Store", key: str, compact_key: str | None = None) -> TierCopy:
@@ -118,12 +124,16 @@ def tier_copy(tier: "Store", key: str, compact_key: str | None = None) -> TierCo
 
 def quarantine(tiers: "list[Store]", store_key: str) -> None:
     """Move every copy of ``store_key`` that fails its check aside (``quarantine/``, kept for inspection,
-    never served); sound copies stay."""
+    never served); sound copies stay.  A tier that refuses the move (read-only, no permission) keeps its bad
+    copy, which its caller still refuses to serve: one warning, and the other tiers are still cleaned."""
     for tier in tiers:
         value = tier.get(store_key)
         if value is not None and not is_sound(store_key, value):
-            tier.set_many({keys.quarantined(store_key): value})
-            tier.delete(store_key)
+            try:
+                tier.set_many({keys.quarantined(store_key): value})
+                tier.delete(store_key)
+            except (ReadOnlyStoreError, PermissionDeniedError) as e:
+                warn_once("quarantine", "vidcache: could not move a corrupt copy aside: %s", e)
 
 
 def compact_frames(value, m: Manifest) -> tuple["np.ndarray | None", str | None]:

@@ -37,7 +37,9 @@ TIER = META + "tier"          # a shared tier's identity record (see vidcache.co
 LOCAL_ONLY: tuple[str, ...] = ()
 
 # <xxh3-128 of the source bytes>.<size>.<options digest>: hex, digits and dots, nothing else.
-_KEY = re.compile(r"[0-9a-f]{32}\.[0-9]{1,20}\.[0-9a-f]{32}")
+# An entry key: <source xxh3-128>.<source bytes>.<options digest>; the one spelling (servers match paths by it).
+KEY_PATTERN = r"[0-9a-f]{32}\.[0-9]{1,20}\.[0-9a-f]{32}"
+_KEY = re.compile(KEY_PATTERN)
 _BLOB = re.compile(re.escape(ALGO) + r":[0-9a-f]{32}:[0-9]{1,20}")
 
 

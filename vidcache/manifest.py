@@ -15,6 +15,7 @@ import json
 import math
 import platform
 import re
+import zlib
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from dataclasses import dataclass, field
 from importlib import metadata as md
@@ -76,6 +77,16 @@ class Frames:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape)
+
+    # The one codec of a stored blob: ``encoding`` says how its frame bytes are kept (zlib level 1: a read is
+    # decompression-bound, and level 1 keeps most of the size gain).
+    def encode(self, raw) -> bytes | memoryview:
+        """The value stored for frame bytes ``raw`` (as they are, or compressed)."""
+        return raw if self.encoding == "raw" else zlib.compress(raw, 1)
+
+    def decode(self, value) -> bytes | memoryview:
+        """The frame bytes of a stored value (``zlib.error`` when a zlib value is damaged)."""
+        return value if self.encoding == "raw" else zlib.decompress(value)
 
 
 @dataclass(frozen=True)
@@ -292,6 +303,25 @@ class SourceRecord:
 
     def matches(self, source: str, fingerprint: dict | None) -> bool:
         return fingerprint is not None and self.source == redact_source(source) and self.fingerprint == fingerprint
+
+
+def blob_of(raw) -> str | None:
+    """The blob a manifest's bytes name, read leniently: for quarantined, unsealed or older manifests too,
+    where only the name matters (which entries share a blob).  None when there is none to read."""
+    try:
+        return json.loads(bytes(raw))["frames"]["blob"]
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None
+
+
+def options_of(raw) -> dict | None:
+    """The options record a manifest's bytes name, read leniently (a quarantined manifest still says what it
+    was built with); None when there is none to read."""
+    try:
+        d = json.loads(bytes(raw))["options"]
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return None
+    return d if isinstance(d, dict) else None
 
 
 def build_manifest(key: str, source_digest: Digest, options: VideoOptions, blob: Digest, shape: tuple,

@@ -391,7 +391,7 @@ def test_every_landing_clip_comes_back_from_the_compact_shared_tier_exactly(clip
     tier = str(tmp_path / "tier")
     a = VideoCache(tmp_path / "a", shared=tier)
     built = {n: a.ensure(clips(n), OPTS).key for n in LANDING}
-    compact = [n for n, k in built.items() if a.shared.exists_many([a.compact_key(k)])[0]]
+    compact = [n for n, k in built.items() if a.shared.exists_many([a.compact.key(k)])[0]]
     assert len(compact) >= len(LANDING) - 2, f"only {compact} are compact"       # 2-frame clips may stay raw
     b = VideoCache(tmp_path / "b", shared=tier)
     for n, k in built.items():

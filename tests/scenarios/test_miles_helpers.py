@@ -283,7 +283,7 @@ def test_install_train_hooks_opens_the_configured_cache(tmp_path, monkeypatch, n
     """With handles, the hook opens the train node's cache from Miles' args (flags here; the environment
     otherwise) at init, so handles naming that cache resolve to it; the node's own cache is another one."""
     from miles_integration import train_hooks
-    from vidcache.cache import cache_for
+    from vidcache.node import cache_for
 
     factories = []
     monkeypatch.setattr(train_hooks, "patch_get_batch", lambda factory: factories.append(factory) or ["fake"])

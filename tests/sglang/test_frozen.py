@@ -131,9 +131,9 @@ def test_frozen_files_of_an_older_vidcache_are_checked_by_decoding(node):
     suffix = skey[len(K.FROZEN) + len(h.key):]
     c.shared.delete(K.frozen_digest(h.key, suffix))                     # the older layout: no record
     _new_process_view()
-    assert any("no recorded digest" in p for p in c.frozen_problems(h.key))
+    assert any("no recorded digest" in p for p in c.frozen.problems(h.key))
     published_frozen_key(c, h.key)
-    assert c.shared.get(K.frozen_digest(h.key, suffix)) is not None and not c.frozen_problems(h.key)
+    assert c.shared.get(K.frozen_digest(h.key, suffix)) is not None and not c.frozen.problems(h.key)
     c.shared.delete(K.frozen_digest(h.key, suffix))
     _flip(_shared_file(tmp_path, h.key, suffix))                          # unrecorded and wrong: aside, remade
     _new_process_view()

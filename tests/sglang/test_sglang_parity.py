@@ -29,7 +29,8 @@ from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
 from vidcache import ParityError, VideoOptions, prepare  # noqa: E402
-from vidcache.cache import VideoCache, node_cache, open_cache  # noqa: E402
+from vidcache.cache import VideoCache  # noqa: E402
+from vidcache.node import node_cache, open_cache  # noqa: E402
 from vidcache.errors import OptionsError  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config  # noqa: E402

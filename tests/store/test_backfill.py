@@ -79,7 +79,7 @@ def test_a_second_read_waits_for_the_commit_in_flight_instead_of_pulling_again(t
     monkeypatch.setattr(type(b.shared), "get", lambda self, key: pulls.append(key) or get(self, key))
     monkeypatch.setattr(type(b.shared), "stream", lambda self, key, sink: pulls.append(key) or stream(self, key, sink))
     b.frames(k)
-    compact_pulls = pulls.count(b.compact_key(k))
+    compact_pulls = pulls.count(b.compact.key(k))
     assert compact_pulls == 1
     second = []
     t = threading.Thread(target=lambda: second.append(b.frames(k)))
@@ -89,7 +89,7 @@ def test_a_second_read_waits_for_the_commit_in_flight_instead_of_pulling_again(t
     release.set()
     t.join(60)
     assert torch.equal(second[0], want)
-    assert pulls.count(b.compact_key(k)) == compact_pulls       # the compact object was fetched once
+    assert pulls.count(b.compact.key(k)) == compact_pulls       # the compact object was fetched once
     b.close()
 
 

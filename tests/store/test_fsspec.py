@@ -1,4 +1,4 @@
-"""The shared tier's store, ``vidcache.store.fsspec_cas``: the store contract on a directory and on memory://,
+"""The shared tier's store, ``vidcache.store.fsspec``: the store contract on a directory and on memory://,
 partial files, keys that try to leave the root, URLs.  Its failures (timeouts, refused and full tiers):
 ``tests/test_shared_failures.py``."""
 import os
@@ -8,7 +8,7 @@ import fsspec
 import pytest
 
 from vidcache.errors import InvalidKeyError
-from vidcache.store.fsspec_cas import FsspecStore
+from vidcache.store.fsspec import FsspecStore
 from vidcache.testing.store import PicklableStoreContract, StoreContract
 
 

@@ -5,7 +5,7 @@ import pickle
 
 import pytest
 
-from vidcache.store.fsspec_cas import FsspecStore
+from vidcache.store.fsspec import FsspecStore
 from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore
 from vidcache.store.tiered import TieredStore

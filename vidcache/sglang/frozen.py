@@ -52,15 +52,15 @@ def _decodes_to_frames(cache, key: str, value: bytes, suffix: str) -> bool:
 def _copy_is_sound(cache, tier: str, key: str, f: FrozenFormat) -> bool | None:
     """Whether ``tier``'s copy is sound (None: absent).  Unrecorded copies are checked by decoding and
     recorded; bad ones are quarantined."""
-    value, record = cache.frozen_bytes(tier, key, f.suffix)
+    value, record = cache.frozen.read(tier, key, f.suffix)
     if value is None:
         return None
     if record is None and _decodes_to_frames(cache, key, value, f.suffix):
-        cache.record_frozen(tier, key, f.suffix, value)
+        cache.frozen.record(tier, key, f.suffix, value)
         return True
     if record is not None and frozen_problem(value, record) is None:
         return True
-    cache.quarantine_frozen(tier, key, f.suffix)
+    cache.frozen.quarantine(tier, key, f.suffix)
     if cache.read_only:
         raise FrozenFileError(f"{tier} frozen file {key}{f.suffix} is corrupt and this cache is read-only: "
                               "`vidcache verify --repair` on a writable node")
@@ -80,7 +80,7 @@ def local_frozen_path(cache, key: str, fmt: str | None = None) -> str:
     frames = cache.frames(key)
     write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
     with open(path, "rb") as fh:
-        cache.record_frozen("local", key, f.suffix, fh.read())
+        cache.frozen.record("local", key, f.suffix, fh.read())
     _SOUND_FILES.add(_stat_id(path))
     return path
 
@@ -104,7 +104,7 @@ def published_frozen_key(cache, key: str, fmt: str | None = None) -> str:
         with open(local_frozen_path(cache, key, f.name), "rb") as fh:
             value = fh.read()
         if shared.set_if_not_exists(skey, value):
-            cache.record_frozen("shared", key, f.suffix, value)
+            cache.frozen.record("shared", key, f.suffix, value)
             _SOUND_SHARED.add(memo)
             return skey
     raise FrozenFileError(f"shared frozen file {skey} could not be published soundly")

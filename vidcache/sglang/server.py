@@ -31,11 +31,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..cache import VideoCache
+from ..keys import KEY_PATTERN
 from ..errors import NotCachedError
 from .frozen import BY_SUFFIX as _SUFFIX
 from .frozen import local_frozen_path
 
-_PATH = re.compile(r"/frozen/([0-9a-f]{32}\.[0-9]{1,20}\.[0-9a-f]{32})(" +
+_PATH = re.compile(r"/frozen/(" + KEY_PATTERN + ")(" +
                    "|".join(re.escape(x) for x in _SUFFIX) + ")")
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")     # the blank line after the headers (bare LF too, as http.server)
 DEFAULT_WORKERS = 16
@@ -272,73 +273,81 @@ def _send_file(conn, fd: int, size: int, deadline: float) -> None:
             offset += sent
 
 
+class FrozenFileHandler(HeadReadHandler):
+    """GET/HEAD ``/frozen/<key><suffix>`` from ``self.server.cache`` (``make_server``'s): http.server's idiom, a
+    module-level handler that reads what it serves from its server."""
+    server_version = "vidcache"
+
+    def setup(self) -> None:
+        self.timeout = self.server.timeout_s   # every write of headers and errors (the body has its own deadline)
+        super().setup()
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _open(self):
+        """(fd, stat, key, format) of the file to serve, or None after an error response."""
+        m = _PATH.fullmatch(self.path)
+        if m is None:
+            self.send_error(404, "expected /frozen/<key>.mkv or .nut")
+            return None
+        cache = self.server.cache
+        key, fmt = m.group(1), _SUFFIX[m.group(2)]
+        path = os.path.join(cache.frozen_dir, key + fmt.suffix)
+        try:
+            # Only keys the cache holds: a file (or link) at a key-shaped name is not enough.
+            if cache.manifest(key) is None:
+                raise NotCachedError(key)
+            if (first := _open_regular(path)) is not None:   # a symlink or FIFO is refused before any read
+                os.close(first[0])
+            with self.server.freezing(path):
+                # Every request: the file is checked against its recorded digest (once per process while
+                # unchanged), and written, or remade when corrupt, from the frames.
+                written = local_frozen_path(cache, key, fmt.name)
+            if written != path:   # the file must be the one checked below, in the frozen dir
+                raise _NotServable(f"frozen file written to {written}, expected {path}")
+            opened = _open_regular(path)
+            if opened is None:
+                raise _NotServable(f"{key + fmt.suffix} vanished after it was written")
+        except NotCachedError:
+            self.send_error(404, f"no entry {key}")
+            return None
+        except Exception as e:        # a 500 for the client, the traceback for the operator (handle_error)
+            self.send_error(500, str(e) if isinstance(e, _NotServable) else type(e).__name__)
+            raise
+        return (*opened, key, fmt)
+
+    def _respond(self, body: bool) -> None:
+        opened = self._open()
+        if opened is None:
+            return
+        fd, st, key, fmt = opened
+        with open(fd, "rb") as f:
+            self.send_response(200)
+            self.send_header("Content-Type", fmt.media_type)
+            self.send_header("Content-Length", str(st.st_size))
+            self.send_header("ETag", f'"{key}"')
+            self.send_header("Cache-Control", "public, max-age=31536000, immutable")
+            self.end_headers()
+            if body:
+                # A total deadline, so a client reading a trickle cannot hold this worker for ever.
+                _send_file(self.connection, f.fileno(), st.st_size,
+                           time.monotonic() + self.server.timeout_s + st.st_size / self.server.min_rate)
+
+    def do_HEAD(self) -> None:
+        self._respond(body=False)
+
+    def do_GET(self) -> None:
+        self._respond(body=True)
+
+
 def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0, *,
                 workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S,
                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, min_rate: float = DEFAULT_MIN_RATE,
                 max_per_client: int = DEFAULT_MAX_PER_CLIENT) -> FrozenFileServer:
-    frozen_dir = cache.frozen_dir
-    freezing = _FileLocks()       # one first-time freeze per file; readers of existing files take no lock
-
-    class Handler(HeadReadHandler):
-        server_version = "vidcache"
-        timeout = timeout_s       # every write of headers and errors (the body has its own deadline)
-
-        def log_message(self, *args) -> None:
-            pass
-
-        def _open(self):
-            """(fd, stat, key, format) of the file to serve, or None after an error response."""
-            m = _PATH.fullmatch(self.path)
-            if m is None:
-                self.send_error(404, "expected /frozen/<key>.mkv or .nut")
-                return None
-            key, fmt = m.group(1), _SUFFIX[m.group(2)]
-            path = os.path.join(frozen_dir, key + fmt.suffix)
-            try:
-                # Only keys the cache holds: a file (or link) at a key-shaped name is not enough.
-                if cache.manifest(key) is None:
-                    raise NotCachedError(key)
-                if (first := _open_regular(path)) is not None:   # a symlink or FIFO is refused before any read
-                    os.close(first[0])
-                with freezing(path):
-                    # Every request: the file is checked against its recorded digest (once per process while
-                    # unchanged), and written, or remade when corrupt, from the frames.
-                    written = local_frozen_path(cache, key, fmt.name)
-                if written != path:   # the file must be the one checked below, in the frozen dir
-                    raise _NotServable(f"frozen file written to {written}, expected {path}")
-                opened = _open_regular(path)
-                if opened is None:
-                    raise _NotServable(f"{key + fmt.suffix} vanished after it was written")
-            except NotCachedError:
-                self.send_error(404, f"no entry {key}")
-                return None
-            except Exception as e:        # a 500 for the client, the traceback for the operator (handle_error)
-                self.send_error(500, str(e) if isinstance(e, _NotServable) else type(e).__name__)
-                raise
-            return (*opened, key, fmt)
-
-        def _respond(self, body: bool) -> None:
-            opened = self._open()
-            if opened is None:
-                return
-            fd, st, key, fmt = opened
-            with open(fd, "rb") as f:
-                self.send_response(200)
-                self.send_header("Content-Type", fmt.media_type)
-                self.send_header("Content-Length", str(st.st_size))
-                self.send_header("ETag", f'"{key}"')
-                self.send_header("Cache-Control", "public, max-age=31536000, immutable")
-                self.end_headers()
-                if body:
-                    # A total deadline, so a client reading a trickle cannot hold this worker for ever.
-                    _send_file(self.connection, f.fileno(), st.st_size,
-                               time.monotonic() + timeout_s + st.st_size / min_rate)
-
-        def do_HEAD(self) -> None:
-            self._respond(body=False)
-
-        def do_GET(self) -> None:
-            self._respond(body=True)
-
-    return FrozenFileServer((host, port), Handler, workers=workers, timeout_s=timeout_s,
-                            header_timeout_s=header_timeout_s, min_rate=min_rate, max_per_client=max_per_client)
+    """A ``FrozenFileServer`` of ``cache``'s frozen files (not started: call ``serve_forever``)."""
+    server = FrozenFileServer((host, port), FrozenFileHandler, workers=workers, timeout_s=timeout_s,
+                              header_timeout_s=header_timeout_s, min_rate=min_rate, max_per_client=max_per_client)
+    server.cache = cache
+    server.freezing = _FileLocks()       # one first-time freeze per file; readers of existing files take no lock
+    return server

@@ -1,10 +1,10 @@
 """Bytes under string keys: the store ABC and its backends (``from vidcache.store import LMDBStore``).
 
 As zarr's ``storage/__init__.py``: each store lives in its own module and is re-exported here.  Importing
-this package stays cheap: no torch; fsspec and lmdb are what ``fsspec_cas`` and ``lmdb`` import anyway.
+this package stays cheap: no torch; fsspec and lmdb are what ``fsspec`` and ``lmdb`` import anyway.
 """
 from .base import Store
-from .fsspec_cas import FsspecStore
+from .fsspec import FsspecStore
 from .lmdb import LMDBStore
 from .memory import MemoryStore
 from .tiered import TieredStore

@@ -33,7 +33,7 @@ import lmdb
 from ..errors import NoSpaceError, StoreError
 from . import lmdb_env
 from .base import Store
-from .lmdb_env import LMDB_LIB_VERSION, LRU_DB  # noqa: F401  (LMDB_LIB_VERSION: still importable from here)
+from .lmdb_env import DATA_FILE, LMDB_LIB_VERSION, LRU_DB  # noqa: F401  (LMDB_LIB_VERSION: still importable from here)
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _store_error(path: str, err: lmdb.Error) -> StoreError:
     if _disk_full(path, err):
         return NoSpaceError(f"no space left for the LMDB file at {path!r} ({err}): free space on that disk, "
                             "or give the node a budget (--max-local-bytes) below its free space")
-    return StoreError(f"LMDB error on {os.path.join(path, 'data.mdb')!r} ({type(err).__name__}: {err}). "
+    return StoreError(f"LMDB error on {os.path.join(path, DATA_FILE)!r} ({type(err).__name__}: {err}). "
                       f"If it persists, the file may be damaged; rebuild: {rebuild}")
 
 
@@ -102,7 +102,7 @@ class LMDBStore(Store):
             return e
         if not self.read_only:
             Path(self.path).mkdir(parents=True, exist_ok=True)
-        elif not Path(self.path, "data.mdb").exists():
+        elif not Path(self.path, DATA_FILE).exists():
             raise StoreError(f"no LMDB cache at {self.path!r}")
         try:
             return lmdb_env.acquire(self.path, self.read_only, self.initial_map_size, self.max_readers)
@@ -357,4 +357,4 @@ class LMDBStore(Store):
             info, stat = env.info(), env.stat()
         return {"path": self.path, "map_size": info["map_size"], "entries": stat["entries"],
                 "used_bytes": self.used_bytes(), "max_bytes": self.max_bytes,
-                "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")), "page_size": stat["psize"]}
+                "file_bytes": os.path.getsize(os.path.join(self.path, DATA_FILE)), "page_size": stat["psize"]}

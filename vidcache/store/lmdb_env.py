@@ -15,6 +15,7 @@ import threading
 import lmdb
 
 LMDB_LIB_VERSION = 0       # LMDB 0.9.x, data format 1: what every py-lmdb release reads
+DATA_FILE = "data.mdb"     # the file LMDB keeps an environment in (its own name, not ours)
 LRU_DB = b"vidcache-lru"   # the last-access sub-database: no namespaced key ("ns/...") equals it; hidden from keys()
 
 
@@ -30,7 +31,7 @@ class SharedEnv:
         # format 1) and 1.0 (format 3), and its LMDB_DEFAULT_LIB_VERSION variable (set by another library
         # or a test suite) would switch new files to 1.0, which 0.9 readers and py-lmdb < 3 cannot open.
         # New environments are always LMDB_LIB_VERSION; an existing file opens in its own format.
-        new = not os.path.exists(os.path.join(path, "data.mdb"))
+        new = not os.path.exists(os.path.join(path, DATA_FILE))
         self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True, sync=False,
                              readahead=False, meminit=False, max_readers=max_readers, max_dbs=1,
                              lib_version=LMDB_LIB_VERSION if new else None)
@@ -60,7 +61,7 @@ def _has_lru(env) -> bool:
 
 def _file_id(path: str) -> tuple[int, int] | None:
     try:
-        st = os.stat(os.path.join(path, "data.mdb"))
+        st = os.stat(os.path.join(path, DATA_FILE))
     except FileNotFoundError:
         return None
     return st.st_dev, st.st_ino

@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 from typing import Callable, Iterable, Iterator, Mapping
 
 import lmdb
 
-from ..errors import NoSpaceError
+from ..errors import NoSpaceError, warn_once
 from .base import Store
-
-logger = logging.getLogger(__name__)
-
 
 def _no_check(key: str, value: bytes) -> None:
     pass
@@ -59,20 +55,6 @@ def out_of_space(exc: BaseException, local: Store | None = None, needed: int = 0
             if os.strerror(errno.EIO) in msg and _free_bytes(getattr(local, "path", None)) < needed + (1 << 20):
                 return True
     return False
-
-
-_warned_pid: int | None = None
-
-
-def _warn_no_space(local: Store, exc: BaseException) -> None:
-    global _warned_pid
-    if _warned_pid == os.getpid():       # once per process: a full disk stays full for every read
-        return
-    _warned_pid = os.getpid()
-    logger.warning("vidcache: the local tier %r is out of space (%s); shared-tier entries are served without "
-                   "a local copy (slower reads) until there is room: free space on its disk, or set a local "
-                   "budget that fits it (max_local_bytes, --max-local-bytes). Not repeated in this process.",
-                   local, exc)
 
 
 class TieredStore(Store):
@@ -110,9 +92,21 @@ class TieredStore(Store):
         try:
             write()
         except Exception as e:
-            if not out_of_space(e, self.local, nbytes):
+            if not self.local_copy_failed(e, nbytes):
                 raise
-            _warn_no_space(self.local, e)
+
+    def local_copy_failed(self, exc: BaseException, nbytes: int) -> bool:
+        """The rule for every local copy of a shared value, made here or behind a read (``store/backfill``):
+        True when ``exc`` is a full local disk, which costs only the copy (one warning per process); False
+        for anything else, which the caller raises."""
+        if not out_of_space(exc, self.local, nbytes):
+            return False
+        # once per process: a full disk stays full for every read
+        warn_once("no_space", "vidcache: the local tier %r is out of space (%s); shared-tier entries are served "
+                  "without a local copy (slower reads) until there is room: free space on its disk, or set a "
+                  "local budget that fits it (max_local_bytes, --max-local-bytes). Not repeated in this process.",
+                  self.local, exc)
+        return True
 
     def get(self, key: str) -> bytes | None:
         v = self.local.get(key)

@@ -37,7 +37,7 @@ from sglang.srt.managers.schedule_batch import Modality
 from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
 
 from ...attest import attest, compare
-from ...cache import node_cache
+from ...node import node_cache
 from ...errors import TierMismatchError, VidcacheError
 from ...options import PATCH_SIZE
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
@@ -122,8 +122,11 @@ def load_ref(rec: dict) -> VidcacheVideo:
         raise TierMismatchError(f"reference to cache {rec['tier']!r}, but this server's cache is "
                                 f"{cache.identity!r}: start it with VIDCACHE_SHARED set to that cache's shared tier")
     key = rec["key"]              # checked against the key format by parse_ref
+    # frames(key) first: on a node without the entry it fetches the manifest and the compact object side by
+    # side and decodes it as it arrives; the manifest is then the cache's memoised one.
+    frames = cache.frames(key)
     m = cache.require_manifest(key)
-    return VidcacheVideo(cache.frames(key, m), m, key, rec.get("attest"), rec.get("layout"))
+    return VidcacheVideo(frames, m, key, rec.get("attest"), rec.get("layout"))
 
 
 def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:

@@ -1,0 +1,178 @@
+"""The shared tier's compact layout: one lossless frozen object per entry (``frozen/<key>.nut``) in place of its
+raw frames (``cas/<blob>``).
+
+The object is also the stock-mode frozen file SGLang reads by URL, so a stock cluster stores each entry once.
+It is keyed by *entry*, not by content, and needs the manifest's shape to decode, so it is a policy over the
+shared store rather than a store of its own (bb-storage's CAS-chunking decorator is the nearest shape).  What
+stays true:
+  * an object is published only once it decodes to exactly the frames with every decoder SGLang may use;
+  * an object already at the name is trusted only once it decodes to the entry's frames (D32);
+  * a read decodes the object as it arrives (``store/prefetch``), checks the frames against the blob digest,
+    and only then serves them and copies them into the local tier behind the read (``store/backfill``);
+  * a fetch cut off part-way is the tier's failure, never a corrupt object: nothing is quarantined.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Callable
+
+from . import keys
+from .digest import Digest
+from .errors import ConfigError, DigestMismatchError
+from .frozen_copies import FrozenCopies
+from .integrity import compact_frames, tier_copy
+from .manifest import Manifest, blob_of
+from .serving import COMPACT_FORMAT
+from .store.backfill import Backfill
+from .store.base import Store
+from .store.prefetch import Prefetch
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+log = logging.getLogger("vidcache")
+
+UNFETCHED = object()     # "not fetched yet", as distinct from a fetch that found nothing (None)
+
+
+class CompactLayout:
+    """The compact copies of a node's entries in its shared tier; ``publish`` writes only when ``writes``."""
+
+    def __init__(self, shared: Store | None, local: Store, *, frozen: FrozenCopies, backfill: Backfill,
+                 verified: set[str], tmp_dir: str, writes: bool) -> None:
+        self.shared, self.local, self.frozen, self.backfill = shared, local, frozen, backfill
+        self.verified = verified            # blob digests checked in this process (the cache's set)
+        self.tmp_dir, self.writes = tmp_dir, writes
+
+    @staticmethod
+    def key(key: str) -> str:
+        """Where the shared tier keeps entry ``key``'s compact object."""
+        from .frozen_file import FORMATS
+        return keys.frozen(key, FORMATS[COMPACT_FORMAT].suffix)
+
+    def suffix(self, key: str) -> str:
+        return self.key(key)[len(keys.FROZEN) + len(key):]
+
+    def holds(self, key: str, blob: str) -> bool:
+        """Whether the shared tier holds entry ``key``'s frames in either form: raw (``cas/``) or compact."""
+        return self.shared is not None and any(self.shared.exists_many([keys.cas(blob), self.key(key)]))
+
+    # --- write ------------------------------------------------------------------------------
+    def publish(self, key: str, frames: "torch.Tensor", m: Manifest) -> bool:
+        """Put ``key``'s frames into the shared tier as its compact object, verified to decode exactly with
+        every decoder SGLang may use, its digest recorded after it.  False: the tier keeps raw frames for
+        this entry (a raw-layout cache, no shared tier, or a clip no frozen file holds exactly).  ``m``: the
+        entry's manifest, what an object already at the name must decode to before it is trusted."""
+        if self.shared is None or not self.writes:
+            return False
+        import tempfile
+
+        from .errors import FrozenFileError
+        from .frozen_file import FORMATS, verify_frozen, write_frozen
+        f = FORMATS[COMPACT_FORMAT]
+        os.makedirs(self.tmp_dir, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self.tmp_dir) as d:
+            path = os.path.join(d, key + f.suffix)
+            try:
+                write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
+            except FrozenFileError as e:      # e.g. decord cannot open a 2-frame NUT: raw frames instead
+                log.info("entry %s stays raw in the shared tier: %s", key, e)
+                return False
+            with open(path, "rb") as fh:
+                value = fh.read()
+        ckey = self.key(key)
+        if self._put(key, ckey, value):
+            return True
+        # Something is at the name already (another node's object, or a stock-mode frozen file of the older
+        # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
+        # then deleted the entry's only sound frames).  An unsound one is moved aside and ours takes its place.
+        if (there := self.sound(key, m)) is None:
+            log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
+                        ckey, key)
+            self.frozen.quarantine("shared", key, f.suffix)
+            if self._put(key, ckey, value):
+                return True
+            if (there := self.sound(key, m)) is None:   # a racing node's
+                return False
+        rkey = keys.frozen_digest(key, f.suffix)
+        if self.shared.get(rkey) is None:      # D39: a crash between the object and its record left none
+            self.shared.set_many({rkey: str(Digest.of(there)).encode()})
+        return True
+
+    def _put(self, key: str, ckey: str, value: bytes) -> bool:
+        if not self.shared.set_if_not_exists(ckey, value):
+            return False
+        self.frozen.record("shared", key, self.suffix(key), value)
+        return True
+
+    def sound(self, key: str, m: Manifest) -> bytes | None:
+        """The shared tier's compact object of ``key`` when it decodes to exactly ``m``'s frames, else None."""
+        value = self.shared.get(self.key(key))
+        return value if value is not None and compact_frames(value, m)[0] is not None else None
+
+    # --- read -------------------------------------------------------------------------------
+    def prefetch(self, key: str) -> Prefetch:
+        """Start fetching ``key``'s compact object now, to be decoded as it arrives by ``expand``."""
+        return Prefetch(self.shared, self.key(key))
+
+    def expand(self, m: Manifest, value=UNFETCHED) -> "np.ndarray | None":
+        """``m``'s frames from the shared tier's compact object (``value``: the ``Prefetch`` bringing it, when
+        the caller began the fetch; else one is started here, so every read decodes as it downloads):
+        decoded, checked against the blob digest, and only then backfilled into the local tier.  None when the
+        tier has no compact object for it; a copy that decodes to other bytes is quarantined and raised
+        (``DigestMismatchError``), never served; a fetch that failed part-way raises the tier's error instead,
+        quarantining nothing."""
+        if self.shared is None:
+            return None
+        if value is UNFETCHED:
+            value = self.prefetch(m.key)
+        if not value.found():
+            return None
+        raw, why = compact_frames(value, m)
+        if why is not None:
+            value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
+            self.frozen.quarantine("shared", m.key, self.suffix(m.key))
+            raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
+        self.verified.add(m.frames.blob)
+        if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on
+            self.backfill.put(keys.cas(m.frames.blob), m.frames.encode(raw))
+        return raw
+
+    # --- convert ----------------------------------------------------------------------------
+    def upgrade(self, entry_keys: list[str], manifest: Callable[[str], Manifest | None]) -> dict:
+        """Convert entries an older vidcache wrote to the shared tier as raw frames (``cas/``) into compact
+        objects.  Each raw blob is deleted from the tier only after every entry there that uses it has its
+        compact object, proven to decode to it.  Only on request (``vidcache verify --shared --upgrade``)."""
+        sh = self.shared
+        if sh is None or not self.writes:
+            raise ConfigError("upgrading needs a writable shared tier in the compact layout")
+        out = {"converted": 0, "already": 0, "kept_raw": 0, "freed_bytes": 0}
+        users: dict[str, list[str]] = {}           # blob -> every entry of the tier that names it
+        for k in sh.keys(keys.AC):
+            if (b := blob_of(sh.get(k))) is not None:
+                users.setdefault(b, []).append(keys.entry_key(k))
+        touched = set()
+        for key in entry_keys:
+            copy = tier_copy(sh, key, self.key(key))
+            if copy.manifest is None or copy.problem is not None:
+                continue                     # verify reports it; nothing is converted from a bad copy
+            if copy.compact:
+                out["already"] += 1
+            elif self.publish(key, as_tensor(copy.frames, copy.manifest), copy.manifest):
+                out["converted"] += 1
+                touched.add(copy.manifest.frames.blob)
+            else:
+                out["kept_raw"] += 1
+        for b in touched:
+            if all((mk := manifest(k)) is not None and self.sound(k, mk) is not None for k in users.get(b, [])):
+                out["freed_bytes"] += sh.size(keys.cas(b)) or 0
+                sh.delete(keys.cas(b))
+        return out
+
+
+def as_tensor(frames, m: Manifest) -> "torch.Tensor":
+    """Raw frame bytes of ``m`` as the uint8 TCHW tensor the frozen-file writer takes."""
+    import torch
+    return torch.frombuffer(bytearray(frames), dtype=torch.uint8).reshape(m.frames.shape)

@@ -1,0 +1,109 @@
+"""``verify`` and its repair: check an entry in every tier, move bad copies aside, put a sound copy back where one
+is missing, else rebuild the entry from its source.
+
+The order is bb-storage's repair strategy: quarantine what is bad; replicate a sound copy from another tier
+(its mirrored store's job); only when no tier holds one, rebuild through a callback the cache hands in (its
+``RepairFunc``: here ``VideoCache.ensure`` over the entry's recorded sources).  Whether a copy is sound is
+``integrity``'s answer; this module only decides what to do about it.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+from . import keys
+from .compact import CompactLayout, as_tensor
+from .errors import VidcacheError
+from .frozen_copies import FrozenCopies
+from .integrity import TierCopy, compact_frames, tier_copy
+from .manifest import Manifest, options_of
+from .options import VideoOptions
+from .store.base import Store
+
+
+class Repair:
+    """Verify and repair entries across ``tiers`` ((name, store), local first)."""
+
+    def __init__(self, tiers: list[tuple[str, Store]], compact: CompactLayout, frozen: FrozenCopies, *,
+                 quarantine: Callable[[str], None], forget: Callable[[str], None],
+                 rebuild: Callable[[str, VideoOptions], bool], read_only: bool) -> None:
+        self.tiers, self.compact, self.frozen = tiers, compact, frozen
+        self.quarantine = quarantine      # moves every bad copy of a store key aside (the cache's, memo included)
+        self.forget = forget              # drops a cached manifest
+        self.rebuild = rebuild            # (key, options) -> rebuilt from a recorded source?
+        self.read_only = read_only
+
+    def copy(self, name: str, tier: Store, key: str) -> TierCopy:
+        return tier_copy(tier, key, self.compact.key(key) if name == "shared" else None)
+
+    def verify(self, key: str, repair: bool = False) -> list[str]:
+        """The problems of ``key`` in every tier, its frozen files included (empty: sound).  ``repair``
+        quarantines bad copies, restores them from a sound copy in another tier, or rebuilds the entry from
+        its source (bad frozen files are quarantined here and remade by the serving layer)."""
+        keys.check_key(key)
+        copies = [(name, tier, self.copy(name, tier, key)) for name, tier in self.tiers]
+        shared_m = next((c.manifest for name, _, c in copies if name == "shared"), None)
+
+        def decodes(tier: str, suffix: str, value: bytes) -> bool:
+            # The compact object needs no record to be checked: the frames it decodes to have the blob's digest.
+            return (tier == "shared" and suffix == self.compact.suffix(key) and shared_m is not None
+                    and compact_frames(value, shared_m)[0] is not None)
+        problems = self.frozen.problems(key, repair, decodes)
+        has_shared = any(name == "shared" for name, _ in self.tiers)
+        for name, tier, c in copies:
+            if c.problem is None:
+                continue
+            if name == "local" and (c.raw is None or (c.manifest is not None and c.blob is None and has_shared)):
+                continue            # absent locally, or its blob evicted: reads go through to the shared tier
+            problems.append(f"{name}: {c.problem}")
+        if not any(t.exists_many([keys.ac(key)])[0] for _, t in self.tiers):
+            problems.append("not cached")
+        if problems and repair and not self.read_only:
+            self.repair(key)
+        return problems
+
+    def repair(self, key: str) -> None:
+        good = None                            # (manifest bytes, raw frame bytes, manifest) of a sound copy
+        options = None
+        for name, tier in self.tiers:
+            c = self.copy(name, tier, key)
+            if c.raw is not None and c.manifest is None:
+                self.quarantine(keys.ac(key))
+            if c.manifest is None:
+                continue
+            options = c.manifest.video_options()
+            if c.problem is None:
+                good = good or (c.raw, c.frames, c.manifest)
+            elif c.compact:
+                self.frozen.quarantine("shared", key, self.compact.suffix(key))
+            elif c.blob is not None:
+                self.quarantine(keys.cas(c.manifest.frames.blob))
+        self.forget(key)
+        if good is not None:
+            self.restore(key, *good)
+            return
+        options = options or self._quarantined_options(key)
+        if options is not None:
+            self.rebuild(key, options)
+
+    def restore(self, key: str, manifest_raw: bytes, frames: bytes, m: Manifest) -> None:
+        """Put a sound copy back into every tier that lacks one: frames first (raw locally; the shared tier
+        its compact object, or raw frames), the manifest last."""
+        blob_key = keys.cas(m.frames.blob)
+        for name, tier in self.tiers:
+            if name == "shared":
+                if not self.compact.holds(key, m.frames.blob) and not self.compact.publish(
+                        key, as_tensor(frames, m), m):
+                    tier.set_many({blob_key: m.frames.encode(frames)})
+            elif not tier.exists_many([blob_key])[0]:
+                tier.set_many({blob_key: m.frames.encode(frames)})
+            if not tier.exists_many([keys.ac(key)])[0]:
+                tier.set_many({keys.ac(key): manifest_raw})
+
+    def _quarantined_options(self, key: str) -> VideoOptions | None:
+        # A quarantined manifest still records the options it was built with.
+        for _, tier in self.tiers:
+            if (d := options_of(tier.get(keys.quarantined(keys.ac(key))))) is not None:
+                with contextlib.suppress(ValueError, TypeError, KeyError, VidcacheError):
+                    return VideoOptions.from_dict(d)
+        return None

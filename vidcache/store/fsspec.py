@@ -1,0 +1,451 @@
+"""The shared tier: objects on any fsspec filesystem (an NFS path, ``s3://bucket/prefix``, ...).
+
+On filesystems with rename, each object is published atomically through
+``publish`` (temp file, fsync, rename; ``link`` for ``set_if_not_exists``), so a
+reader never sees a partial object.  S3 PUTs are atomic per object.  LMDB must
+not live on a network filesystem; this tier is how NFS and S3 are used.
+
+Failures are bounded and named here, at the store's edge (as zarr's FsspecStore
+translates its filesystem's errors): every call ends within ``timeout_s``, and
+an unreachable, hung, read-only, forbidden or full tier raises its own
+``StoreError`` (``vidcache.errors``) naming the tier and the fix, never a raw
+botocore or OSError traceback.  A missing object is an answer, not a failure.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import functools
+import logging
+import os
+import stat
+import sys
+import threading
+import time
+from typing import Iterable, Iterator, Mapping
+from urllib.parse import quote
+
+import fsspec
+import fsspec.asyn
+import xxhash
+
+from ..errors import (ConfigError, InvalidKeyError, NoSpaceError, PermissionDeniedError, ReadOnlyFilesystemError,
+                      SharedTimeoutError, SharedUnavailableError, StoreError, VidcacheError)
+from .base import Store
+from .publish import PARTIAL_MAX_AGE_S, is_partial, publish_bytes
+
+
+
+@functools.lru_cache(maxsize=None)
+def _s3_stack():
+    """aiohttp, botocore's exceptions and s3fs's retryable errors, imported by the first S3 tier (s3fs imports
+    them; 0.14 s of every CLI call on a node whose tier is a directory, so never before)."""
+    try:
+        import aiohttp
+        import botocore.exceptions as boto
+        from s3fs.core import S3_RETRYABLE_ERRORS
+    except ImportError:        # s3fs is a dependency, but only S3 tiers need it
+        return None, None, ()
+    return aiohttp, boto, S3_RETRYABLE_ERRORS
+
+
+def _open_object(path: str):
+    """A directory tier's object, opened only if it is a regular file of the tier itself: a symlink planted at an
+    object's name is not followed (D33: every node that read it copied the link's target, a file of its own, into
+    the tier's quarantine/), and counts as no object, like a directory at the name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            log.warning("not following the symlink at %s: a tier's objects are its own files", path)
+            raise FileNotFoundError(errno.ENOENT, "a symlink, not an object", path) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
+    return os.fdopen(fd, "rb")
+
+
+def _s3_errors():
+    """``_s3_stack`` where S3 can have failed (botocore is loaded); else nothing of it was used, so no error of
+    its can exist, and nothing is imported."""
+    return _s3_stack() if "botocore" in sys.modules else (None, None, ())
+
+log = logging.getLogger(__name__)
+ENV_TIMEOUT = "VIDCACHE_SHARED_TIMEOUT_S"
+# The most one call on one object may take, end to end.  Generous, because a blob can be a few hundred MB
+# on a slow link; it exists to stop a hung tier (an S3 PUT to a hung endpoint otherwise waits forever, and
+# a hard-mounted NFS server that stops answering blocks a read in the kernel).
+DEFAULT_TIMEOUT_S = 60.0
+# ``stream``'s piece: large enough that handing pieces on costs nothing next to the decode, small enough
+# that the decoder starts within a millisecond of the first bytes.
+STREAM_PIECE = 1 << 20
+# A listing (keys, usage, sweep) walks the whole tier: minutes on a big bucket.  This only stops a hung one.
+LIST_TIMEOUT_S = 600.0
+
+# botocore's own defaults let one S3 call retry for minutes: s3fs retries 5 times around botocore's 5
+# "legacy" attempts, each allowed 15 s to read (D21: calls to a stopped endpoint were killed after 330 s).
+# Per-request bounds, so a stuck connection is retried well inside the call's limit; "standard" retries
+# back off with jitter and also cover throttling and 5xx.  Whatever the user sets in config_kwargs wins.
+S3_CONFIG_KWARGS = {"connect_timeout": 5, "read_timeout": 15,
+                    "retries": {"mode": "standard", "total_max_attempts": 3}}
+
+# Answers, not failures: each call turns them into its result (a miss, "already there").
+_ANSWERS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
+_UNREACHABLE = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTUNREACH,
+                errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
+
+
+def s3_storage_options(user: Mapping) -> dict:
+    """``user``'s S3 storage options with bounded timeouts and retries filled in where neither they nor
+    fsspec's configuration (``FSSPEC_S3_CONFIG_KWARGS``...) set them."""
+    given = {**fsspec.config.conf.get("s3", {}), **user}
+    return {**user, "config_kwargs": {**S3_CONFIG_KWARGS, **(given.get("config_kwargs") or {})}}
+
+
+def _default_timeout() -> float:
+    raw = os.environ.get(ENV_TIMEOUT)
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        t = float(raw)
+    except ValueError:
+        t = float("nan")
+    if not t > 0 or t == float("inf"):
+        raise ConfigError(f"{ENV_TIMEOUT}={raw!r}: expected a positive number of seconds")
+    return t
+
+
+def _in_thread(limit: float, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, given up on after ``limit`` seconds.
+
+    A syscall on a hung NFS mount never returns and cannot be interrupted: only the waiting can end, so
+    the call runs in its own thread.  A daemon thread, so one stuck in the kernel never keeps the process
+    from exiting.
+    """
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as e:        # handed to the caller below
+            out["error"] = e
+
+    t = threading.Thread(target=run, name="vidcache-shared-io", daemon=True)
+    t.start()
+    t.join(limit)
+    if t.is_alive():
+        raise TimeoutError(f"no answer within {limit:g} s")
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _failure(e: BaseException, s3: bool) -> str | None:
+    """What kind of tier failure ``e`` is, or None when it is not one (a bug: passed on untouched)."""
+    aiohttp, _boto, _ = _s3_errors()
+    n = e.errno if isinstance(e, OSError) else None
+    if isinstance(e, TimeoutError) or n == errno.ETIMEDOUT or (
+            _boto and isinstance(e, (_boto.ConnectTimeoutError, _boto.ReadTimeoutError))):
+        return "timeout"
+    if n == errno.EROFS:
+        return "read_only"
+    if n in (errno.ENOSPC, errno.EDQUOT):
+        return "no_space"
+    if isinstance(e, PermissionError) or n in (errno.EACCES, errno.EPERM) or (
+            _boto and isinstance(e, _boto.NoCredentialsError)):
+        return "denied"
+    if isinstance(e, ConnectionError) or n in _UNREACHABLE or (s3 and n == errno.EBUSY) or (
+            _boto and isinstance(e, (_boto.ConnectionError, _boto.HTTPClientError))) or (
+            aiohttp and isinstance(e, aiohttp.ClientError)):       # e.g. a body cut off part-way
+        return "unavailable"      # s3fs reports S3's SlowDown/503 as EBUSY
+    if isinstance(e, OSError) or (_boto and isinstance(e, (_boto.BotoCoreError, _boto.ClientError))):
+        return "other"
+    return None
+
+
+def _detail(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
+
+
+class FsspecStore(Store):
+    def __init__(self, url: str, *, read_only: bool = False, storage_options: dict | None = None,
+                 timeout_s: float | None = None) -> None:
+        """``timeout_s``: the most one call on one object may take (default ``$VIDCACHE_SHARED_TIMEOUT_S``
+        or 60 s); S3 requests also get bounded botocore timeouts and retries unless ``storage_options``
+        sets its own ``config_kwargs``."""
+        super().__init__(read_only=read_only)
+        self.url = url.rstrip("/") or url
+        self.storage_options = dict(storage_options or {})
+        self.timeout_s = float(timeout_s) if timeout_s is not None else _default_timeout()
+        self._fs = None
+        self._pid = None
+
+    # --- filesystem -----------------------------------------------------------
+    def _resolve(self) -> None:
+        if self._fs is None or self._pid != os.getpid():   # fsspec instances are not fork-safe
+            opts = self.storage_options
+            if fsspec.core.split_protocol(self.url)[0] in ("s3", "s3a"):
+                opts = s3_storage_options(opts)
+            fs, root = fsspec.core.url_to_fs(self.url, **opts)
+            protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+            self._local = "file" in protocols or "local" in protocols
+            self._s3 = "s3" in protocols
+            self._fs, self._root, self._pid = fs, root.rstrip("/"), os.getpid()
+
+    @property
+    def fs(self):
+        self._resolve()
+        return self._fs
+
+    @property
+    def root(self) -> str:
+        self._resolve()
+        return self._root
+
+    @property
+    def supports_urls(self) -> bool:   # type: ignore[override]
+        self._resolve()
+        return self._local or self._s3
+
+    def _path(self, key: str) -> str:
+        ns, sep, name = key.partition("/")
+        # Keys come from the cache, already checked; this guard keeps every path under the root anyway.
+        if not sep or not ns or not name or "/" in name or name in (".", "..") or "\\" in key or "\x00" in key:
+            raise InvalidKeyError(f"store key {key[:80]!r} does not name an object under the root")
+        # 256-way fan-out keeps directories small on NFS; a hash of the name, because the store
+        # does not know what the names mean (and some share long prefixes).
+        return f"{self.root}/{ns}/{xxhash.xxh3_64_hexdigest(name.encode())[:2]}/{name}"
+
+    # --- every call on the filesystem: bounded in time, failures named -----------------
+    def _call(self, what: str, fn, *args, limit: float | None = None, **kwargs):
+        limit = self.timeout_s if limit is None else limit
+        t0 = time.monotonic()
+        try:
+            if getattr(self.fs, "async_impl", False):    # fsspec's sync wrapper cancels the call at `timeout`
+                return fn(*args, timeout=limit, **kwargs)
+            return _in_thread(limit, fn, *args, **kwargs)
+        except (VidcacheError, *_ANSWERS):
+            raise
+        except Exception as e:
+            kind = _failure(e, self._s3)
+            if kind is None:
+                raise
+            raise self._error(kind, what, e, time.monotonic() - t0) from None
+
+    def _error(self, kind: str, what: str, e: BaseException, took: float) -> StoreError:
+        """One line: the tier, what failed, why, and what fixes it."""
+        tier = f"shared tier {self.url}"
+        if kind == "timeout":
+            return SharedTimeoutError(
+                f"{tier}: {what} got no answer in {took:.0f} s ({_detail(e)}); check that the tier (its S3 "
+                f"endpoint or NFS server) is up and reachable from this node, or give a slow one longer "
+                f"with {ENV_TIMEOUT} (now {self.timeout_s:g})")
+        if kind == "unavailable":
+            return SharedUnavailableError(
+                f"{tier} is unreachable ({what}: {_detail(e)}); check that it is up and that its URL and "
+                "endpoint_url are right")
+        if kind == "read_only":
+            return ReadOnlyFilesystemError(
+                f"{tier} is on a read-only filesystem ({what}); remount it read-write, or open the cache "
+                "read-only (read_only=True) to only read from it")
+        if kind == "denied":
+            return PermissionDeniedError(
+                f"{tier} refused this node ({what}: {_detail(e)}); give it read and write access (on S3: "
+                "credentials whose policy allows the bucket and prefix), or open the cache read-only")
+        if kind == "no_space":
+            return NoSpaceError(f"{tier} is out of space ({what}); free space on it or grow its volume or quota")
+        return StoreError(f"{tier}: {what} failed ({_detail(e)})")
+
+    # --- reads ------------------------------------------------------------------
+    def get(self, key: str) -> bytes | None:
+        path = self._path(key)
+        # S3: one GET; s3fs otherwise sends a HEAD first to plan concurrent ranges
+        kwargs = {"max_concurrency": 1} if self._s3 else {}
+        try:
+            if self._local:
+                def read() -> bytes:
+                    with _open_object(path) as fh:
+                        return fh.read()
+                return self._call(f"get {key}", read)
+            return self._call(f"get {key}", self.fs.cat_file, path, **kwargs)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def stream(self, key: str, sink) -> bool:
+        """S3: one GET whose body is handed on as it arrives; a directory (NFS): the file in pieces.  Either way
+        the whole transfer is bounded by the tier's timeout, as one ``get`` is.  Other filesystems: ``get``."""
+        path = self._path(key)
+        if self._s3:
+            bucket, name, _ = self.fs.split_path(path)
+
+            async def pump() -> None:
+                # A connection cut part-way resumes where it stopped, as s3fs retries a whole GET (same
+                # errors, same backoff); If-Match keeps the resumed bytes those of the object begun.
+                got, etag = 0, None
+                for attempt in range(max(1, self.fs.retries)):
+                    resume = {"Range": f"bytes={got}-", "IfMatch": etag} if got else {}
+                    resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **resume)
+                    etag, body = resp.get("ETag"), resp["Body"]
+                    try:
+                        while chunk := await body.read(STREAM_PIECE):
+                            sink(chunk)
+                            got += len(chunk)
+                        return
+                    except _s3_stack()[2]:
+                        if attempt + 1 >= self.fs.retries or etag is None:
+                            raise
+                        await asyncio.sleep(min(1.7 ** attempt * 0.1, 15))
+                    finally:
+                        body.close()
+            run = functools.partial(fsspec.asyn.sync, self.fs.loop, pump)
+        elif self._local:
+            def run() -> None:
+                with _open_object(path) as fh:
+                    while chunk := fh.read(STREAM_PIECE):
+                        sink(chunk)
+        else:
+            return super().stream(key, sink)
+        try:
+            self._call(f"get {key}", run)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return False
+        return True
+
+    def _isfile(self, key: str) -> bool:
+        # Not fs.isfile: it answers False for *any* error, so an outage would look like an empty tier.
+        try:
+            return self._call(f"look up {key}", self.fs.info, self._path(key))["type"] == "file"
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def exists_many(self, keys: Iterable[str]) -> list[bool]:
+        return [self._isfile(k) for k in keys]
+
+    def size(self, key: str) -> int | None:
+        try:
+            return self._call(f"size {key}", self.fs.size, self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def url_for(self, key: str, expires_s: float | None = None) -> str:
+        path = self._path(key)
+        if self._local:
+            return "file://" + quote(os.path.abspath(path))     # SGLang mishandles '#', '?', '%' in plain paths
+        if self._s3:
+            if expires_s is None:     # the default lives with the other serving facts (vidcache.serving)
+                raise ValueError("a presigned URL needs expires_s (vidcache.serving.URL_EXPIRY_S)")
+            return self.fs.sign(path, expiration=int(expires_s))
+        raise NotImplementedError(f"{self.url} has no URL another machine can read")
+
+    # --- writes -----------------------------------------------------------------
+    def _put(self, key: str, value: bytes, exclusive: bool) -> bool:
+        path, what = self._path(key), f"put {key}"
+        if self._local:
+            return self._call(what, publish_bytes, path, bytes(value), exclusive=exclusive)
+        if exclusive and self._call(what, self.fs.exists, path):   # cheap early out; the PUT below decides
+            return False
+        if exclusive and self._s3:
+            try:     # If-None-Match: * -- S3 refuses the PUT if another writer got there first
+                self._call(what, self.fs.pipe_file, path, bytes(value), mode="create")
+            except FileExistsError:
+                return False
+            return True
+        # one PUT: atomic per object (equal bytes either way for CAS)
+        self._call(what, self.fs.pipe_file, path, bytes(value))
+        return True
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        self._check_writable()
+        for key, value in items.items():          # in order: the caller puts blobs before manifests
+            self._put(key, value, exclusive=False)
+
+    def set_if_not_exists(self, key: str, value: bytes) -> bool:
+        self._check_writable()
+        return self._put(key, value, exclusive=True)
+
+    def delete(self, key: str) -> None:
+        self._check_writable()
+        try:
+            self._call(f"delete {key}", self.fs.rm_file, self._path(key))
+        except FileNotFoundError:
+            pass
+
+    def _find(self, detail: bool = False):
+        try:
+            return self._call("list", self.fs.find, self.root, detail=detail, limit=LIST_TIMEOUT_S)
+        except FileNotFoundError:
+            return {} if detail else []
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        root = self.root
+        out = []
+        found = self._find()
+        for p in found:
+            rel = p[len(root):].lstrip("/") if p.startswith(root) else p
+            parts = rel.split("/")
+            if len(parts) != 3 or is_partial(parts[2]):
+                continue
+            k = f"{parts[0]}/{parts[2]}"
+            if k.startswith(prefix):
+                out.append(k)
+        return iter(sorted(out))
+
+    # --- maintenance ------------------------------------------------------------------
+    def sweep_partials(self, older_than_s: float = PARTIAL_MAX_AGE_S) -> dict:
+        """Remove the ``.partial`` files of writers killed mid-publish (D25), once older than ``older_than_s``.
+
+        A publish takes seconds, so an hour-old partial file is dead whichever node wrote it; younger ones
+        may be another node's write in progress and stay.  Only directory tiers have them (S3 PUTs are
+        atomic).  Safe to run from many nodes at once.
+        """
+        self._check_writable()
+        removed = [0, 0]
+        if not self._local:
+            return {"partial_files_removed": 0, "partial_bytes_removed": 0}
+        cutoff = time.time() - older_than_s     # NFS stamps mtimes with the server's clock: skew << an hour
+        for p, info in self._find(detail=True).items():
+            parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
+            if len(parts) != 3 or not is_partial(parts[2]):
+                continue
+            if info.get("mtime") is None or float(info["mtime"]) >= cutoff:
+                continue                    # young (or of unknown age): perhaps a live write
+            try:
+                self._call(f"remove {p}", self.fs.rm_file, p)
+            except FileNotFoundError:       # another node's sweep, or the writer, got there first
+                continue
+            removed[0] += 1
+            removed[1] += int(info.get("size") or 0)
+        return {"partial_files_removed": removed[0], "partial_bytes_removed": removed[1]}
+
+    # --- value semantics (Store's, from _args): the filesystem is made again where unpickled ----------
+    # The storage options (credentials included) pickle with the store, as they always have.
+    _location = ("url",)
+    _pickle_args = True
+
+    def _args(self) -> dict:
+        return {"url": self.url, "read_only": self.read_only, "storage_options": self.storage_options,
+                "timeout_s": self.timeout_s}
+
+    def stats(self) -> dict:
+        return {"url": self.url}
+
+    def usage(self) -> dict:
+        """Objects and bytes per namespace, and leftover partial uploads, from one listing."""
+        objects: dict[str, int] = {}
+        nbytes: dict[str, int] = {}
+        partial = [0, 0]
+        for p, info in self._find(detail=True).items():
+            parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
+            if len(parts) != 3:
+                continue
+            size = int(info.get("size") or 0)
+            if is_partial(parts[2]):
+                partial[0] += 1
+                partial[1] += size
+                continue
+            objects[parts[0]] = objects.get(parts[0], 0) + 1
+            nbytes[parts[0]] = nbytes.get(parts[0], 0) + size
+        return {"objects": objects, "bytes": sum(nbytes.values()), "bytes_by_namespace": nbytes,
+                "partial_files": partial[0], "partial_bytes": partial[1]}
