@@ -70,9 +70,11 @@ def test_a_first_read_hands_out_its_own_expanded_frames_and_later_reads_are_unaf
     assert VideoCache(tmp_path / "d", shared=str(tier)).frames(k, out=out) is out and torch.equal(out, want)
 
 
-def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, videos, monkeypatch):
+@pytest.mark.parametrize("reader", ["frames(key)", "frames(key, manifest)", "plugin load_ref"])
+def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, videos, monkeypatch, reader):
     """The decoder starts on the first half of the object while the tier holds the second half back (up to
-    20 s): it fails on a reader that waits for the whole object before decoding."""
+    20 s): it fails on a reader that waits for the whole object before decoding.  Every read path: the
+    plugin's ``load_ref`` and a read given its manifest did not stream before issue 30."""
     import threading
 
     from vidcache.store.fsspec import FsspecStore
@@ -94,9 +96,20 @@ def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, vi
         early.append(decoding.wait(20))        # the decoder has read bytes of the first half by now
         sink(value[len(value) // 2:])
         return True
+    want = a.frames(k)
     monkeypatch.setattr(Prefetch, "read", read)
     monkeypatch.setattr(FsspecStore, "stream", stream)
-    assert torch.equal(VideoCache(tmp_path / "b", shared=str(tier)).frames(k), a.frames(k))
+    if reader == "plugin load_ref":
+        from vidcache import node
+        from vidcache.sglang.plugin.qwen_vl import load_ref
+        monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "b"))
+        monkeypatch.setenv("VIDCACHE_SHARED", str(tier))
+        monkeypatch.setattr(node, "_OPEN", {})
+        got = load_ref({"tier": node.node_cache().identity, "key": k}).frames
+    else:
+        b = VideoCache(tmp_path / "b", shared=str(tier))
+        got = b.frames(k) if reader == "frames(key)" else b.frames(k, b.require_manifest(k))
+    assert torch.equal(got, want)
     assert early == [True]
 
 

@@ -102,9 +102,9 @@ def _has_local(path: str) -> bool:
 
 
 def _shared_url(args, path: str) -> str | None:
-    from .config import ENV_SHARED, read_node_file
+    from .config import configured_shared
     s = getattr(args, "shared", None)
-    return (s if isinstance(s, str) else None) or os.environ.get(ENV_SHARED) or read_node_file(path).get("shared")
+    return (s if isinstance(s, str) else None) or configured_shared(path)
 
 
 def _cache(args, read_only: bool = False, **settings):
@@ -118,7 +118,7 @@ def _cache(args, read_only: bool = False, **settings):
                           "URL); nothing was created there")
     shared = getattr(args, "shared", None)
     cache = VideoCache(path, shared=shared if isinstance(shared, str) else None, read_only=read_only,
-                       decoder=getattr(args, "decoder", "decord"), **settings)
+                       **({"decoder": args.decoder} if getattr(args, "decoder", None) else {}), **settings)
     if read_only and cache.shared is not None:
         cache.identity        # a tier that is not one (a typo, a lost meta/tier) is named now, not as "0 entries"
     return cache
@@ -540,14 +540,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--ray-logs", action="store_true", help="show Ray's own raylet/gcs/worker log lines here "
                                                            "(default: they stay in Ray's log directory)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per video before its worker is killed")
+    from .loader.fetch import FetchLimits
+    from .prewarm import DEFAULT_TIMEOUT_S
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                   help="seconds per video before its worker is killed (default %(default)g)")
     p.add_argument("--max-worker-memory-mb", type=float,
                    help="RSS a worker may add while decoding one video before it is killed "
                         "(default: 80%% of this machine's RAM split among the workers)")
-    p.add_argument("--max-source-mb", type=float, default=4096, help="largest source file fetched, in MiB")
-    p.add_argument("--fetch-timeout", type=float, default=300.0, help="seconds to fetch one source")
+    p.add_argument("--max-source-mb", type=float, default=FetchLimits.max_bytes / 2**20,
+                   help="largest source file fetched, in MiB (default %(default)g)")
+    p.add_argument("--fetch-timeout", type=float, default=FetchLimits.timeout_s,
+                   help="seconds to fetch one source (default %(default)g)")
+    from .config import CacheConfig
     from .options import DECODERS
-    p.add_argument("--decoder", default="decord", choices=DECODERS, help="video decoder")
+    p.add_argument("--decoder", default=CacheConfig.decoder, choices=DECODERS, help="video decoder")
     p.add_argument("--failures", metavar="PATH", help="per-row failures JSONL, written only when a row fails "
                                                       "(default: <dataset>.failures.jsonl, or in the current directory when the "
                         "dataset's is read-only)")
@@ -654,23 +660,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8765, help="port to listen on")
-    # Defaults live in vidcache.sglang.server (not imported here: the CLI imports lazily).
+    from . import serving as srv     # the server's defaults (a facts module: cheap to import)
     p.add_argument("--workers", type=int, metavar="N",
-                   help="threads handling requests; idle connections hold none (default 16)")
+                   help=f"threads handling requests; idle connections hold none (default {srv.DEFAULT_WORKERS})")
     p.add_argument("--timeout", type=float, metavar="S",
-                   help="close a connection idle or stalled this many seconds (default 30)")
+                   help=f"close a connection idle or stalled this many seconds (default {srv.DEFAULT_TIMEOUT_S:g})")
     # A total deadline: --timeout is per read, and a client dripping a byte at a time never trips it.
     p.add_argument("--header-timeout", type=float, metavar="S",
                    help="close a connection whose request line and headers are not all in this many seconds "
-                        "after it connected (default 10)")
+                        f"after it connected (default {srv.DEFAULT_HEADER_TIMEOUT_S:g})")
     # Bounds the send of a response: a client reading a trickle would otherwise hold a worker for ever.
     p.add_argument("--min-rate", type=float, metavar="BYTES_PER_S",
                    help="close a connection that reads a response slower than this on average, after --timeout "
-                        "seconds of grace (default 1048576)")
+                        f"seconds of grace (default {srv.DEFAULT_MIN_RATE})")
     # So that one client cannot take every worker or fill the server's table of connections.
     p.add_argument("--max-per-client", type=int, metavar="N",
                    help="connections one client address may hold at once; more are refused with a 503; raise it "
-                        "for a node that fetches more files in parallel (default 32)")
+                        f"for a node that fetches more files in parallel (default {srv.DEFAULT_MAX_PER_CLIENT})")
     p.set_defaults(fn=cmd_serve)
 
     p = add("demo", help="generate a small demo dataset of synthetic videos")

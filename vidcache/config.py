@@ -67,6 +67,11 @@ def _abs(path) -> str:
     return str(Path(path).expanduser().absolute())
 
 
+def configured_shared(path: str) -> str | None:
+    """The shared tier a node directory uses when none is given: ``$VIDCACHE_SHARED``, else the one it recorded."""
+    return os.environ.get(ENV_SHARED) or read_node_file(path).get("shared") or None
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Every setting of a ``VideoCache``; the cache is rebuilt from it in workers (it pickles as this)."""
@@ -102,7 +107,7 @@ class CacheConfig:
         directory recorded (``config.json``), so later commands on the node find the same shared tier."""
         p = _abs(path if path is not None else default_cache_dir())
         if shared is None:
-            shared = os.environ.get(ENV_SHARED) or read_node_file(p).get("shared")
+            shared = configured_shared(p)
         elif not settings.get("read_only"):
             record_shared(p, shared, settings.get("shared_storage_options") or {})
         return cls(path=p, shared=shared or None, **settings)

@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 from . import keys
 from .cache import VideoCache
 from .dataset import iter_jsonl, video_items
+from .config import ENV_DIR
 from .errors import (BackendUnavailableError, BadRowError, ConfigError, VidcacheError, WorkerError, WorkerMemoryError,
                      WorkerTimeoutError)
 from .loader.fetch import scheme_of
 from .loader.tmpdirs import sweep_stale
 from .options import VideoOptions
+
+DEFAULT_TIMEOUT_S = 600.0     # a video's worker is killed after this long (a hung decoder costs one row)
+_KILLED = {WorkerError.kind, WorkerTimeoutError.kind, WorkerMemoryError.kind}   # a killed worker: sweep its downloads
 
 MEMORY_EXIT_CODE = 86
 
@@ -189,7 +193,7 @@ def _ray_build(cache: VideoCache, source: str, options: dict, timeout_s: float,
     The node's own ``VIDCACHE_DIR`` (set in its environment) replaces the driver's local path."""
     global _RAY_POOL
     if _RAY_POOL is None:
-        node_dir = os.environ.get("VIDCACHE_DIR")
+        node_dir = os.environ.get(ENV_DIR)
         if node_dir:
             cache = VideoCache.from_config(cache.config.replace(path=os.path.abspath(node_dir)))
         _RAY_POOL = _pool(1, cache, max_worker_memory)
@@ -403,7 +407,7 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
                 t = pending.pop(fut)
                 res = submitter.outcome(fut)
                 if res["status"] == "failed":
-                    if res["kind"] in ("timeout", "memory", "worker"):
+                    if res["kind"] in _KILLED:
                         sweep_stale(cache.tmp_dir)     # a killed worker's partial downloads go now
                     summary.failed += 1
                     failures.extend({"row": r, "source": t.source, "kind": res["kind"], "error": res["error"]}
@@ -464,7 +468,7 @@ class _Interrupt:
 
 
 def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | None = None, *, workers: int = 1,
-            timeout_s: float = 600.0, max_worker_memory: int | None = None, failures_path: str | None = None,
+            timeout_s: float = DEFAULT_TIMEOUT_S, max_worker_memory: int | None = None, failures_path: str | None = None,
             progress: bool = True, log_every_s: float | None = None, input_key: str = "prompt",
             video_key: str = "videos", ray: bool = False, ray_address: str | None = None,
             num_cpus_per_task: float = 1.0, ray_logs: bool = False) -> PrewarmSummary:

@@ -129,3 +129,17 @@ def stock_sglang_problems(family: str, grid: int | None, n: int | None = None, h
         out.append(f"{w}x{h} frames are outside {release} pixel bounds [{lo}, {hi}]. Fix: resized_height/"
                    "resized_width or min_pixels/max_pixels within them, or mode='plugin'.")
     return out
+
+
+# --- `vidcache serve`, the frozen-file server (sglang/server.py) ------------------------------------------
+DEFAULT_WORKERS = 16
+DEFAULT_TIMEOUT_S = 30.0
+# A total deadline for the request head: a per-read timeout alone lets a client that drips a
+# byte every few seconds keep its connection forever.  A real head is one small write.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+# The slowest average a response body may go out at (after timeout_s of grace), so a client
+# that reads a trickle cannot hold a worker forever; 1 MiB/s is far below any real link.
+DEFAULT_MIN_RATE = 1 << 20
+# Connections one client address may hold at once (reading its head, or in a worker), so one
+# client cannot fill the pool or the table of connections being read.
+DEFAULT_MAX_PER_CLIENT = 32

@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..cache import VideoCache
 from ..keys import KEY_PATTERN
+from ..serving import (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_PER_CLIENT, DEFAULT_MIN_RATE,  # noqa: F401 (re-exported)
+                       DEFAULT_TIMEOUT_S, DEFAULT_WORKERS)
 from ..errors import NotCachedError
 from .frozen import BY_SUFFIX as _SUFFIX
 from .frozen import local_frozen_path
@@ -39,17 +41,6 @@ from .frozen import local_frozen_path
 _PATH = re.compile(r"/frozen/(" + KEY_PATTERN + ")(" +
                    "|".join(re.escape(x) for x in _SUFFIX) + ")")
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")     # the blank line after the headers (bare LF too, as http.server)
-DEFAULT_WORKERS = 16
-DEFAULT_TIMEOUT_S = 30.0
-# A total deadline for the request head: a per-read timeout alone lets a client that drips a
-# byte every few seconds keep its connection forever.  A real head is one small write.
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-# The slowest average a response body may go out at (after timeout_s of grace), so a client
-# that reads a trickle cannot hold a worker forever; 1 MiB/s is far below any real link.
-DEFAULT_MIN_RATE = 1 << 20
-# Connections one client address may hold at once (reading its head, or in a worker), so one
-# client cannot fill the pool or the table of connections being read.
-DEFAULT_MAX_PER_CLIENT = 32
 MAX_HEAD_BYTES = 64 * 1024      # a GET of a frozen file needs a few hundred; more is not a client of ours
 
 
