@@ -100,8 +100,6 @@ class VideoCache:
 
     # --- configuration (read-only views) ------------------------------------------
     path = property(lambda self: self.config.path)
-    decoder = property(lambda self: self.config.decoder)
-    limits = property(lambda self: self.config.limits)
     read_only = property(lambda self: self.config.read_only)
     layout = property(lambda self: self.config.layout)        # where the node directory keeps what
     tmp_dir = property(lambda self: self.config.layout.tmp_dir)
@@ -177,12 +175,12 @@ class VideoCache:
         """The key of the entry cached for ``(source, options)``, found without fetching (one stat or HEAD
         for the source's validators); None when the source is unknown or the entry absent.  ``sound``: its
         blob must pass its checks too (a corrupt copy is quarantined and reported absent)."""
-        d = self._recorded_digest(source, fingerprint(source, self.limits))
+        d = self._recorded_digest(source, fingerprint(source, self.config.limits))
         if d is None:
             return None
         key = keys.cache_key(d, options or VideoOptions())
         if sound:
-            return key if self.sound_manifest(key) is not None else None
+            return key if self._sound_manifest(key) is not None else None
         return key if self.contains([key])[0] else None
 
     def contains(self, cache_keys: list[str]) -> list[bool]:
@@ -191,26 +189,26 @@ class VideoCache:
     # --- build --------------------------------------------------------------
     def ensure(self, source: str, options: VideoOptions) -> EnsureResult:
         """Make sure (source, options) is cached and sound; fetch, decode and write it on a miss."""
-        fp = fingerprint(source, self.limits)      # one stat / HEAD, reused for the record below
+        fp = fingerprint(source, self.config.limits)      # one stat / HEAD, reused for the record below
         d = self._recorded_digest(source, fp)
         if d is not None:
             key = keys.cache_key(d, options)
-            if (m := self.sound_manifest(key)) is not None:
+            if (m := self._sound_manifest(key)) is not None:
                 return self._hit(key, m, {keys.src(source): SourceRecord.of(source, fp, d).to_json()})
         from .loader.build import decode_sample_resize
-        fetched = fetch(source, self.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
+        fetched = fetch(source, self.config.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
         try:
             key = keys.cache_key(fetched.digest, options)
             record = {}
             if fp is not None:
                 record[keys.src(source)] = SourceRecord.of(source, fp, fetched.digest).to_json()
-            if (m := self.sound_manifest(key)) is not None:
+            if (m := self._sound_manifest(key)) is not None:
                 if record:
                     self.store.set_many(record)
                 return self._hit(key, m, {})
             budget = {} if self.config.max_decoded_bytes is None else {
                 "max_decoded_bytes": self.config.max_decoded_bytes}
-            frames, built = decode_sample_resize(fetched.path, options, self.decoder,
+            frames, built = decode_sample_resize(fetched.path, options, self.config.decoder,
                                                  decoder_threads=self.config.decoder_threads, **budget)
             fetched.check_unchanged()           # decoded what was hashed, or nothing is cached (D35)
         finally:
@@ -231,10 +229,10 @@ class VideoCache:
         return EnsureResult(key, "new", raw.nbytes)
 
     def _hit(self, key: str, m: Manifest, record: dict) -> EnsureResult:
-        status = "published" if self.publish_missing(key, m, record) else "hit"
+        status = "published" if self._publish_missing(key, m, record) else "hit"
         return EnsureResult(key, status, m.frames.nbytes)
 
-    def publish_missing(self, key: str, m: Manifest | None = None, record: dict | None = None) -> bool:
+    def _publish_missing(self, key: str, m: Manifest | None = None, record: dict | None = None) -> bool:
         """Publish a local entry that the configured shared tier lacks (a node that cached it before the
         tier was configured, or under another one); True if it did.  Blob first, manifest last; a local
         copy that is not sound is never published."""
@@ -258,7 +256,7 @@ class VideoCache:
         sh.set_many({**items, **(record or {}), keys.ac(key): raw})
         return True
 
-    def sound_manifest(self, key: str) -> Manifest | None:
+    def _sound_manifest(self, key: str) -> Manifest | None:
         """The manifest of a present entry whose blob passes its checks; None (after quarantine) otherwise."""
         try:
             m = self.manifest(key)
@@ -401,11 +399,6 @@ class VideoCache:
             self._manifests.pop(store_key[len(keys.AC):], None)
 
     # --- verify and repair (vidcache.repair), the compact layout's conversion -----------------
-    @property
-    def frozen_dir(self) -> str:
-        """This node's frozen-file copies (files, because SGLang reads them by path or URL)."""
-        return self.frozen.dir
-
     def verify(self, key: str, repair: bool = False) -> list[str]:
         """Check ``key`` in every tier, its frozen files included; the problems found (empty: sound).
         ``repair`` quarantines bad copies, restores them from a sound copy in another tier, or rebuilds the
@@ -415,7 +408,7 @@ class VideoCache:
 
     def _rebuild(self, key: str, options: VideoOptions) -> bool:
         """The repair's last resort: build ``key`` again from a source recorded for its content."""
-        for src in self.sources_by_digest().get(str(keys.source_digest_of(key)), []):
+        for src in self._sources_by_digest().get(str(keys.source_digest_of(key)), []):
             with contextlib.suppress(VidcacheError):    # an unreachable source: try the next one
                 if self.ensure(src, options).key == key:
                     return True
@@ -459,7 +452,7 @@ class VideoCache:
                 if tier.exists_many([k])[0]:
                     tier.delete(k)
                     removed = True
-        frozen_dir = self.frozen_dir
+        frozen_dir = self.frozen.dir
         with contextlib.suppress(FileNotFoundError):
             for name in os.listdir(frozen_dir):
                 if name.startswith(key):
@@ -494,7 +487,7 @@ class VideoCache:
                 out.append(keys.entry_key(k))
         return out
 
-    def sources_by_digest(self) -> dict[str, list[str]]:
+    def _sources_by_digest(self) -> dict[str, list[str]]:
         """Source digest -> the sources recorded for it (``src/`` records of every tier)."""
         out: dict[str, list[str]] = {}
         for k in self.store.keys(keys.SRC):
@@ -508,7 +501,7 @@ class VideoCache:
         self._backfill.drain()       # what this process wrote is in the local tier
         local = set(self.local.keys(keys.AC))
         shared = set(self.shared.keys(keys.AC)) if self.shared is not None else set()
-        srcs = self.sources_by_digest()
+        srcs = self._sources_by_digest()
         out = []
         for sk in sorted(local | shared):
             try:
@@ -528,7 +521,7 @@ class VideoCache:
 
     def options_cached_for(self, source: str) -> list[dict]:
         """The options under which ``source`` is cached (by its recorded digest), for a helpful miss."""
-        d = self._recorded_digest(source, fingerprint(source, self.limits))
+        d = self._recorded_digest(source, fingerprint(source, self.config.limits))
         if d is None:
             return []
         prefix = f"{d.hash}.{d.size_bytes}."

@@ -71,7 +71,7 @@ def local_frozen_path(cache, key: str, fmt: str | None = None) -> str:
     """The node-local frozen file for ``key``, checked against its recorded digest; written from the
     digest-checked frames and verified by re-decoding when absent (or found corrupt)."""
     f = FORMATS[fmt or SERVING_FORMAT]
-    path = os.path.join(cache.frozen_dir, keys.check_key(key) + f.suffix)
+    path = os.path.join(cache.frozen.dir, keys.check_key(key) + f.suffix)
     if (sid := _stat_id(path)) in _SOUND_FILES:
         return path
     if sid is not None and _copy_is_sound(cache, "local", key, f):

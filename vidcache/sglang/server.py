@@ -284,7 +284,7 @@ class FrozenFileHandler(HeadReadHandler):
             return None
         cache = self.server.cache
         key, fmt = m.group(1), _SUFFIX[m.group(2)]
-        path = os.path.join(cache.frozen_dir, key + fmt.suffix)
+        path = os.path.join(cache.frozen.dir, key + fmt.suffix)
         try:
             # Only keys the cache holds: a file (or link) at a key-shaped name is not enough.
             if cache.manifest(key) is None:
