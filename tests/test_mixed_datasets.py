@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-pa = pytest.importorskip("pyarrow", reason="pyarrow is part of vidcache[data] (scripts/install.sh --test installs it)")
-import pyarrow.parquet as pq  # noqa: E402
+import pyarrow as pa  # vidcache's own dependency (Miles' parquet prompt files)
+import pyarrow.parquet as pq
 
-from vidcache import VideoCache, VideoOptions  # noqa: E402
-from vidcache.dataset import InlineBytes, LazyVideoDataset  # noqa: E402
-from vidcache.errors import UnknownColumnError  # noqa: E402
-from vidcache.prewarm import prewarm  # noqa: E402
-from vidcache.testing.videos import make_video  # noqa: E402
+from vidcache import VideoCache, VideoOptions
+from vidcache.dataset import InlineBytes, LazyVideoDataset
+from vidcache.errors import UnknownColumnError
+from vidcache.prewarm import prewarm
+from vidcache.testing.videos import make_video
 
 MM = json.dumps({"video": "videos", "image": "images"})
 
@@ -140,7 +140,7 @@ def test_unknown_keys_name_the_columns_found(tmp_path, media):
 
 
 def test_hf_dataset_and_its_directory_prewarm_with_progress(tmp_path, media, capsys):
-    datasets = pytest.importorskip("datasets", reason="datasets is part of vidcache[data]")
+    import datasets          # vidcache[data], in [test]: scripts/install.sh --test installs it (never a skip)
     rows = _rows(media)[:3]
     absolute = [{**r, "images": [str(media / x) for x in r["images"]], "videos": [str(media / x) for x in r["videos"]]}
                 for r in rows]

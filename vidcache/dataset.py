@@ -261,8 +261,8 @@ def _pyarrow_parquet():
         import pyarrow.parquet as pq
     except ImportError:
         from .errors import BackendUnavailableError
-        raise BackendUnavailableError("reading .parquet prompt files needs pyarrow: pip install 'vidcache[data]'") \
-            from None
+        raise BackendUnavailableError("reading .parquet prompt files needs pyarrow (a vidcache dependency): "
+                                      "pip install 'pyarrow>=21'") from None
     return pq
 
 
@@ -383,7 +383,12 @@ def _undecoded(ds):
 def open_hf(dataset, split: str | None = None):
     """A ``datasets.Dataset`` from one, from a ``DatasetDict`` (``split``, default ``train``), or from a
     directory: ``save_to_disk``'s (``load_from_disk``) or any directory ``load_dataset`` reads."""
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        from .errors import BackendUnavailableError
+        raise BackendUnavailableError("Hugging Face datasets need the datasets package: "
+                                      "pip install 'vidcache[data]'") from None
     if isinstance(dataset, (str, os.PathLike)):
         path = os.fspath(dataset)
         if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
