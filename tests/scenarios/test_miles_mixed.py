@@ -140,3 +140,72 @@ def test_image_and_video_in_one_request_match_sglang(env):
                               images=images, return_tensors="pt")
     assert torch.equal(miles_out["pixel_values"], ti["pixel_values"])
     assert torch.equal(miles_out["image_grid_thw"], ti["image_grid_thw"])
+
+
+@pytest.mark.miles
+@pytest.mark.parametrize("train_inputs", ["tensors", "handles"])
+def test_generate_sends_miles_images_beside_cached_videos(env, train_inputs):
+    """The request vidcache's generate function builds for an image + video sample (Miles' own payload code
+    with its own image_data, compact ids, video_data) goes through SGLang's processor to the same ids and
+    tensors the sample carries to the trainer; the divergence guard agrees."""
+    from types import SimpleNamespace
+
+    from miles.utils.async_utils import run
+    from support.miles_smoke_example import make_miles_args
+
+    from miles_integration.generate import check_divergence, prepare_sample, start_video_sample, video_payload
+    from miles_integration.train_hooks import HANDLE_KEY, hydrate
+
+    args = make_miles_args(hf_checkpoint=str(env.ckpt), router_port=1)
+    cfg = VidcacheConfig(cache=env.cfg.cache, options=env.cfg.options, mode="stock", transport="file",
+                         train_inputs=train_inputs)
+    ds = VidcacheDataset(str(env.data), env.tok, env.processor, None, config=env.cfg, **env.kw)
+    sample = ds.samples[2]
+    prep = run(prepare_sample(SimpleNamespace(processor=env.processor), sample, cfg))
+    st = start_video_sample(sample, prep, cfg)
+    payload, halt = video_payload(args, sample, st, {"max_new_tokens": 8, "temperature": 1.0})
+    assert halt is None
+    images = sample.multimodal_inputs["images"]
+    assert payload["image_data"] == [encode_image_for_rollout_engine(im) for im in images]
+    assert payload["input_ids"] == prep.compact_ids and len(payload["video_data"]) == 1
+    peer = sglang_peer.build_peer(FAMILY, build_processor(FAMILY, sglang_size_override=True),
+                                  video_config=sglang_config(FAMILY, "stock")["mm_process_config"]["video"])
+    out = sglang_peer.run_peer(peer, payload["input_ids"], payload["video_data"], image_uris=payload["image_data"])
+    check_divergence(st, sample.tokens, {"prompt_token_ids": out["input_ids"], "meta_info": {}})
+    mm = sample.multimodal_train_inputs
+    if train_inputs == "handles":      # the train actor's hydration keeps Miles' image tensors beside the videos
+        assert HANDLE_KEY in mm
+        mm = hydrate(mm, env.processor)
+    assert torch.equal(mm["pixel_values"], out["pixel_values"])
+    assert torch.equal(mm["image_grid_thw"], out["image_grid_thw"])
+    assert torch.equal(mm["pixel_values_videos"], out["pixel_values_videos"])
+    assert torch.equal(mm["video_grid_thw"], out["video_grid_thw"].to(torch.int64))
+
+
+@pytest.mark.miles
+def test_parquet_prompt_file_with_video_bytes_gives_the_jsonl_samples(env, tmp_path):
+    """The same rows as a .parquet file (Miles' other prompt format), the video as bytes: same prompts, same
+    images, and handles to the same entries; the bytes are built in the rollout process on first use."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from miles_integration.data_source import _cached
+
+    raw = (env.root / "a.mp4").read_bytes()
+    rows = [{**r, "videos": [raw for _ in r["videos"]]} for r in env.rows]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mixed.parquet")
+    cfg = VidcacheConfig(cache=str(tmp_path / "fresh"), options=env.cfg.options, mode="stock", transport="file")
+    from_jsonl = VidcacheDataset(str(env.data), env.tok, env.processor, None, config=env.cfg, **env.kw)
+    from_parquet = VidcacheDataset(str(tmp_path / "mixed.parquet"), env.tok, env.processor, None, config=cfg, **env.kw)
+    for i in range(len(rows)):
+        a, b = from_jsonl.samples[i], from_parquet.samples[i]
+        assert a.prompt == b.prompt and a.label == b.label
+        assert [_pixels(x) for x in (a.multimodal_inputs or {}).get("images") or []] == \
+            [_pixels(x) for x in (b.multimodal_inputs or {}).get("images") or []]
+        ha = [h.pinned() for h in handles_from_metadata(a.metadata)]
+        hb = handles_from_metadata(b.metadata)
+        assert [h.key for h in ha] == [h.key for h in hb]               # content-addressed: one entry
+        assert all(h.source is None and _cached(h) for h in hb)        # built from the bytes at sample build
+        for x, y in zip(ha, hb):
+            assert torch.equal(x.frames(), y.frames())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "mixed.parquet"]
