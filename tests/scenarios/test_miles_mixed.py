@@ -70,7 +70,7 @@ def env(tmp_path_factory):
     proc.save_pretrained(str(ckpt))
     make_video(str(root / "a.mp4"), codec="h264", width=160, height=120, fps=10, n_frames=20, seed=3)
     _image(root / "p.png", 150, 100, 0)          # not on the 28 grid: Miles' image path resizes it
-    _image(root / "q.jpg", 90, 200, 1)
+    _image(root / "q.jpg", 320, 240, 1)          # above a 50176-pixel image budget (the capped case below)
     rows = [
         # Both keys on every row: Miles' own Dataset (the reference here) fails on a row without one.
         {"prompt": "<image>\nWhat is drawn?", "images": [str(root / "p.png")], "videos": [], "label": "img"},
@@ -116,14 +116,30 @@ def test_samples_carry_miles_own_images_and_lazy_video_handles(env):
     assert ours.samples[0].multimodal_inputs["images"][0].size != (150, 100)   # Miles resized it (28 grid)
 
 
+def _cap_images(processor, max_pixels):
+    """A checkpoint whose preprocessor_config caps images below qwen-vl-utils' budget: the HF image processor
+    then resizes Miles' images, on both sides."""
+    ip = processor.image_processor
+    ip.max_pixels = max_pixels
+    ip.size = {"shortest_edge": ip.size["shortest_edge"], "longest_edge": max_pixels}
+    return processor
+
+
 @pytest.mark.miles
-def test_image_and_video_in_one_request_match_sglang(env):
-    ds = VidcacheDataset(str(env.data), env.tok, env.processor, None, config=env.cfg, **env.kw)
+@pytest.mark.parametrize("image_max_pixels", [None, 50176])
+def test_image_and_video_in_one_request_match_sglang(env, image_max_pixels):
+    processor = env.processor if image_max_pixels is None else _cap_images(
+        load_processor(str(env.ckpt), trust_remote_code=True), image_max_pixels)
+    ds = VidcacheDataset(str(env.data), env.tok, processor, None, config=env.cfg, **env.kw)
     s = ds.samples[2]
     handles = [h.pinned() for h in handles_from_metadata(s.metadata)]
     images = s.multimodal_inputs["images"]
-    prep = vidcache.prepare(env.processor, s.prompt, handles, mode="stock", transport="file", images=images)
-    peer = sglang_peer.build_peer(FAMILY, build_processor(FAMILY, sglang_size_override=True),
+    prep = vidcache.prepare(processor, s.prompt, handles, mode="stock", transport="file", images=images)
+    server_proc = build_processor(FAMILY, sglang_size_override=True)
+    if image_max_pixels is not None:
+        _cap_images(server_proc, image_max_pixels)
+        assert images[0].width * images[0].height > image_max_pixels       # the cap is what resizes them
+    peer = sglang_peer.build_peer(FAMILY, server_proc,
                                   video_config=sglang_config(FAMILY, "stock")["mm_process_config"]["video"])
     # What Miles' compute_request_payload puts in image_data, beside vidcache's video_data and compact ids.
     out = sglang_peer.run_peer(peer, prep.compact_ids, prep.video_data,
@@ -136,8 +152,8 @@ def test_image_and_video_in_one_request_match_sglang(env):
     assert torch.equal(out["image_grid_thw"], ti["image_grid_thw"])
     assert out["input_ids"] == prep.expanded_ids
     # The image tensors are the ones Miles' own trainer path computes (processor on text + Miles' images).
-    miles_out = env.processor(text=s.prompt.replace("<|vision_start|><|video_pad|><|vision_end|>", ""),
-                              images=images, return_tensors="pt")
+    miles_out = processor(text=s.prompt.replace("<|vision_start|><|video_pad|><|vision_end|>", ""),
+                          images=images, return_tensors="pt")
     assert torch.equal(miles_out["pixel_values"], ti["pixel_values"])
     assert torch.equal(miles_out["image_grid_thw"], ti["image_grid_thw"])
 
