@@ -196,6 +196,12 @@ def test_generate_sends_miles_images_beside_cached_videos(env, train_inputs):
     assert torch.equal(mm["image_grid_thw"], out["image_grid_thw"])
     assert torch.equal(mm["pixel_values_videos"], out["pixel_values_videos"])
     assert torch.equal(mm["video_grid_thw"], out["video_grid_thw"].to(torch.int64))
+    # --recompute-logprobs-via-prefill (VidcacheRolloutFn) scores the same request: images included.
+    from miles_integration.rollout import video_prefill_payload
+    pre, _ = video_prefill_payload(args, sample, {"max_new_tokens": 8})
+    assert pre["image_data"] == payload["image_data"] and pre["video_data"] == payload["video_data"]
+    again = sglang_peer.run_peer(peer, pre["input_ids"], pre["video_data"], image_uris=pre["image_data"])
+    assert again["input_ids"] == list(sample.tokens)
 
 
 @pytest.mark.miles
