@@ -464,7 +464,10 @@ class LazyVideoDataset(Sequence[Row]):
         self.cache = cache
         self.options = options
         self.input_key, self.video_key, self.image_key = input_key, video_key, image_key
-        self._base_dir = os.path.dirname(self.path) if self.path else None
+        # Relative sources resolve against the file's directory, or the dataset directory itself (as prewarm
+        # does); an in-memory Dataset has none (the current directory).
+        self._base_dir = (os.path.dirname(self.path) if self.path else
+                          os.path.abspath(path) if isinstance(path, (str, os.PathLike)) else None)
         if (cols := getattr(self._rows, "columns", None)) is not None:
             check_columns(cols, self.path or "the dataset", input_key=input_key, video_key=None,
                           image_key=image_key)
