@@ -137,6 +137,11 @@ def test_unknown_keys_name_the_columns_found(tmp_path, media):
         LazyVideoDataset(str(path), "local-" + "0" * 32, VideoOptions(), input_key="question", image_key="pics")
     r = _cli("prewarm", str(path), "--input-key", "question", "--no-progress", cache=tmp_path / "c2", cwd=tmp_path)
     assert r.returncode != 0 and "columns found: ['question', 'clips']" in r.stderr, r.stderr
+    # A directory that is no dataset (clips only) is refused, not turned into one by load_dataset.
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips" / "a.mkv").write_bytes((media / "a.mkv").read_bytes())
+    r = _cli("prewarm", str(tmp_path / "clips"), "--no-progress", cache=tmp_path / "c3", cwd=tmp_path)
+    assert r.returncode != 0 and "neither a save_to_disk directory" in r.stderr, r.stderr
 
 
 def test_hf_dataset_and_its_directory_prewarm_with_progress(tmp_path, media, capsys):

@@ -380,6 +380,16 @@ def _undecoded(ds):
     return ds if new == feats else ds.cast(new)
 
 
+DATA_FILES = (".parquet", ".jsonl", ".json", ".csv", ".arrow")
+
+
+def _has_data_files(path: str) -> bool:
+    for _, _, files in os.walk(path):
+        if any(f.lower().endswith(DATA_FILES) for f in files):
+            return True
+    return False
+
+
 def open_hf(dataset, split: str | None = None):
     """A ``datasets.Dataset`` from one, from a ``DatasetDict`` (``split``, default ``train``), or from a
     directory: ``save_to_disk``'s (``load_from_disk``) or any directory ``load_dataset`` reads."""
@@ -393,8 +403,13 @@ def open_hf(dataset, split: str | None = None):
         path = os.fspath(dataset)
         if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
             dataset = datasets.load_from_disk(path)
+        elif _has_data_files(path):
+            dataset = datasets.load_dataset(path)     # datasets converts the files once, into its own cache
         else:
-            dataset = datasets.load_dataset(path)
+            # load_dataset would make a dataset of anything (a folder of clips becomes a "videofolder")
+            from .errors import ConfigError
+            raise ConfigError(f"{path} is neither a save_to_disk directory nor a directory of data files "
+                              f"({', '.join(DATA_FILES)}) that load_dataset reads")
     if isinstance(dataset, (datasets.DatasetDict, dict)):
         name = split or ("train" if "train" in dataset else next(iter(dataset)))
         if name not in dataset:
