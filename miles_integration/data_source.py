@@ -35,7 +35,7 @@ from miles.utils.data import _build_messages
 from miles.utils.types import Sample
 
 from vidcache import NotCachedError
-from vidcache.dataset import VIDEO_TOKEN, LazyVideoDataset
+from vidcache.dataset import IMAGE_TOKEN, VIDEO_TOKEN, LazyVideoDataset, ensure_inline, image_source
 from vidcache.processing import VIDEO_PLACEHOLDER, expanded_ids
 
 from .args import VidcacheConfig
@@ -43,6 +43,7 @@ from .meta import KEY, metadata_entry
 
 logger = logging.getLogger(__name__)
 
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 _SLICE = re.compile(r"^(?P<path>.*)@\[(?P<start>-?\d*):(?P<end>-?\d*)\]$")
 
 
@@ -62,9 +63,7 @@ def expanded_length(num_compact_tokens: int, handles, family: str) -> int | None
     """
     n = num_compact_tokens
     for h in handles:
-        try:
-            h.resolve(build=False)
-        except NotCachedError:
+        if not _cached(h):
             return None
         n += h.num_video_tokens - 1
         if family == "qwen3_vl":                   # one vision_start/vision_end pair per temporal group
@@ -73,8 +72,12 @@ def expanded_length(num_compact_tokens: int, handles, family: str) -> int | None
 
 
 def _cached(handle) -> bool:
+    """Whether the entry is here.  A handle of a video held as bytes carries its key from the start, so
+    resolving it says nothing: the manifest must be found."""
     try:
         handle.resolve(build=False)
+        if handle.source is None:
+            handle.manifest  # noqa: B018 -- NotCachedError when the entry is absent
         return True
     except NotCachedError:
         return False
@@ -111,21 +114,23 @@ class VidcacheDataset:
             logger.warning("vidcache: ignoring Miles dataset arguments %s; video options come from --vidcache-*",
                            sorted(ignored))
         path, row_slice = _parse_path(str(path))
-        if not path.endswith(".jsonl"):
-            raise ValueError(f"vidcache's lazy dataset reads JSONL only, got {path!r}")
+        if not path.endswith((".jsonl", ".parquet")):      # what Miles' read_file reads
+            raise ValueError(f"vidcache's lazy dataset reads .jsonl and .parquet prompt files (as Miles does), "
+                             f"got {path!r}")
         self.config = config
         self.tokenizer = tokenizer
         self.processor = processor      # when given, long prompts are measured exactly (see _filter_long)
         self.prompt_key, self.label_key, self.tool_key, self.metadata_key = prompt_key, label_key, tool_key, metadata_key
         self.multimodal_keys = dict(multimodal_keys or {})
-        if set(self.multimodal_keys) - {"video"}:
-            raise NotImplementedError(f"vidcache's data source carries videos only; got multimodal keys "
+        if set(self.multimodal_keys) - {"video", "image"}:
+            raise NotImplementedError(f"vidcache's data source carries videos and images; got multimodal keys "
                                       f"{sorted(self.multimodal_keys)}")
         self.video_key = self.multimodal_keys.get("video", config.video_key)
+        self.image_key = self.multimodal_keys.get("image")
         self.apply_chat_template = apply_chat_template
         self.apply_chat_template_kwargs = apply_chat_template_kwargs or {}
         self.rows = LazyVideoDataset(path, config.open_cache(), config.options, input_key=prompt_key,
-                                     video_key=self.video_key)
+                                     video_key=self.video_key, image_key=self.image_key)
         rows = np.arange(len(self.rows), dtype=np.int64)
         if row_slice is not None:
             rows = rows[row_slice]
@@ -157,17 +162,36 @@ class VidcacheDataset:
         self.epoch_id = new_epoch_id
 
     # --- rows -> prompts ------------------------------------------------------------------------
+    def _miles_data(self, row) -> tuple[dict, dict | None]:
+        """The row as Miles' ``_build_messages`` reads it, and the ``multimodal_keys`` to give it: image values
+        made sources ``fetch_image`` reads (``vidcache.dataset.image_source``: relative paths resolved, bytes as
+        base64 ``data:image`` URIs), and only the keys this row holds (Miles' ``list(data.get(key))`` fails on
+        a row without one, e.g. the video-only rows of a mixed set)."""
+        data = copy.deepcopy(row.data)
+        base = self.rows._base_dir
+        if self.image_key and data.get(self.image_key) is not None:
+            v = data[self.image_key]
+            data[self.image_key] = [image_source(x, "an image", base) for x in (v if isinstance(v, list) else [v])]
+        if isinstance(data.get(self.prompt_key), list):
+            for msg in data[self.prompt_key]:
+                for item in msg.get("content") if isinstance(msg, dict) and isinstance(msg.get("content"), list) else []:
+                    if isinstance(item, dict) and item.get("type") != "video" and "image" in item:
+                        item["image"] = image_source(item["image"], "an image item", base)
+        if isinstance(data.get(self.video_key), str):
+            data[self.video_key] = [data[self.video_key]]
+        mm = None
+        if isinstance(data.get(self.prompt_key), str):
+            mm = {t: k for t, k in (("image", self.image_key), ("video", self.video_key)) if k and data.get(k)} or None
+        return data, mm
+
     def render(self, row) -> str | list:
         """The prompt Miles would build for ``row`` (``Dataset.__init__``), with video items as placeholders."""
-        data = copy.deepcopy(row.data)
-        mm = {"video": self.video_key} if isinstance(data.get(self.prompt_key), str) and data.get(self.video_key) else None
-        if mm is not None and isinstance(data[self.video_key], str):
-            data[self.video_key] = [data[self.video_key]]
+        data, mm = self._miles_data(row)
         as_conversation = self.apply_chat_template or mm is not None or isinstance(data.get(self.prompt_key), list)
         if not self.apply_chat_template:
             prompt = data.get(self.prompt_key)
             if isinstance(prompt, str):
-                return prompt.replace(VIDEO_TOKEN, VIDEO_PLACEHOLDER)
+                return prompt.replace(VIDEO_TOKEN, VIDEO_PLACEHOLDER).replace(IMAGE_TOKEN, IMAGE_PLACEHOLDER)
             if row.handles:
                 raise ValueError("video rows with a message-list prompt need --apply-chat-template")
             return prompt
@@ -180,6 +204,27 @@ class VidcacheDataset:
                              f"{VIDEO_PLACEHOLDER!r} for {len(row.handles)} video(s); vidcache needs one per video "
                              "(use the model's Qwen-VL chat template)")
         return text
+
+    def images(self, row) -> list | None:
+        """The row's images exactly as Miles' own ``Dataset`` gives them: its ``process_vision_info`` (qwen-vl-utils'
+        ``fetch_image``, with the processor's patch size) on the row's messages, with the video items left out
+        (vidcache serves those from the cache; Miles would decode them here).  Read when a sample is built,
+        never at init.  None for a row without images."""
+        if not row.images:
+            return None
+        from miles.utils.processing_utils import process_vision_info
+        data, mm = self._miles_data(row)
+        messages = _build_messages(data, self.prompt_key, True, mm)
+        for m in messages:
+            if isinstance(m.get("content"), list):
+                m["content"] = [c for c in m["content"] if not (isinstance(c, dict) and c.get("type") == "video")]
+        processor = self.processor
+        if processor is None:      # Miles' patch-size fallback needs an image_processor attribute to read
+            from types import SimpleNamespace
+
+            from vidcache.options import PATCH_SIZE
+            processor = SimpleNamespace(image_processor=SimpleNamespace(patch_size=PATCH_SIZE[self.config.options.family]))
+        return process_vision_info(messages, processor)["images"]
 
     def _tools(self, data: dict):
         if self.tool_key is None or self.tool_key not in data:
@@ -195,18 +240,24 @@ class VidcacheDataset:
             metadata["tools"] = tools
         if row.handles:
             metadata[KEY] = metadata_entry(row.handles)
+            for h in row.handles:      # a video held as bytes in the dataset: only this process can build it
+                if h.key in row.inline and not _cached(h):
+                    ensure_inline(self.rows.cache if not isinstance(self.rows.cache, str) else self.config.open_cache(),
+                                  row.inline[h.key], h.options)
+        images = self.images(row)
+        # Miles' own shape: {"images": [...], "videos": None}; Miles' single_turn serves image-only rows from it,
+        # and vidcache's generate sends the images beside the cached videos.
+        mm = {"images": images, "videos": None} if images else None
         return Sample(prompt=self.render(row), label=row.data[self.label_key] if self.label_key is not None else None,
-                      metadata=metadata, multimodal_inputs=None)
+                      metadata=metadata, multimodal_inputs=mm)
 
     # --- init-time checks (no decoding) -------------------------------------------------------------
     def _check_cached(self, rows) -> None:
         missing = []
         for i in rows:
             for h in self.rows[int(i)].handles:
-                try:
-                    h.resolve(build=False)
-                except NotCachedError:
-                    missing.append(h.source)
+                if not _cached(h):
+                    missing.append(h.source or h.key)
         if missing:
             raise NotCachedError(f"{len(missing)} video(s) are not in cache {self.config.open_cache()!r} "
                                  f"(--vidcache-require-cached), e.g. {missing[:3]}; run `vidcache prewarm`")
@@ -217,6 +268,10 @@ class VidcacheDataset:
             row = self.rows[int(i)]
             prompt = self.render(row)
             if not isinstance(prompt, str):
+                keep.append(i)
+                continue
+            if row.images:         # measuring would read the images at init: kept, counted as unmeasured
+                unknown += 1
                 keep.append(i)
                 continue
             if self.processor is not None and all(_cached(h) for h in row.handles):
@@ -234,7 +289,7 @@ class VidcacheDataset:
             else:
                 dropped += 1
         logger.info("vidcache: filtered %d prompts longer than max_length=%d (cached token counts); %d rows with "
-                    "uncached videos kept unmeasured", dropped, max_length, unknown)
+                    "uncached videos or with images kept unmeasured", dropped, max_length, unknown)
         self.num_filtered, self.num_unmeasured = dropped, unknown
         return np.asarray(keep, dtype=np.int64)
 

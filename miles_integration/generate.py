@@ -55,11 +55,16 @@ def _url(args) -> str:
 
 
 # --- preparation ------------------------------------------------------------------------------------
-def _pin_and_prepare(processor, prompt: str, handles, cfg: VidcacheConfig) -> PreparedRequest:
+def _images(sample: Sample) -> list:
+    """The sample's images as Miles' own image path made them (the data source's ``multimodal_inputs``)."""
+    return list((sample.multimodal_inputs or {}).get("images") or [])
+
+
+def _pin_and_prepare(processor, prompt: str, handles, cfg: VidcacheConfig, images=()) -> PreparedRequest:
     """In the worker thread: pin every handle first (a video not prewarmed is fetched, decoded and cached
     here, on first use; ``prepare`` reads manifests, which never build), then ``vidcache.prepare``."""
     pinned = [h.pinned() for h in handles]
-    return vidcache.prepare(processor, prompt, pinned, cfg.mode, cfg.transport, cfg.base_url)
+    return vidcache.prepare(processor, prompt, pinned, cfg.mode, cfg.transport, cfg.base_url, images=list(images))
 
 
 async def prepare_sample(state, sample: Sample, cfg: VidcacheConfig) -> PreparedRequest:
@@ -71,11 +76,13 @@ async def prepare_sample(state, sample: Sample, cfg: VidcacheConfig) -> Prepared
     if not isinstance(sample.prompt, str):
         raise TypeError("video samples need a chat-templated string prompt (--apply-chat-template)")
     handles = handles_from_metadata(sample.metadata)
+    images = _images(sample)
+    # The images enter the key by content: a group's n samples are deep copies (other objects, same pixels).
     key = (id(processor), sample.prompt, json.dumps([h.to_dict() for h in handles], sort_keys=True),
-           cfg.mode, cfg.transport, cfg.base_url)
+           cfg.mode, cfg.transport, cfg.base_url, tuple(_image_digest(im) for im in images))
     fut = _PREPARED.get(key)
     if fut is None:
-        fut = _EXECUTOR.submit(_pin_and_prepare, processor, sample.prompt, handles, cfg)
+        fut = _EXECUTOR.submit(_pin_and_prepare, processor, sample.prompt, handles, cfg, images)
         _PREPARED[key] = fut
         while len(_PREPARED) > max(cfg.prepare_cache_size, 1):
             _PREPARED.popitem(last=False)
@@ -89,6 +96,11 @@ async def prepare_sample(state, sample: Sample, cfg: VidcacheConfig) -> Prepared
         raise
 
 
+def _image_digest(image) -> str:
+    import xxhash
+    return f"{image.mode}:{image.size}:{xxhash.xxh3_128_hexdigest(image.tobytes())}"
+
+
 def start_video_sample(sample: Sample, prep: PreparedRequest, cfg: VidcacheConfig) -> dict:
     """First turn: expanded ids into ``sample.tokens``, train inputs, and the resume state into metadata."""
     sample.tokens = list(prep.expanded_ids)
@@ -96,15 +108,19 @@ def start_video_sample(sample: Sample, prep: PreparedRequest, cfg: VidcacheConfi
     if cfg.train_inputs == "handles":
         for h in handles:           # the trainer may not see the source: pin the content key
             h.resolve()
-        sample.multimodal_train_inputs = handle_train_inputs(handles, prep.mode)
+        # Images are not cached: their tensors travel as Miles' do, beside the handle tensor (hydrate keeps them).
+        image_tensors = {k: prep.train_inputs[k] for k in ("pixel_values", "image_grid_thw") if k in prep.train_inputs}
+        sample.multimodal_train_inputs = {**handle_train_inputs(handles, prep.mode), **image_tensors}
     else:
         sample.multimodal_train_inputs = dict(prep.train_inputs)    # shared tensors, own dict
     return set_request_state(sample.metadata, prep)
 
 
 def video_payload(args, sample: Sample, st: dict, sampling_params: dict):
-    """Miles' payload for the expanded ``sample.tokens`` (its truncation rules), re-pointed at compact ids + video."""
-    payload, halt = compute_request_payload(args, input_ids=sample.tokens, sampling_params=sampling_params)
+    """Miles' payload for the expanded ``sample.tokens`` (its truncation rules, and its own ``image_data`` for
+    the sample's images), re-pointed at compact ids + video."""
+    payload, halt = compute_request_payload(args, input_ids=sample.tokens, sampling_params=sampling_params,
+                                            multimodal_inputs=sample.multimodal_inputs)
     if payload is None:
         return None, halt
     payload["input_ids"] = list(st["compact_ids"]) + list(sample.tokens[st["prompt_len"]:])

@@ -52,6 +52,10 @@ def video_prefill_payload(args, sample: Sample, sampling_params: dict) -> tuple[
         "video_data": list(st["video_data"]),
         "return_prompt_token_ids": True,
     }
+    if images := (sample.multimodal_inputs or {}).get("images"):
+        # The row's images beside its videos, encoded as Miles encodes them for every request (lossless PNG).
+        from miles.utils.processing_utils import encode_image_for_rollout_engine
+        payload["image_data"] = [encode_image_for_rollout_engine(im) for im in images]
     if (lora := _lora_path_for_sample(args, sample)) is not None:
         payload["lora_path"] = lora
     return payload, st

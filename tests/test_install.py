@@ -59,7 +59,7 @@ def _planned(py, spec) -> dict:
     return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in json.loads(r.stdout)["install"]}
 
 
-@pytest.mark.parametrize("spec", [ROOT, ROOT + "[ray]", ROOT + "[test]"])
+@pytest.mark.parametrize("spec", [ROOT, ROOT + "[ray]", ROOT + "[data]", ROOT + "[test]"])
 def test_pip_install_plans_no_change_to_the_images_packages(existing_env, spec):
     from importlib.metadata import version
     planned = _planned(existing_env, spec)

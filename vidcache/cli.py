@@ -149,10 +149,13 @@ def cmd_prewarm(args) -> int:
 
     # Every mistake the user can make is refused before any work is done, and creates nothing.
     check_local_budget(args.max_local_bytes)
-    if not os.path.isfile(args.dataset):
+    if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
         raise ConfigError(f"dataset not found: {args.dataset}" if not os.path.exists(args.dataset)
-                          else f"dataset is not a file: {args.dataset}")
+                          else f"dataset is not a file or a dataset directory: {args.dataset}")
     keys = _multimodal_keys(args.multimodal_keys)
+    unknown = sorted(set(keys) - {"video", "image"})
+    if unknown:      # Miles' audio and other types are not read by vidcache: refuse rather than ignore them
+        raise ConfigError(f"--multimodal-keys: vidcache reads the 'video' and 'image' entries, got {unknown}")
     if args.ray:
         try:
             import ray  # noqa: F401
@@ -179,7 +182,8 @@ def cmd_prewarm(args) -> int:
     s = prewarm(args.dataset, cache, options, workers=args.workers, timeout_s=args.timeout, failures_path=failures,
                 input_key=args.input_key, max_worker_memory=memory, progress=bar,
                 log_every_s=None if (bar or args.no_progress) else args.log_interval,
-                video_key=keys.get("video", "videos"), ray=args.ray, ray_address=args.ray_address,
+                video_key=keys.get("video", "videos"), image_key=keys.get("image"), split=args.split,
+                ray=args.ray, ray_address=args.ray_address,
                 ray_logs=args.ray_logs)
     print(s.line())
     if s.failed:
@@ -527,8 +531,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     add = lambda name, **kw: sub.add_parser(name, formatter_class=_Help, **kw)   # noqa: E731
 
-    p = add("prewarm", help="decode, sample and resize every video of a JSONL dataset into the cache")
-    p.add_argument("dataset", help="JSONL dataset: one row per line, videos under --multimodal-keys")
+    p = add("prewarm", help="decode, sample and resize every video of a dataset into the cache (images: checked)")
+    p.add_argument("dataset", help="Miles' prompt file (.jsonl, or .parquet) or a Hugging Face dataset directory "
+                                   "(save_to_disk or load_dataset); videos and images under --multimodal-keys")
+    p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
     _add_cache_flags(p)
     _add_option_flags(p)
     p.add_argument("--max-local-bytes", type=parse_size, metavar="SIZE",
@@ -560,7 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even when rows failed")
     p.add_argument("--input-key", default="prompt", help="the row's prompt field (Miles' --input-key)")
     p.add_argument("--multimodal-keys", metavar="JSON",
-                   help='Miles\' --multimodal-keys: which row field holds the videos (default: {"video": "videos"})')
+                   help='Miles\' --multimodal-keys: which row fields hold the videos and images, e.g. '
+                        '\'{"video": "videos", "image": "images"}\' (default: {"video": "videos"}; images are '
+                        'checked as Miles reads them, not cached)')
     p.add_argument("--no-progress", action="store_true", help="neither a bar nor progress lines")
     p.add_argument("--progress", action="store_true", help="draw the bar even when stderr is not a terminal")
     p.add_argument("--log-interval", type=float, default=30.0, metavar="S",

@@ -96,6 +96,15 @@ class ConfigError(VidcacheError, ValueError):
     kind = "config"
 
 
+class UnknownColumnError(ConfigError, KeyError):
+    """A key (``--input-key``, ``--multimodal-keys``, a split) that names no column of the dataset; the
+    message lists the columns found."""
+    kind = "unknown_column"
+
+    def __str__(self) -> str:          # KeyError's own str() would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class WorkerError(VidcacheError, RuntimeError):
     kind = "worker"
 

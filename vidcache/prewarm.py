@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from . import keys
 from .cache import VideoCache
-from .dataset import iter_jsonl, video_items
 from .config import ENV_DIR
+from .dataset import InlineBytes, check_columns, is_hf_dataset, is_parquet, iter_jsonl, media_items, open_rows
 from .errors import (BackendUnavailableError, BadRowError, ConfigError, VidcacheError, WorkerError, WorkerMemoryError,
                      WorkerTimeoutError)
 from .loader.fetch import scheme_of
@@ -52,11 +52,13 @@ class PrewarmSummary:
     seconds: float = 0.0
     failures: list = field(default_factory=list)
     interrupted: int = 0    # videos not built because of Ctrl-C (0: the run was not interrupted)
+    images: int = 0         # images read and found sound (not cached: Miles' own image path reads them)
     was_interrupted: bool = False
 
     def line(self) -> str:
         rate = (self.new + self.hit + self.published) / self.seconds if self.seconds else 0.0
         pub = f"{self.published} published, " if self.published else ""
+        pub += f"{self.images} images checked, " if self.images else ""
         stop = f", interrupted ({self.interrupted} not built; run it again to resume)" if self.was_interrupted else ""
         return (f"prewarm: {self.new} new, {self.hit} hit, {pub}{self.failed} failed, "
                 f"{self.bytes / 1e6:.1f} MB new frames, {self.seconds:.1f} s ({rate:.2f} videos/s){stop}")
@@ -64,9 +66,35 @@ class PrewarmSummary:
 
 @dataclass(frozen=True)
 class Task:
-    source: str
+    source: "str | InlineBytes | ImageCheck"   # a video's source or bytes, or an image to check
     options: VideoOptions
     rows: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ImageCheck:
+    """An image of a row.  Images are not cached (they go through Miles' own image path, docs/miles.md); a
+    worker reads each one as Miles would (qwen-vl-utils' ``fetch_image``), so an unreadable image is that
+    row's failure at prewarm time, not a crash at rollout time."""
+    source: str
+    patch_size: int
+
+    def __str__(self) -> str:
+        return self.source if not self.source.startswith("data:") else f"<inline image, {len(self.source)} chars>"
+
+
+def _check_image(img: ImageCheck) -> dict:
+    from qwen_vl_utils import fetch_image
+
+    from .errors import DecodeError, SourceNotFoundError
+    try:
+        fetch_image({"image": img.source}, image_patch_size=img.patch_size)
+    except FileNotFoundError:
+        return _failed(SourceNotFoundError(f"image not found: {str(img)[:200]}"))
+    except Exception as e:  # noqa: BLE001  PIL, requests and qwen-vl-utils raise many types; one row's failure
+        return _failed(DecodeError(f"image is not readable by Miles' image path (qwen-vl-utils fetch_image): "
+                                   f"{type(e).__name__}: {str(e)[:200]}"))
+    return {"status": "image", "key": None, "bytes": 0}
 
 
 def _failed(err: VidcacheError) -> dict:
@@ -114,7 +142,13 @@ def _init_worker(cache: VideoCache, memory_limit: int | None) -> None:
 def _build_one(source: str, options: dict) -> dict:
     """Runs in a worker.  Returns a plain dict: errors are reported, not pickled."""
     try:
-        res = _WORKER_CACHE.ensure(source, VideoOptions.from_dict(options))
+        if isinstance(source, ImageCheck):
+            return _check_image(source)
+        if isinstance(source, InlineBytes):      # through fetch's data: path, into the cache's temp directory
+            from .dataset import ensure_inline
+            res = ensure_inline(_WORKER_CACHE, source, VideoOptions.from_dict(options))
+        else:
+            res = _WORKER_CACHE.ensure(source, VideoOptions.from_dict(options))
         return {"status": res.status, "key": res.key, "bytes": res.frame_bytes if res.status == "new" else 0}
     except VidcacheError as e:
         return _failed(e)
@@ -247,40 +281,71 @@ def _worker_cache(cache: VideoCache, max_worker_memory: int | None) -> VideoCach
 
 
 # --- driver --------------------------------------------------------------------------
-def _rows(dataset):
-    """(row index, row or its BadRowError, line number or None) of a JSONL path or an iterable of rows."""
-    if isinstance(dataset, (str, os.PathLike)):
+def _is_file_dataset(dataset) -> bool:
+    return isinstance(dataset, (str, os.PathLike)) and not os.path.isdir(dataset)
+
+
+def _rows(dataset, split: str | None = None, progress: bool = False):
+    """(row index, row or its BadRowError, line number or None) of a JSONL or parquet path, an HF dataset (or its
+    directory), or an iterable of rows.  ``progress``: a tqdm bar over the rows of a sized dataset."""
+    if _is_file_dataset(dataset) and not is_parquet(dataset):
         for i, row in iter_jsonl(os.fspath(dataset)):
             yield i, row, i + 1          # the index counts every line, so the line number is index + 1
         return
-    for i, row in enumerate(dataset):
+    if isinstance(dataset, (str, os.PathLike)) or is_hf_dataset(dataset):
+        dataset = open_rows(dataset, split)
+    rows = dataset
+    if progress and hasattr(dataset, "__len__"):
+        from tqdm import tqdm
+        rows = tqdm(dataset, total=len(dataset), unit="row", desc="prewarm: reading rows", dynamic_ncols=True)
+    for i, row in enumerate(rows):
         yield i, row if isinstance(row, dict) else BadRowError(
             f"a row must be a dict, got {type(row).__name__}"), None
 
 
-def plan(dataset, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos"):
-    """Unique (source, options) tasks of a dataset (a JSONL path or an iterable of row dicts), with the rows
-    that need each, and row-level failures.  Relative paths resolve against the JSONL's directory (rows:
-    the current directory)."""
-    tasks: dict[tuple[str, str], tuple[str, VideoOptions, list[int]]] = {}
+def _check_keys(dataset, input_key: str, video_key: str, image_key: str | None, split: str | None):
+    """A parquet file or HF dataset knows its columns: keys that name none are refused before any work."""
+    if isinstance(dataset, (str, os.PathLike)) and not (is_parquet(dataset) or os.path.isdir(dataset)):
+        return dataset
+    if not (isinstance(dataset, (str, os.PathLike)) or is_hf_dataset(dataset)):
+        return dataset
+    rows = open_rows(dataset, split)
+    check_columns(rows.columns, getattr(rows, "path", None) or "the dataset", input_key=input_key,
+                  video_key=video_key, image_key=image_key, text_prompt=input_key in rows.text_columns)
+    return rows
+
+
+def plan(dataset, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos",
+         image_key: str | None = None, split: str | None = None, progress: bool = False):
+    """Unique tasks of a dataset (a JSONL or parquet path, an HF dataset or its directory, or an iterable of row
+    dicts), with the rows that need each, and row-level failures.  A task is a video (by source, or by content
+    for bytes) under its options, or an image to check.  Relative paths resolve against the file's directory
+    (rows: the current directory)."""
+    from .options import PATCH_SIZE
+    tasks: dict[tuple[str, str], tuple[object, VideoOptions, list[int]]] = {}
     bad_rows = []
-    base = os.path.dirname(os.path.abspath(dataset)) if isinstance(dataset, (str, os.PathLike)) else os.getcwd()
-    for i, row, line in _rows(dataset):
+    base = (os.path.dirname(os.path.abspath(dataset)) if _is_file_dataset(dataset) else
+            os.path.abspath(dataset) if isinstance(dataset, (str, os.PathLike)) else os.getcwd())
+    patch = PATCH_SIZE[options.family]
+    reader = _check_keys(dataset, input_key, video_key, image_key, split)
+    for i, row, line in _rows(reader, split, progress):
         where = {"row": i, "line": line} if line is not None else {"row": i}
         try:
             if isinstance(row, BadRowError):
                 raise row
-            items = [(src, opts, opts.digest)
-                     for src, opts in video_items(row, options, input_key=input_key, video_key=video_key,
-                                                  base_dir=base)]
+            media = media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key,
+                                base_dir=base)
+            items = [(src, opts, (str(src.digest) if isinstance(src, InlineBytes) else src, opts.digest))
+                     for src, opts in media.videos]
+            items += [(ImageCheck(img, patch), options, (img, "image")) for img in media.images]
         except BadRowError as e:
             bad_rows.append({**where, "source": None, "kind": e.kind, "error": str(e)})
             continue
         except Exception as e:  # noqa: BLE001  a parsing bug must cost one row, not the run (as in _build_one)
             bad_rows.append({**where, "source": None, "kind": "internal", "error": f"{type(e).__name__}: {e}"})
             continue
-        for src, opts, digest in items:
-            t = tasks.setdefault((src, digest), (src, opts, []))
+        for src, opts, k in items:
+            t = tasks.setdefault(k, (src, opts, []))
             t[2].append(i)
     return [Task(s, o, tuple(r)) for s, o, r in tasks.values()], bad_rows
 
@@ -346,11 +411,17 @@ def _sweep_shared_partials(cache: VideoCache) -> None:
 def _already_sound(cache: VideoCache, task: Task) -> bool:
     """Resume check for local sources (one stat); remote sources are fingerprinted in the workers,
     under the timeout, because a hung server must not stall the driver."""
-    if scheme_of(task.source) != "file":
+    if isinstance(task.source, ImageCheck):
         return False
     try:
-        # A corrupt entry is quarantined by the check and counts as a miss.
-        key = cache.find(task.source, task.options, sound=True)
+        if isinstance(task.source, InlineBytes):     # its key is known from its bytes: no fetch to find it
+            key = task.source.key(task.options)
+            key = key if cache.sound_manifest(key) is not None else None
+        elif scheme_of(task.source) != "file":
+            return False
+        else:
+            # A corrupt entry is quarantined by the check and counts as a miss.
+            key = cache.find(task.source, task.options, sound=True)
     except (VidcacheError, OSError, ValueError):
         return False          # reported properly when a worker tries it
     # An entry the configured shared tier lacks goes to a worker, which publishes it.
@@ -410,8 +481,10 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
                     if res["kind"] in _KILLED:
                         sweep_stale(cache.tmp_dir)     # a killed worker's partial downloads go now
                     summary.failed += 1
-                    failures.extend({"row": r, "source": t.source, "kind": res["kind"], "error": res["error"]}
+                    failures.extend({"row": r, "source": str(t.source), "kind": res["kind"], "error": res["error"]}
                                     for r in t.rows)
+                elif res["status"] == "image":
+                    summary.images += 1
                 else:
                     summary.new += res["status"] == "new"
                     summary.hit += res["status"] == "hit"
@@ -470,11 +543,16 @@ class _Interrupt:
 def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | None = None, *, workers: int = 1,
             timeout_s: float = DEFAULT_TIMEOUT_S, max_worker_memory: int | None = None, failures_path: str | None = None,
             progress: bool = True, log_every_s: float | None = None, input_key: str = "prompt",
-            video_key: str = "videos", ray: bool = False, ray_address: str | None = None,
+            video_key: str = "videos", image_key: str | None = None, split: str | None = None,
+            ray: bool = False, ray_address: str | None = None,
             num_cpus_per_task: float = 1.0, ray_logs: bool = False) -> PrewarmSummary:
     """Build every video of ``dataset`` into ``cache``: locally with ``workers`` processes, or over Ray.
 
-    ``dataset``: a JSONL path, or an iterable of row dicts (``{"prompt": ..., "videos": [...]}``).
+    ``dataset``: a JSONL or ``.parquet`` path (Miles' prompt files), a ``datasets.Dataset`` (or ``DatasetDict``
+    with ``split``, default ``train``), a ``save_to_disk`` / ``load_dataset`` directory, or an iterable of row
+    dicts (``{"prompt": ..., "videos": [...], "images": [...]}``).  ``video_key`` / ``image_key``: Miles'
+    ``--multimodal-keys`` ``video`` / ``image`` entries (images are checked, not cached).  A key that names no
+    column of a parquet file or HF dataset raises ``UnknownColumnError`` naming the columns found.
     ``cache``: default ``VideoCache()`` (``$VIDCACHE_DIR`` + ``$VIDCACHE_SHARED``); ``options``: default
     ``VideoOptions()``.  Returns a :class:`PrewarmSummary`; ``summary.failures`` lists every failed row
     (``row``, ``line`` for a JSONL, ``source``, ``kind``, ``error``), also written to ``failures_path``
@@ -482,13 +560,13 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     """
     t0 = time.monotonic()
     check_failures_path(failures_path)
-    if isinstance(dataset, (str, os.PathLike)) and not os.path.isfile(dataset):
+    if isinstance(dataset, (str, os.PathLike)) and not os.path.exists(dataset):
         raise ConfigError(f"dataset not found: {os.fspath(dataset)}")
     cache = cache if cache is not None else VideoCache()
     options = options if options is not None else VideoOptions()
     cache.identity          # a new shared tier gets its identity before any work (race-safe: config.py)
     summary = PrewarmSummary()
-    tasks, bad_rows = plan(dataset, options, input_key, video_key)
+    tasks, bad_rows = plan(dataset, options, input_key, video_key, image_key, split, progress=progress)
     failures = list(bad_rows)
     sweep_stale(cache.tmp_dir)       # temp files of killed workers from earlier runs
     _sweep_shared_partials(cache)
@@ -508,7 +586,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
         submitter = LocalSubmitter(_worker_cache(cache, max_worker_memory), workers, timeout_s, max_worker_memory)
     run(tasks, cache, submitter, summary, failures, progress, "prewarm (ray)" if ray else "prewarm", log_every_s)
     summary.failed += len(bad_rows)
-    if isinstance(dataset, (str, os.PathLike)):
+    if _is_file_dataset(dataset) and not is_parquet(dataset):
         for rec in failures:             # rows of a JSONL count every line: line = row + 1
             rec.setdefault("line", rec["row"] + 1)
     summary.failures = failures

@@ -297,24 +297,27 @@ def _attr_name_to_modality():
     }
 
 
-async def run_peer_async(peer, prompt_or_ids: str | Sequence[int], video_uris: Sequence[Any], *, rid: str = "peer") -> dict:
+async def run_peer_async(peer, prompt_or_ids: str | Sequence[int], video_uris: Sequence[Any], *, rid: str = "peer",
+                         image_uris: Sequence[Any] | None = None) -> dict:
     """Async form of :func:`run_peer`."""
-    request = SimpleNamespace(video_data=list(video_uris), audio_data=None, image_data=None, rid=rid)
+    images = list(image_uris) if image_uris else None
+    request = SimpleNamespace(video_data=list(video_uris), audio_data=None, image_data=images, rid=rid)
     prompt = list(prompt_or_ids) if not isinstance(prompt_or_ids, str) else prompt_or_ids
     peer._peer_record.calls.clear()
     log: list = []
     token = _PREPROCESS_LOG.set(log)
     try:
         if hasattr(peer, "_process_mm_data_uncached"):     # 0.5.2x
-            out = await peer._process_mm_data_uncached(None, prompt, request)
+            out = await peer._process_mm_data_uncached(images, prompt, request)
         else:                                              # 0.5.16: the whole request path in one method
-            out = await peer.process_mm_data_async(None, prompt, request)
+            out = await peer.process_mm_data_async(images, prompt, request)
     finally:
         _PREPROCESS_LOG.reset(token)
     return _collect(peer, out, log)
 
 
-def run_peer(peer, prompt_or_ids: str | Sequence[int], video_uris: Sequence[Any], *, rid: str = "peer") -> dict:
+def run_peer(peer, prompt_or_ids: str | Sequence[int], video_uris: Sequence[Any], *, rid: str = "peer",
+             image_uris: Sequence[Any] | None = None) -> dict:
     """Run SGLang's request preprocessing for one request with ``video_data=video_uris``.
 
     prompt_or_ids: prompt text with one compact ``<|vision_start|><|video_pad|><|vision_end|>`` per video, or
@@ -337,8 +340,11 @@ def run_peer(peer, prompt_or_ids: str | Sequence[int], video_uris: Sequence[Any]
       hf_output            the raw HF processor output (BatchFeature)
       mm_items             SGLang's MultimodalDataItem list (feature, offsets, model_specific_data, hash)
       text                 the prompt text SGLang passed to the HF processor
+      pixel_values         float32 tensor of the image items (``image_uris``: what a client puts in ``image_data``,
+                           one per ``<|vision_start|><|image_pad|><|vision_end|>``), None without images
+      image_grid_thw       the HF processor's image grids, None without images
     """
-    return asyncio.run(run_peer_async(peer, prompt_or_ids, video_uris, rid=rid))
+    return asyncio.run(run_peer_async(peer, prompt_or_ids, video_uris, rid=rid, image_uris=image_uris))
 
 
 def _collect(peer, out, preprocess_log) -> dict:
@@ -357,6 +363,8 @@ def _collect(peer, out, preprocess_log) -> dict:
     pixel_values_videos = (
         torch.cat([f.cpu() for f in feats], dim=0) if feats else None
     )
+    image_feats = [it.feature for it in out.mm_items if it.is_image()]
+    pixel_values = torch.cat([f.cpu() for f in image_feats], dim=0) if image_feats else None
 
     def _get(key):
         v = ret.get(key) if hasattr(ret, "get") else None
@@ -369,6 +377,8 @@ def _collect(peer, out, preprocess_log) -> dict:
         "pixel_values_videos": pixel_values_videos,
         "hf_pixel_values_videos": _get("pixel_values_videos"),
         "video_grid_thw": _get("video_grid_thw"),
+        "pixel_values": pixel_values,
+        "image_grid_thw": _get("image_grid_thw"),
         "second_per_grid_ts": _get("second_per_grid_ts"),
         "mrope_positions": out.mrope_positions,
         "mrope_position_delta": out.mrope_position_delta,

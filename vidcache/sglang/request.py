@@ -93,7 +93,7 @@ def video_prompt(prompt: str, n_videos: int) -> str:
 def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str | None = None,
             base_url: str | None = None, frozen_format: str | None = None,
             url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True,
-            token_layout: str | None = None) -> PreparedRequest:
+            token_layout: str | None = None, images=None) -> PreparedRequest:
     """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.
 
     ``prompt`` is the text with one ``<|vision_start|><|video_pad|><|vision_end|>`` per handle, in order
@@ -104,16 +104,29 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     default; ``"values"`` also sends small videos' rows, so a mismatch reports the largest difference).
     ``token_layout``: the layout of the expanded ids (``processing.request_layout``: by default the model's own in
     plugin mode, which each reference records and the plugin expands in; in stock mode the processor's own).
+    ``images``: the prompt's images (one ``<|vision_start|><|image_pad|><|vision_end|>`` each), exactly as the
+    rollout client sends them to SGLang in ``image_data`` (Miles: the PIL images of its own image path).  They
+    go through the processor's own image path with its own settings: the cached-frames settings
+    (no resize, no sampling) are given to its video processor only.  The train tensors then hold
+    ``pixel_values`` / ``image_grid_thw`` too, and the ids both expansions.
     """
     handles = list(handles)
     prompt = video_prompt(prompt, len(handles))
     tok = processor.tokenizer
     compact = tok(prompt, add_special_tokens=False)["input_ids"]
+    images = list(images or [])
     if handles:
         videos = [h.frames() for h in handles]      # builds a lazy handle's entry first, if it must
-        out = processor(text=[prompt], videos=videos,
-                        **processor_kwargs(processor, [h.manifest for h in handles], mode))
+        kw = processor_kwargs(processor, [h.manifest for h in handles], mode)
+        if images:
+            # do_resize=False flat would reach the image processor as well (both take it) and skip the resize
+            # SGLang's HF call does for images: scope the cached-frames settings to the videos.
+            kw = {"return_tensors": kw.pop("return_tensors"), "videos_kwargs": kw}
+        out = processor(text=[prompt], videos=videos, **({"images": images} if images else {}), **kw)
         tensors = model_tensors(out)
+    elif images:
+        out = processor(text=[prompt], images=images, return_tensors="pt")
+        tensors = {}
     else:
         out = tok([prompt], add_special_tokens=False, return_tensors="pt")
         tensors = {}
@@ -124,7 +137,9 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
         layout = request_layout(processor, manifests[0].family, mode, token_layout)
         expanded = to_layout(processor, expanded, manifests, mode, layout)
     records = (attest_tensors(tensors, values=attest == "values") if handles and attest and mode == "plugin"
-               else [None] * len(handles))
+               else [None] * len(handles))     # (video tensors only: the image ones are added below)
+    if images:
+        tensors = {**tensors, "pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
     uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout)
             for h, rec in zip(handles, records)]
     return PreparedRequest(list(compact), expanded, uris, tensors, mode, token_layout=layout)
