@@ -12,7 +12,7 @@ import torch
 
 from _common import best_of, clips, report
 from vidcache import VideoCache, VideoOptions
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 
 
 def _spin(n: int) -> None:

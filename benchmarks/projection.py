@@ -32,7 +32,7 @@ import time
 
 from _common import report
 from vidcache import VideoCache, VideoOptions
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 
 
 def make_clip(path: str, width: int, height: int, seconds: float, fps: int = 30) -> str:

@@ -31,7 +31,7 @@ import warnings
 from _common import report
 from prewarm_throughput import cpu_ceiling
 from vidcache import VideoCache, VideoOptions
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 from vidcache.store.lmdb import LMDBStore
 
 OBJECT_STORE = 80 << 20           # Ray's minimum is 75 MiB; the default (30% of RAM) is far more than needed

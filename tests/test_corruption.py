@@ -11,7 +11,7 @@ from vidcache import VideoCache, VideoOptions
 from vidcache.cli import main as cli
 from vidcache.errors import CorruptManifestError, DigestMismatchError, NotCachedError, StoreError
 from vidcache.manifest import Manifest
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 
 
 @pytest.fixture

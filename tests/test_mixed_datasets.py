@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from vidcache import VideoCache, VideoOptions
 from vidcache.dataset import InlineBytes, LazyVideoDataset
 from vidcache.errors import UnknownColumnError
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 from vidcache.testing.videos import make_video
 
 MM = json.dumps({"video": "videos", "image": "images"})

@@ -11,7 +11,7 @@ import vidcache
 
 from vidcache import VideoCache, VideoOptions
 from vidcache.cli import main as cli
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 from vidcache.testing.videos import make_video
 
 

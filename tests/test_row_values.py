@@ -17,7 +17,7 @@ from vidcache import VideoOptions
 from vidcache.dataset import ITEM_KEYS, video_items
 from vidcache.errors import BadRowError, OptionsError
 from vidcache.options import CONTENT_ITEM_KEYS
-from vidcache.prewarm import plan
+from vidcache.prewarming import plan
 
 # Each raw line as a user's file may hold it (Python's json writes NaN/Infinity unquoted, and reads 1e400 as inf).
 NON_FINITE_ROWS = [

@@ -400,7 +400,7 @@ def test_a_full_local_disk_fails_prewarm_rows_as_no_space(tiny_disk, tmp_path, v
     """D23: ENOSPC on the node's own disk is its own kind, not `internal` or a bare `store` error."""
     import json as _json
     from vidcache import VideoCache, VideoOptions
-    from vidcache.prewarm import prewarm
+    from vidcache.prewarming import prewarm
     ds = tmp_path / "d.jsonl"
     ds.write_text("".join(_json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n"
                           for n in ("h264_30", "mjpeg_24", "hevc_25")))

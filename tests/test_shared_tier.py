@@ -84,7 +84,7 @@ def test_shared_tier_on_s3(tmp_path, videos, s3):
 
 
 def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(tmp_path, videos, count_decodes):
-    from vidcache.prewarm import prewarm
+    from vidcache.prewarming import prewarm
     shared = str(tmp_path / "nfs")
     ds = tmp_path / "d.jsonl"
     ds.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n"

@@ -15,7 +15,7 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)
   handle, dataset                 lazy references above the cache; handles hand their frames down
   sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
-  prewarm, cli, doctor            the jobs
+  prewarming, cli, doctor          the jobs
 """
 from importlib import import_module
 from typing import TYPE_CHECKING
@@ -30,7 +30,7 @@ _EXPORTS = {
     "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
     "train_inputs": "vidcache.handle",
     "train_inputs_batch": "vidcache.handle", "LazyVideoDataset": "vidcache.dataset",
-    "prewarm": "vidcache.prewarm", "PrewarmSummary": "vidcache.prewarm",
+    "prewarm": "vidcache.prewarming", "PrewarmSummary": "vidcache.prewarming",
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",
 }
 __all__ = sorted(_EXPORTS)
@@ -45,7 +45,7 @@ if TYPE_CHECKING:      # the same names, for type checkers and IDEs (at run time
     from vidcache.handle import VideoHandle, from_key, get, lazy, train_inputs, train_inputs_batch
     from vidcache.keys import cache_key
     from vidcache.options import VideoOptions
-    from vidcache.prewarm import PrewarmSummary, prewarm
+    from vidcache.prewarming import PrewarmSummary, prewarm
     from vidcache.sglang.request import PreparedRequest, prepare
 
 

@@ -145,7 +145,7 @@ def _where(rec: dict) -> str:
 def cmd_prewarm(args) -> int:
     from .errors import BackendUnavailableError, ConfigError
     from .loader.fetch import FetchLimits
-    from .prewarm import check_failures_path, default_failures_path, default_worker_memory, prewarm
+    from .prewarming import check_failures_path, default_failures_path, default_worker_memory, prewarm
 
     # Every mistake the user can make is refused before any work is done, and creates nothing.
     check_local_budget(args.max_local_bytes)
@@ -547,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-logs", action="store_true", help="show Ray's own raylet/gcs/worker log lines here "
                                                            "(default: they stay in Ray's log directory)")
     from .loader.fetch import FetchLimits
-    from .prewarm import DEFAULT_TIMEOUT_S
+    from .prewarming import DEFAULT_TIMEOUT_S
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help="seconds per video before its worker is killed (default %(default)g)")
     p.add_argument("--max-worker-memory-mb", type=float,

@@ -25,7 +25,7 @@ from support.toy_processors import build_processor  # noqa: E402
 import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions, prepare  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
-from vidcache.prewarm import prewarm  # noqa: E402
+from vidcache.prewarming import prewarm  # noqa: E402
 
 pytestmark = pytest.mark.peer
 

@@ -10,7 +10,7 @@ import pytest
 
 from vidcache import VideoCache, VideoOptions
 from vidcache.loader.fetch import FetchLimits
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 
 
 def _hostile_rows(tmp_path, good):

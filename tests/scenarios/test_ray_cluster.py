@@ -12,7 +12,7 @@ import time
 import pytest
 
 from vidcache import VideoCache, VideoOptions
-from vidcache.prewarm import prewarm
+from vidcache.prewarming import prewarm
 
 ray = pytest.importorskip("ray", reason="ray not installed: pip install -e .[test]")
 from ray.cluster_utils import Cluster  # noqa: E402

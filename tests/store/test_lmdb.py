@@ -81,6 +81,30 @@ def test_concurrent_writers_grow_one_map(tmp_path):
     assert len(list(s.keys("cas/"))) == 45 and len(list(s.keys("ac/"))) == 46
 
 
+def test_an_open_that_meets_a_map_another_process_grew_opens_again(tmp_path, monkeypatch):
+    """The race the test above met once on a loaded CI machine: lmdb.open's first transaction saw the map grown
+    by another writer (MDB_MAP_RESIZED).  The open is retried at the file's new size, not raised."""
+    path = str(tmp_path / "db")
+    first = lmdb.open(path, map_size=1 << 20)          # an existing file, not held by this process's registry
+    with first.begin(write=True) as txn:
+        txn.put(b"ac/x", b"1")
+    first.close()
+    from vidcache.store import lmdb_env
+    real, calls = lmdb.open, []
+
+    def racing(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise lmdb.MapResizedError("mdb_txn_begin: MDB_MAP_RESIZED: Database contents grew beyond environment mapsize")
+        return real(*a, **k)
+    monkeypatch.setattr(lmdb_env.lmdb, "open", racing)
+    env = lmdb_env.SharedEnv(path, False, 1 << 20, 126)
+    with env.env.begin() as txn:
+        assert txn.get(b"ac/x") == b"1"
+    assert len(calls) == 2
+    env.env.close()
+
+
 # --- the local tier's byte budget -------------------------------------------------------------
 def test_budget_evicts_least_recently_used_and_reuses_the_space(tmp_path):
     budget = 4 << 20

@@ -32,9 +32,18 @@ class SharedEnv:
         # or a test suite) would switch new files to 1.0, which 0.9 readers and py-lmdb < 3 cannot open.
         # New environments are always LMDB_LIB_VERSION; an existing file opens in its own format.
         new = not os.path.exists(os.path.join(path, DATA_FILE))
-        self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True, sync=False,
-                             readahead=False, meminit=False, max_readers=max_readers, max_dbs=1,
-                             lib_version=LMDB_LIB_VERSION if new else None)
+        for attempt in range(8):
+            try:
+                self.env = lmdb.open(path, map_size=map_size, subdir=True, readonly=readonly, lock=True,
+                                     sync=False, readahead=False, meminit=False, max_readers=max_readers,
+                                     max_dbs=1, lib_version=LMDB_LIB_VERSION if new else None)
+                break
+            except lmdb.MapResizedError:
+                # Another process grew the map between this open reading its size and its first transaction
+                # (seen with 3 writers growing a 64 KiB map on a loaded 2-core CI machine): open again, at
+                # the size the file has now.
+                if attempt == 7:
+                    raise
         # Last-access times for LRU eviction, beside the data (a named sub-database).
         try:
             self.lru = self._open_lru(readonly)

@@ -1,4 +1,5 @@
-"""Prewarm: build every (source, options) of a dataset into the cache.
+"""The prewarm job (``vidcache.prewarm``, ``vidcache prewarm``): build every (source, options) of a dataset into
+the cache.  Named for the job, not the function, so that ``vidcache.prewarm`` is the function alone.
 
 One driver, two submitters:
   ``LocalSubmitter``  pebble worker processes on this machine;
@@ -22,7 +23,6 @@ import signal
 import sys
 import threading
 import time
-import types
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
@@ -596,14 +596,3 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
 
 
 __all__ = ["prewarm", "plan", "run", "PrewarmSummary", "LocalSubmitter", "RaySubmitter"]
-
-
-class _CallableModule(types.ModuleType):
-    """``vidcache.prewarm`` is both this module and the function: importing the module makes Python bind the
-    package attribute ``vidcache.prewarm`` to the module, so the module calls through to the function."""
-
-    def __call__(self, *args, **kwargs) -> PrewarmSummary:
-        return prewarm(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
