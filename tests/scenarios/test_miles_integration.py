@@ -30,19 +30,12 @@ from urllib.parse import quote
 import pytest
 import torch
 
-from support.miles_compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
+from support.miles_compat import miles_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
-MILES = miles_src(REPO)
-if MILES is None:
-    pytest.skip(SKIP_REASON, allow_module_level=True)
-add_miles_to_path(MILES)
-install_test_shims()
+MILES = miles_or_skip(REPO)       # Miles present: from here on a missing peer is a failure, never a skip
 
-# Miles is present: from here on a missing peer is a failure, never a skip.
 from support import sglang_peer  # noqa: E402
-
-assert sglang_peer.peer_available(), "SGLang 0.5.23's Qwen-VL processor does not import: run scripts/setup_peer_env.sh"
 
 from miles.rollout.base_types import GenerateFnInput, RolloutFnConstructorInput, RolloutFnTrainInput  # noqa: E402
 from miles.rollout.inference_rollout.inference_rollout_common import GenerateState  # noqa: E402
@@ -53,7 +46,7 @@ from miles.utils.misc import function_registry, load_function  # noqa: E402
 from miles.utils.types import Sample  # noqa: E402
 from starlette.requests import Request  # noqa: E402  (module level: FastAPI resolves route annotations here)
 from support.miles_smoke_example import make_miles_args, make_mock_server_cls  # noqa: E402
-from support.toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor, save_checkpoint  # noqa: E402
 
 import vidcache  # noqa: E402
 from miles_integration.args import VidcacheConfig  # noqa: E402
@@ -201,10 +194,7 @@ class SGLangStandIn(make_mock_server_cls()):
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("miles_int")
     ckpt = root / "ckpt"
-    proc = build_processor(FAMILY)
-    proc.tokenizer.chat_template = CHAT_TEMPLATE
-    proc.chat_template = CHAT_TEMPLATE
-    proc.save_pretrained(str(ckpt))
+    proc = save_checkpoint(FAMILY, ckpt, CHAT_TEMPLATE)
     (root / "videos").mkdir()
     for name, seed in (("a", 0), ("b", 1), ("c", 2)):
         make_video(str(root / "videos" / f"{name}.mp4"), codec="h264", width=160, height=120, fps=10, n_frames=30,

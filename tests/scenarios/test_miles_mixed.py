@@ -16,24 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from support.miles_compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
+from support.miles_compat import miles_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
-MILES = miles_src(REPO)
-if MILES is None:
-    pytest.skip(SKIP_REASON, allow_module_level=True)
-add_miles_to_path(MILES)
-install_test_shims()
+MILES = miles_or_skip(REPO)       # Miles present: from here on a missing peer is a failure, never a skip
 
-# Miles is present: from here on a missing peer is a failure, never a skip.
 from support import sglang_peer  # noqa: E402
-
-assert sglang_peer.peer_available(), "SGLang 0.5.23's Qwen-VL processor does not import: run scripts/setup_peer_env.sh"
 
 from miles.utils.data import Dataset as MilesDataset  # noqa: E402
 from miles.utils.processing_utils import encode_image_for_rollout_engine, load_processor, load_tokenizer  # noqa: E402
 from PIL import Image  # noqa: E402
-from support.toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor, save_checkpoint  # noqa: E402
 
 import vidcache  # noqa: E402
 from miles_integration.args import VidcacheConfig  # noqa: E402
@@ -64,10 +57,7 @@ def _image(path, w, h, seed):
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("miles_mixed")
     ckpt = root / "ckpt"
-    proc = build_processor(FAMILY)
-    proc.tokenizer.chat_template = CHAT_TEMPLATE
-    proc.chat_template = CHAT_TEMPLATE
-    proc.save_pretrained(str(ckpt))
+    proc = save_checkpoint(FAMILY, ckpt, CHAT_TEMPLATE)
     make_video(str(root / "a.mp4"), codec="h264", width=160, height=120, fps=10, n_frames=20, seed=3)
     _image(root / "p.png", 150, 100, 0)          # not on the 28 grid: Miles' image path resizes it
     _image(root / "q.jpg", 320, 240, 1)          # above a 50176-pixel image budget (the capped case below)

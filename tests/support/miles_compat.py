@@ -75,3 +75,18 @@ def missing_miles_dependency(repo_root: str | os.PathLike | None = None) -> str 
         except ImportError as e:
             return f"Miles ({src}) does not import: {mod}: {e}. Install Miles' extra packages: {INSTALL_EXTRAS}"
     return None
+
+
+def miles_or_skip(repo_root: str | os.PathLike) -> Path:
+    """For a Miles test module, at import: Miles' source on ``sys.path`` with the test shims, or the module
+    skipped (MILES_SRC unset).  With Miles present a missing SGLang peer is a failure, never a skip."""
+    import pytest
+    src = miles_src(repo_root)
+    if src is None:
+        pytest.skip(SKIP_REASON, allow_module_level=True)
+    add_miles_to_path(src)
+    install_test_shims()
+    from support import sglang_peer
+    assert sglang_peer.peer_available(), ("SGLang 0.5.23's Qwen-VL processor does not import: run "
+                                          "scripts/setup_peer_env.sh")
+    return src
