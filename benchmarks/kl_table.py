@@ -137,15 +137,14 @@ def print_table(family: str, rows: dict, clips: list[str], k: int) -> None:
                 print(f"  {name} failed on {clip}: {v}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default="qwen2_5_vl,qwen3_vl")
     ap.add_argument("--clips", default="all", help="comma-separated conftest.VIDEOS names, or all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-clip", action="store_true", help="print every clip's figures too")
-    a = ap.parse_args()
-    logging.disable(logging.WARNING)            # SGLang's CPU-fallback notice on every decode
-    warnings.filterwarnings("ignore")
+    ap.add_argument("--work", help="directory for the clips and the cache (default: a new temporary one)")
+    a = ap.parse_args(argv)
 
     from conftest import VIDEOS
     from support import kl_paths as kp
@@ -157,7 +156,7 @@ def main() -> None:
 
     sp.require_peer()
     t0 = time.time()
-    work = tempfile.mkdtemp(prefix="vc-kl-")
+    work = a.work or tempfile.mkdtemp(prefix="vc-kl-")
     # The plugin resolves references through this node's cache ($VIDCACHE_DIR), as on a server.
     os.environ["VIDCACHE_DIR"] = os.path.join(work, "cache")
     os.environ.pop("VIDCACHE_SHARED", None)
@@ -205,4 +204,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    logging.disable(logging.WARNING)            # SGLang's CPU-fallback notice on every decode
+    warnings.filterwarnings("ignore")           # transformers' and SGLang's CPU notices
     main()

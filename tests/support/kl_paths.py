@@ -143,8 +143,9 @@ def sglang_naive(peers: Peers, family: str, source: str) -> Side:
     quiet = contextlib.redirect_stderr(io.StringIO())      # "CUDA video decoding failed" per decode, on CPU
     with quiet:
         out = sp.run_peer(peers.get(family, "naive"), PROMPT, ["file://" + os.path.abspath(source)])
-    meta = (out.get("video_metadata") or [None])[0] or {}
-    return _sglang_side(out, f"SGLang decoder: {meta.get('video_backend', '?')}")
+    # SGLang labels every decode "torchvision" in its metadata; the reader really used is its module's choice.
+    from sglang.srt.utils import video_decoder
+    return _sglang_side(out, f"SGLang: {video_decoder._BACKEND} on the CPU, its own sampler, bilinear resize")
 
 
 def native_trainer(processor, handle) -> Side:
@@ -188,6 +189,9 @@ def qvu_trainer(processor, handle, backend: str) -> Side:
     finally:
         qvu.FORCE_QWENVL_VIDEO_READER = old
         qvu.get_video_reader_backend.cache_clear()
+    used = meta.get("video_backend")
+    if used != backend:      # fetch_video falls back to torchvision on any reader error: never score that silently
+        raise RuntimeError(f"qwen-vl-utils read the video with {used!r}, not {backend!r}")
     meta = {"fps": float(meta["fps"]), "frames_indices": [int(i) for i in meta["frames_indices"]],
             "total_num_frames": int(meta["total_num_frames"])}
     # fetch_video resizes the uint8 frames, then casts to float: the values are whole numbers.
