@@ -186,6 +186,12 @@ def qvu_trainer(processor, handle, backend: str) -> Side:
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             video, meta = qvu.fetch_video(ele, image_patch_size=_patch(m.family), return_video_metadata=True)
+    except AttributeError as e:
+        if "read_video" not in str(e):
+            raise
+        # fetch_video catches its reader's error and retries with torchvision, which 0.29 no longer has.
+        raise RuntimeError(f"qwen-vl-utils' {backend} reader cannot read this clip, and its torchvision fallback "
+                           "is gone (torchvision 0.29 has no io.read_video)") from None
     finally:
         qvu.FORCE_QWENVL_VIDEO_READER = old
         qvu.get_video_reader_backend.cache_clear()
