@@ -113,7 +113,7 @@ class Peers:
 
             from vidcache.sglang.config import sglang_config
             if kind == "naive":
-                cfg, cls = {k: v for k, v in TIGHT.items()}, None
+                cfg, cls = dict(TIGHT), None
             else:
                 cfg = sglang_config(family, kind)["mm_process_config"]["video"]
                 cls = self.plugin_classes()[sp._ARCH[family]] if kind == "plugin" else None
