@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     from support.toy_processors import build_processor
 
     import vidcache.testing.kl as kl
-    from vidcache.cache import open_cache
+    from vidcache.node import open_cache
     from vidcache.errors import VidcacheError
 
     sp.require_peer()

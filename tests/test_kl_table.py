@@ -19,7 +19,7 @@ sp.require_peer()     # installed: a broken peer is an error here, never a skip
 from support import kl_paths as kp  # noqa: E402
 from support.toy_processors import build_processor  # noqa: E402
 
-from vidcache.cache import node_cache, open_cache  # noqa: E402
+from vidcache.node import node_cache, open_cache  # noqa: E402
 from vidcache.processing import process  # noqa: E402
 from vidcache.testing import kl  # noqa: E402
 
