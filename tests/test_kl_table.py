@@ -1,0 +1,134 @@
+"""The KL table's claims, reduced (benchmarks/kl_table.py has the full table; tests/support/kl_paths.py builds both
+sides for both): vidcache's stock and plugin paths give the trainer's logits bit for bit (``torch.equal``) on a
+tiny random-weight Qwen2.5-VL / Qwen3-VL (``vidcache.testing.kl``: transformers' own classes); the naive path
+(SGLang decoding the source itself) does not, on a clip whose frames are first shown to differ; and one pixel
+value changed on the trainer's side is caught by the same comparison, so the equality tests can fail.
+"""
+import os
+
+import pytest
+import torch
+
+from support import sglang_peer as sp  # (tests/ is on sys.path via conftest)
+
+if not sp.peer_installed():
+    pytest.skip("SGLang peer not installed (the rollout side is SGLang's own processor): run "
+                "scripts/setup_peer_env.sh", allow_module_level=True)
+sp.require_peer()     # installed: a broken peer is an error here, never a skip
+
+from support import kl_paths as kp  # noqa: E402
+from support.toy_processors import build_processor  # noqa: E402
+
+from vidcache.node import node_cache, open_cache  # noqa: E402
+from vidcache.processing import process  # noqa: E402
+from vidcache.testing import kl  # noqa: E402
+
+pytestmark = pytest.mark.peer
+
+FAMILIES = ("qwen2_5_vl", "qwen3_vl")
+# mjpeg_24: SGLang's naive decode keeps Qwen2.5-VL's shape and ids here and changes only pixel values (its own
+# sampler and bilinear resize), the hardest case for a check that looks at shapes; h264_ntsc (29.97 fps) for
+# Qwen3-VL, whose naive frames land on another size.
+CLIP = {"qwen2_5_vl": "mjpeg_24", "qwen3_vl": "h264_ntsc"}
+
+
+@pytest.fixture(scope="module")
+def kcache(tmp_path_factory):
+    """The node's cache (VIDCACHE_DIR): the one the plugin resolves references through, as on a server."""
+    path = tmp_path_factory.mktemp("kl") / "cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VIDCACHE_DIR", str(path))
+        mp.delenv("VIDCACHE_SHARED", raising=False)
+        c = open_cache()
+        assert c is node_cache()
+        yield c
+
+
+@pytest.fixture(scope="module")
+def peers():
+    return kp.Peers()
+
+
+@pytest.fixture(scope="module")
+def models():
+    made = {}
+
+    def get(family):
+        if family not in made:
+            proc = build_processor(family)
+            made[family] = (proc, kl.tiny_model(family, proc, seed=0))
+        return made[family]
+    return get
+
+
+def logits(models, family, side):
+    proc, model = models(family)
+    return kl.response_logits(model, proc, side.ids, kp.response_ids(proc), side.tensors)
+
+
+@pytest.mark.parametrize("mode", ["stock", "plugin"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_vidcache_paths_give_the_trainers_logits_bit_for_bit(family, mode, videos, kcache, peers, models):
+    proc, _ = models(family)
+    h = kp.get(videos[CLIP[family]], family, mode, kcache)
+    rollout, trainer = kp.sglang_vidcache(peers, proc, h, mode), kp.trainer(proc, h, mode)
+    assert rollout.ids == trainer.ids
+    for k, v in trainer.tensors.items():
+        assert torch.equal(torch.as_tensor(rollout.tensors[k]), v), k
+    a, b = logits(models, family, rollout), logits(models, family, trainer)
+    assert torch.equal(a, b)
+    s = kl.kl_stats(a, b)
+    assert s["mean_kl"] == s["max_kl"] == s["argmax_diff"] == 0.0 and s["equal"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_naive_path_does_not(family, videos, kcache, peers, models):
+    proc, _ = models(family)
+    source = videos[CLIP[family]]
+    h = kp.get(source, family, "plugin", kcache)
+    rollout, trainer = kp.sglang_naive(peers, family, source), kp.native_trainer(proc, h)
+    differ = kp.frames_differ(rollout.frames, trainer.frames)
+    assert differ, "SGLang's own decode gave the cached frames: this clip cannot show the naive path's cost"
+    a, b = logits(models, family, rollout), logits(models, family, trainer)
+    assert not torch.equal(a, b), differ
+    assert kl.kl_stats(a, b)["mean_kl"] > 0.0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_pixel_value_on_the_trainer_side_is_caught(family, videos, kcache, peers, models):
+    """The comparison the tests above rely on fails for the smallest change there is: one uint8 value of one
+    frame, +1 (or -1 at 255), through the trainer's own processor call."""
+    proc, _ = models(family)
+    h = kp.get(videos[CLIP[family]], family, "plugin", kcache)
+    rollout, trainer = kp.sglang_vidcache(peers, proc, h, "plugin"), kp.trainer(proc, h, "plugin")
+    frames = trainer.frames.clone()
+    c, y, x = 1, frames.shape[2] // 2, frames.shape[3] // 3
+    frames[0, c, y, x] += 1 if frames[0, c, y, x] < 255 else -1
+    (tensors,) = process(proc, [frames], [h.manifest], "plugin")
+    diff = (tensors["pixel_values_videos"] != trainer.tensors["pixel_values_videos"]).sum()
+    assert diff == 1                     # exactly one value of the trainer tensor moved
+    bumped = kp.Side(trainer.ids, tensors, frames)
+    a, b = logits(models, family, rollout), logits(models, family, bumped)
+    assert torch.equal(a, logits(models, family, trainer))     # unperturbed: equal, as above
+    assert not torch.equal(a, b)
+    assert kl.kl_stats(a, b)["mean_kl"] > 0.0
+
+
+def test_the_benchmark_prints_both_rows_as_zero(tmp_path, monkeypatch, capsys):
+    """benchmarks/kl_table.py itself (in this process: SGLang is imported once) on one clip and one family: its
+    table's first two rows read 0, and the naive row does not."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("kl_table", os.path.join(root, "benchmarks", "kl_table.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # main() points $VIDCACHE_DIR at its own cache (the plugin resolves through it): restored after the test.
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "unused"))
+    monkeypatch.delenv("VIDCACHE_SHARED", raising=False)
+    bench.main(["--clips", "ffv1_10_small", "--families", "qwen2_5_vl", "--work", str(tmp_path)])
+    out = capsys.readouterr().out
+    cells = {ln.split("|")[1].strip(): ln.split("|")[2].strip() for ln in out.splitlines()
+             if ln.startswith("| ") and ln.count("|") > 3}
+    assert float(cells["vidcache stock"]) == 0.0 and float(cells["vidcache plugin"]) == 0.0
+    assert float(cells["naive: SGLang decodes the source"]) > 0.0
+    assert "logits torch.equal on 1/1 clips (stock) and 1/1 (plugin)" in out
