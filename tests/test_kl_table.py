@@ -19,7 +19,7 @@ sp.require_peer()     # installed: a broken peer is an error here, never a skip
 from support import kl_paths as kp  # noqa: E402
 from support.toy_processors import build_processor  # noqa: E402
 
-from vidcache.node import node_cache, open_cache  # noqa: E402
+from support.caches import node_cache_in  # noqa: E402
 from vidcache.processing import process  # noqa: E402
 from vidcache.testing import kl  # noqa: E402
 
@@ -35,12 +35,7 @@ CLIP = {"qwen2_5_vl": "mjpeg_24", "qwen3_vl": "h264_ntsc"}
 @pytest.fixture(scope="module")
 def kcache(tmp_path_factory):
     """The node's cache (VIDCACHE_DIR): the one the plugin resolves references through, as on a server."""
-    path = tmp_path_factory.mktemp("kl") / "cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VIDCACHE_DIR", str(path))
-        mp.delenv("VIDCACHE_SHARED", raising=False)
-        c = open_cache()
-        assert c is node_cache()
+    with node_cache_in(tmp_path_factory.mktemp("kl") / "cache") as c:
         yield c
 
 

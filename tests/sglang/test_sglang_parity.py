@@ -30,7 +30,7 @@ from support.toy_processors import build_processor  # noqa: E402
 import vidcache  # noqa: E402
 from vidcache import ParityError, VideoOptions, prepare  # noqa: E402
 from vidcache.cache import VideoCache  # noqa: E402
-from vidcache.node import node_cache, open_cache  # noqa: E402
+from support.caches import node_cache_in  # noqa: E402
 from vidcache.errors import OptionsError  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config  # noqa: E402
@@ -122,12 +122,7 @@ def peers(plugin_classes):
 @pytest.fixture(scope="module")
 def pcache(tmp_path_factory):
     """The node's cache (VIDCACHE_DIR, no shared tier): the one the plugin resolves references through."""
-    path = tmp_path_factory.mktemp("parity") / "cache"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VIDCACHE_DIR", str(path))
-        mp.delenv("VIDCACHE_SHARED", raising=False)
-        c = open_cache()
-        assert c is node_cache() and c.path == str(path)
+    with node_cache_in(tmp_path_factory.mktemp("parity") / "cache") as c:
         yield c
 
 
