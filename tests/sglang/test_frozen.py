@@ -147,3 +147,30 @@ def test_evict_removes_frozen_files_and_their_records(node):
     assert c.evict(h.key, shared=True)
     assert not list(c.shared.keys(K.FROZEN + h.key)) and not list(c.shared.keys(K.FROZEN_DIGEST + h.key))
     assert not list(c.local.keys(K.FROZEN_DIGEST + h.key))
+
+
+def _flip_in_place_keeping_mtime(path: str, at: float = 0.6) -> None:
+    """Bit rot, as a long-lived process meets it: same inode, size and mtime, one byte different."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(int(st.st_size * at))
+        b = f.read(1)
+        f.seek(int(st.st_size * at))
+        f.write(bytes([b[0] ^ 0x10]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_copy_rotting_in_place_is_caught_once_its_check_expires(node, monkeypatch):
+    """D37: a check held for the life of the process, so a byte flipped in place with the mtime kept was handed
+    out for ever (a file by a long-lived `serve`, a shared object to a trainer).  A check now holds RECHECK_S."""
+    c, h, tmp_path = node
+    path = local_frozen_path(c, h.key)
+    skey = published_frozen_key(c, h.key)
+    shared_path = _shared_file(tmp_path, h.key, skey[len(K.FROZEN) + len(h.key):])
+    _flip_in_place_keeping_mtime(path)
+    _flip_in_place_keeping_mtime(shared_path)
+    monkeypatch.setattr(frozen, "RECHECK_S", 0.0)             # the window has passed
+    assert local_frozen_path(c, h.key) == path and _exact(path, h.frames())          # moved aside and remade
+    assert published_frozen_key(c, h.key) == skey and _exact(_shared_file(tmp_path, h.key, skey[len(K.FROZEN) + len(h.key):]), h.frames())
+    assert os.listdir(c.layout.quarantine_dir)                                        # the rotten file kept aside
+    assert list(c.shared.keys(K.QUARANTINE))

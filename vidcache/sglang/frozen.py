@@ -10,6 +10,7 @@ stock-mode cluster stores each entry once.  The format itself: ``vidcache.frozen
 from __future__ import annotations
 
 import os
+import time
 
 from .. import keys
 from ..errors import FrozenFileError
@@ -21,10 +22,19 @@ from ..serving import SERVING_FORMAT
 
 # --- in the cache ---------------------------------------------------------------------------
 # Every frozen copy is checked before it is handed out: its bytes must hash to the digest its tier recorded
-# when the copy was verified by decoding (vidcache.integrity).  A process checks a copy once while it is
-# unchanged (same size, mtime and inode for a file; once per process for a shared object).
-_SOUND_FILES: set[tuple] = set()
-_SOUND_SHARED: set[tuple] = set()
+# when the copy was verified by decoding (vidcache.integrity).  A check holds for RECHECK_S seconds while the
+# copy is unchanged (same size, mtime and inode for a file), then it is made again: bit rot, or a byte flipped
+# in place with its mtime kept, changes none of those, and a long-lived server or trainer must not hand such a
+# copy out for ever (D37).  Local files are cheap to hash (page cache); a shared object costs a GET, so the
+# window is a bound on exposure, not a per-request check.
+RECHECK_S = 60.0
+_SOUND_FILES: dict[tuple, float] = {}      # stat id -> when its check was made (time.monotonic)
+_SOUND_SHARED: dict[tuple, float] = {}     # (tier identity, store key) -> the same
+
+
+def _still_sound(memo: dict, k) -> bool:
+    checked = memo.get(k)
+    return checked is not None and time.monotonic() - checked < RECHECK_S
 
 
 def _stat_id(path: str) -> tuple | None:
@@ -72,22 +82,22 @@ def local_frozen_path(cache, key: str, fmt: str | None = None) -> str:
     digest-checked frames and verified by re-decoding when absent (or found corrupt)."""
     f = FORMATS[fmt or SERVING_FORMAT]
     path = os.path.join(cache.frozen.dir, keys.check_key(key) + f.suffix)
-    if (sid := _stat_id(path)) in _SOUND_FILES:
+    if _still_sound(_SOUND_FILES, sid := _stat_id(path)):
         return path
     if sid is not None and _copy_is_sound(cache, "local", key, f):
-        _SOUND_FILES.add(_stat_id(path))
+        _SOUND_FILES[_stat_id(path)] = time.monotonic()
         return path
     frames = cache.frames(key)
     write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
     with open(path, "rb") as fh:
         cache.frozen.record("local", key, f.suffix, fh.read())
-    _SOUND_FILES.add(_stat_id(path))
+    _SOUND_FILES[_stat_id(path)] = time.monotonic()
     return path
 
 
 def published_frozen_key(cache, key: str, fmt: str | None = None) -> str:
-    """The shared tier's frozen file of ``key`` (its store key), checked against its recorded digest once
-    per process; published from the verified local copy when absent or found corrupt (immutable, first
+    """The shared tier's frozen file of ``key`` (its store key), checked against its recorded digest (again
+    after ``RECHECK_S``); published from the verified local copy when absent or found corrupt (immutable, first
     writer wins, its digest recorded after it)."""
     f = FORMATS[fmt or SERVING_FORMAT]
     skey = keys.frozen(key, f.suffix)
@@ -95,17 +105,17 @@ def published_frozen_key(cache, key: str, fmt: str | None = None) -> str:
     if shared is None:
         raise ValueError(f"{cache!r} has no shared tier to publish frozen files into")
     memo = (cache.identity, skey)
-    if memo in _SOUND_SHARED:
+    if _still_sound(_SOUND_SHARED, memo):
         return skey
     for _ in range(2):                  # a writer on another node may win the publish: check theirs
         if _copy_is_sound(cache, "shared", key, f):
-            _SOUND_SHARED.add(memo)
+            _SOUND_SHARED[memo] = time.monotonic()
             return skey
         with open(local_frozen_path(cache, key, f.name), "rb") as fh:
             value = fh.read()
         if shared.set_if_not_exists(skey, value):
             cache.frozen.record("shared", key, f.suffix, value)
-            _SOUND_SHARED.add(memo)
+            _SOUND_SHARED[memo] = time.monotonic()
             return skey
     raise FrozenFileError(f"shared frozen file {skey} could not be published soundly")
 
@@ -125,7 +135,7 @@ def repair_frozen(cache, key: str) -> list[str]:
         bad = _copy_is_sound(cache, "shared", key, f) is False
         if bad or (not cache.shared.exists_many([keys.frozen(key, f.suffix)])[0]
                    and cache.shared.exists_many([keys.quarantined(keys.frozen(key, f.suffix))])[0]):
-            _SOUND_SHARED.discard((cache.identity, keys.frozen(key, f.suffix)))
+            _SOUND_SHARED.pop((cache.identity, keys.frozen(key, f.suffix)), None)
             published_frozen_key(cache, key, f.name)
             remade.append(f"shared {f.suffix}")
     return remade
