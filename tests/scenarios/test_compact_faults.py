@@ -1,0 +1,120 @@
+"""The compact tier under faults (issue 27): never a wrong byte, never a hang, never a lost entry.
+
+Each fault is made on a directory tier (the NFS stand-in) and met by a *fresh* node's first read, which streams
+the object (``store/prefetch``).  Counted over every fault: reads served corrupt, reads that outlived the tier's
+timeout, entries lost (not readable exactly after the repair the fault calls for).  All three must be 0; an S3
+stream cut off part-way is tests/test_shared_layout.py's, the full local disk tests/test_shared_layout.py's and
+an upgrade killed mid-way tests/test_shared_layout.py's too.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+import torch
+
+from vidcache import VideoCache, VideoOptions
+from vidcache import keys as K
+from vidcache.errors import DigestMismatchError, NotCachedError, SharedUnavailableError
+from vidcache.store.fsspec import FsspecStore
+
+TIMEOUT_S = 60.0         # the tier's default bound on one transfer (store/fsspec.DEFAULT_TIMEOUT_S)
+
+
+@pytest.fixture
+def tier(tmp_path, videos):
+    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
+    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    other = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    return a, k, other, a.frames(k)
+
+
+def _object(a, key) -> str:
+    return a.shared._path(a.compact.key(key))          # where the directory tier keeps frozen/<key>.nut
+
+
+def _truncate(a, k, other):
+    p = _object(a, k)
+    data = open(p, "rb").read()
+    open(p, "wb").write(data[:len(data) // 2])
+
+
+def _other_entrys_object(a, k, other):
+    open(_object(a, k), "wb").write(open(_object(a, other), "rb").read())
+
+
+def _flip(a, k, other):
+    p = _object(a, k)
+    data = bytearray(open(p, "rb").read())
+    data[len(data) * 2 // 3] ^= 0x40
+    open(p, "wb").write(bytes(data))
+
+
+FAULTS = {"truncated": _truncate, "another entry's valid object": _other_entrys_object, "a flipped byte": _flip}
+
+
+def test_faults_of_the_object_are_never_served_and_a_repair_restores_every_entry(tmp_path, tier):
+    a, k, other, want = tier
+    served_corrupt = hangs = lost = 0
+    for i, (name, fault) in enumerate(FAULTS.items()):
+        fault(a, k, other)
+        b = VideoCache(tmp_path / f"fresh{i}", shared=str(tmp_path / "tier"))
+        t = time.monotonic()
+        try:
+            got = b.frames(k)
+            served_corrupt += not torch.equal(got, want)
+        except (DigestMismatchError, NotCachedError) as e:     # refused by name: the object was moved aside
+            assert k in str(e), (name, e)
+        hangs += time.monotonic() - t > TIMEOUT_S
+        assert not b.shared.exists_many([b.compact.key(k)])[0] or b.verify(k) == [], name
+        a.verify(k, repair=True)                               # node A still holds the frames: republished
+        fresh = VideoCache(tmp_path / f"after{i}", shared=str(tmp_path / "tier"))
+        lost += not torch.equal(fresh.frames(k), want)
+    assert (served_corrupt, hangs, lost) == (0, 0, 0)
+
+
+def test_an_object_deleted_mid_read_is_read_whole_or_refused(tmp_path, tier, monkeypatch):
+    """The object unlinked after the first half was handed over: the open file still reads whole (POSIX), so the
+    read is exact; nothing half-read is kept."""
+    a, k, other, want = tier
+    real = FsspecStore.stream
+
+    def deleting(self, key, sink):
+        pieces = []
+        found = real(self, key, pieces.append)
+        if found and key.endswith(".nut"):
+            os.unlink(_object(a, k))                          # gone from the tier between two pieces
+        for p in pieces:
+            sink(p)
+        return found
+    monkeypatch.setattr(FsspecStore, "stream", deleting)
+    b = VideoCache(tmp_path / "b", shared=str(tmp_path / "tier"))
+    try:
+        assert torch.equal(b.frames(k), want)
+    except (SharedUnavailableError, NotCachedError):
+        assert not b.local.exists_many([K.cas(b.manifest(k).frames.blob)])[0]
+
+
+def _read(node: str, tier: str, key: str, out) -> None:
+    c = VideoCache(node, shared=tier)
+    f = c.frames(key)
+    c.close()
+    out.put(bytes(f.numpy().tobytes()))
+
+
+def test_three_processes_of_a_fresh_node_read_one_compact_entry_at_once(tmp_path, tier):
+    a, k, other, want = tier
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_read, args=(str(tmp_path / "fresh"), str(tmp_path / "tier"), k, q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert all(g == want.numpy().tobytes() for g in got)
+    fresh = VideoCache(tmp_path / "fresh", shared=str(tmp_path / "tier"))
+    assert fresh.verify(k) == [] and torch.equal(fresh.frames(k), want)      # the node's local tier is sound
