@@ -112,3 +112,26 @@ def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(tmp_
     h = vidcache.lazy(videos["hevc_25"], VideoOptions(), b)     # e.g. a dataset row on a rollout node
     assert h.resolve(build=False) == key                        # one stat of the source, no read of it
     assert torch.equal(h.frames(), a.frames(key)) and len(count_decodes) == decoded
+
+
+def test_a_node_that_builds_an_entry_another_node_just_built_says_how_to_avoid_it(tmp_path, videos, monkeypatch,
+                                                                                     caplog):
+    """D31, refused with a clear message: two nodes prewarming the same rows at once may both decode a video
+    (5-11 of 30 in the reliability run).  Never wrong (one key, one set of frames, the first object wins and the
+    second is checked against it), but the second node says its decode was wasted and how to build once."""
+    import logging
+
+    from vidcache import errors
+    tier = str(tmp_path / "tier")
+    a = VideoCache(tmp_path / "a", shared=tier)
+    want = a.frames(a.ensure(videos["mjpeg_24"], VideoOptions()).key)
+    b = VideoCache(tmp_path / "b", shared=tier)
+    monkeypatch.setattr(type(b), "_sound_manifest", lambda self, key: None)   # B looked before A's manifest landed
+    monkeypatch.setattr(errors, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="vidcache"):
+        r = b.ensure(videos["mjpeg_24"], VideoOptions())
+    assert r.status == "new"
+    said = [m.getMessage() for m in caplog.records if "built by another node" in m.getMessage()]
+    assert len(said) == 1 and "vidcache prewarm --ray" in said[0]
+    assert torch.equal(VideoCache(tmp_path / "c", shared=tier).frames(r.key), want)
+    assert b.verify(r.key) == []

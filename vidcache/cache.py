@@ -220,6 +220,12 @@ class VideoCache:
         # Blob first, manifest last: one transaction locally; on the shared tier the manifest is
         # published only after its frames (compact or raw), so no reader sees a manifest without them.
         items = {keys.cas(str(blob)): man.frames.encode(raw), keys.ac(key): man.to_json(), **record}
+        if self.shared is not None and not self.read_only and self.shared.exists_many([keys.ac(key)])[0]:
+            # Another node built this entry while this one decoded it (D31).  Harmless -- the key is the content,
+            # and the frames are checked wherever they are read -- but the decode was wasted: say how to avoid it.
+            warn_once("duplicate_build", "vidcache: entry %s was built by another node at the same time as this "
+                      "one (the same frames; this decode was wasted). To build each video once, run one "
+                      "`vidcache prewarm --ray` for the cluster, or give each node its own rows.", key)
         if self.compact.publish(key, frames, man):
             self.shared.set_many({k: v for k, v in items.items() if not k.startswith(keys.CAS)})
             self.local.set_many(items)
