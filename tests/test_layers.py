@@ -29,7 +29,7 @@ FLOORS = [
     ("cache", ["cache"]),
     ("trainer", ["processing", "device"]),
     ("references", ["handle", "dataset"]),
-    ("rollout", ["sglang"]),
+    ("rollout", ["sglang", "vllm"]),
     ("jobs", ["prewarm", "cli", "doctor", "contact_sheet", "testing", ""]),   # "": the lazy facade, vidcache/__init__
 ]
 # Stricter rules for the two bottom packages (their own modules are always allowed).

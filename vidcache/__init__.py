@@ -12,7 +12,7 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   cache                           VideoCache: build, read, check, repair
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)
   handle, dataset                 lazy references above the cache; handles hand their frames down
-  sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
+  sglang/, vllm/                  the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader
   prewarm, cli, doctor            the jobs
 """
 from importlib import import_module

@@ -79,6 +79,32 @@ def _process(job_path: str, out_dir: str) -> int:
     return 0
 
 
+def _loader(job_path: str, out_path: str) -> int:
+    """Each URL of the job through vLLM's own media path (``MediaConnector.fetch_video`` -> ``VideoMediaIO`` -> the
+    loader ``media_io_kwargs`` names), recording what came back or the exception's type and message."""
+    import numpy as np
+    import xxhash
+    from vllm.multimodal.media import MediaConnector
+
+    import vidcache.vllm.loader  # noqa: F401  (vLLM's plugin loader imports it through the entry point)
+    job = json.load(open(job_path))
+    conn = MediaConnector(media_io_kwargs=job["media_io_kwargs"])
+    res = {}
+    for name, url in job["urls"].items():
+        try:
+            frames, meta = conn.fetch_video(url).media
+            frames = np.asarray(frames)          # vLLM's torchcodec decoder returns a tensor, its loaders numpy
+            res[name] = {"shape": list(frames.shape), "dtype": str(frames.dtype),
+                         "digest": xxhash.xxh3_128_hexdigest(frames.tobytes()),
+                         "metadata": {k: v for k, v in meta.items() if isinstance(v, (int, float, str, list, bool))}}
+        except Exception as e:  # noqa: BLE001  the test asserts the exact type, by name and by vidcache's hierarchy
+            from vidcache.errors import VidcacheError
+            res[name] = {"error": type(e).__name__, "message": str(e)[:400],
+                         "mro": [c.__name__ for c in type(e).__mro__], "vidcache": isinstance(e, VidcacheError)}
+    json.dump(res, open(out_path, "w"))
+    return 0
+
+
 # --- the vLLM-shaped server -----------------------------------------------------------------------------
 def _serve(argv) -> int:
     import http.server
@@ -175,7 +201,7 @@ def _serve(argv) -> int:
 
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    sys.exit(_process(*rest) if cmd == "process" else _serve(rest))
+    sys.exit({"process": lambda: _process(*rest), "loader": lambda: _loader(*rest), "serve": lambda: _serve(rest)}[cmd]())
 
 
 # --- a checkpoint directory vLLM's ModelConfig accepts (written by the main venv; read by vLLM's transformers) ---
@@ -271,3 +297,21 @@ def run_process(job: dict, work_dir, node_dir, timeout: float = 900) -> dict:
     if r.returncode != 0:
         raise AssertionError(f"vLLM's processor failed (rc {r.returncode}):\n{r.stderr[-4000:]}")
     return {c["name"]: load_file(os.path.join(out, c["name"] + ".safetensors")) for c in job["cases"]}
+
+
+def run_loader(urls: dict, work_dir, node_dir, media_io_kwargs: dict | None = None, **env) -> dict:
+    """Fetch each of ``urls`` through vLLM's media path with vidcache's loader; ``{name: result or error}``."""
+    import subprocess
+
+    from vidcache.vllm.config import ENGINE_KWARGS
+    work = os.fspath(work_dir)
+    os.makedirs(work, exist_ok=True)
+    job_path, out = os.path.join(work, "loader.json"), os.path.join(work, "loader-out.json")
+    with open(job_path, "w") as f:
+        json.dump({"urls": urls, "media_io_kwargs": media_io_kwargs or ENGINE_KWARGS["media_io_kwargs"]}, f)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "loader", job_path, out],
+                       env=peer_env(node_dir, **env), capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise AssertionError(f"vLLM's media path failed (rc {r.returncode}):\n{r.stderr[-4000:]}")
+    with open(out) as f:
+        return json.load(f)
