@@ -1,7 +1,7 @@
 """The settings a vLLM engine must run with to feed the trainer's tensors: stated once, here.
 
 Everything else in ``vidcache.vllm`` (the request builder, the loader, ``check-server --engine vllm``, the docs'
-commands through ``vidcache vllm-config``) reads these; nothing restates them.  Imports nothing from vLLM.
+commands, through ``serve_flags()``) reads these; nothing restates them.  Imports nothing from vLLM.
 
 Why each one (docs/vllm.md has the evidence):
 * ``mm_device_do_normalize=False``: vLLM 0.34.0 turns it on for Qwen2/2.5/3-VL and then normalises on the device as
