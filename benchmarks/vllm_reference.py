@@ -77,7 +77,8 @@ def main(argv=None) -> int:
     data_url = "data:video/mp4;base64," + base64.b64encode(open(src, "rb").read()).decode()
     print(f"vLLM {vllm.__version__}, transformers {transformers.__version__}; {a.size}, {a.seconds:g} s at "
           f"{a.fps:g} fps h264; best of {a.repeat}")
-    print(f"{'family':<12} {'frames (orig / ref)':<26} {'original s':>10} {'reference s':>11} {'ratio':>6}   ViT grid (orig / ref)")
+    print(f"{'family':<12} {'frames (orig / ref)':<26} {'original s':>10} {'reference s':>11} {'ratio':>6}"
+          "   ViT grid (orig / ref)")
     for fam in a.families:
         ckpt = vp.write_checkpoint(fam, os.path.join(tmp, f"ckpt-{fam}"))
         proc = MULTIMODAL_REGISTRY.create_processor(vp.model_config(ckpt, False, {"video": {"backend": decoder}}))
@@ -95,7 +96,8 @@ def main(argv=None) -> int:
                                       resized_width=orig_grid[2] * side))
         handle = vidcache.get(src, opts)
         ref = ref_uri(handle.tier, handle.resolve())
-        ours = MediaConnector(media_io_kwargs={"video": {**ENGINE_KWARGS["media_io_kwargs"]["video"], "backend": decoder}})
+        ours = MediaConnector(media_io_kwargs={"video": {**ENGINE_KWARGS["media_io_kwargs"]["video"],
+                                                         "backend": decoder}})
         shapes = {}
 
         def run(conn, url, kwargs, tag):
@@ -107,7 +109,7 @@ def main(argv=None) -> int:
         t_orig = best_of(lambda: run(stock, data_url, {}, "orig"), a.repeat)
         t_ref = best_of(lambda: run(ours, ref, MM_PROCESSOR_KWARGS, "ref"), a.repeat)
         grid = tuple(handle.manifest.tokens.video_grid_thw)
-        sh = f"{shapes['orig'][0]}x{shapes['orig'][1]}x{shapes['orig'][2]} / {shapes['ref'][0]}x{shapes['ref'][1]}x{shapes['ref'][2]}"
+        sh = " / ".join("x".join(map(str, shapes[k][:3])) for k in ("orig", "ref"))
         print(f"{fam:<12} {sh:<26} {t_orig:>10.3f} {t_ref:>11.3f} {t_ref / t_orig:>5.2f}x   grid {orig_grid} / {grid}")
     return 0
 

@@ -75,7 +75,8 @@ def _process(job_path: str, out_dir: str) -> int:
         tensors = {k: v.contiguous() for k, v in got.items() if isinstance(v, torch.Tensor)}
         tensors["prompt_token_ids"] = torch.tensor(got["prompt_token_ids"], dtype=torch.int64)
         save_file(tensors, os.path.join(out_dir, case["name"] + ".safetensors"))
-        json.dump({k: str(v.dtype) for k, v in tensors.items()}, open(os.path.join(out_dir, case["name"] + ".json"), "w"))
+        with open(os.path.join(out_dir, case["name"] + ".json"), "w") as f:
+            json.dump({k: str(v.dtype) for k, v in tensors.items()}, f)
     return 0
 
 
@@ -201,7 +202,8 @@ def _serve(argv) -> int:
 
 if __name__ == "__main__":
     cmd, *rest = sys.argv[1:]
-    sys.exit({"process": lambda: _process(*rest), "loader": lambda: _loader(*rest), "serve": lambda: _serve(rest)}[cmd]())
+    run = {"process": lambda: _process(*rest), "loader": lambda: _loader(*rest), "serve": lambda: _serve(rest)}
+    sys.exit(run[cmd]())
 
 
 # --- a checkpoint directory vLLM's ModelConfig accepts (written by the main venv; read by vLLM's transformers) ---
@@ -247,8 +249,10 @@ def write_checkpoint(family: str, path, processor=None, **video_processor_change
     if family == "qwen2_5_vl":
         vision.update(intermediate_size=128, out_hidden_size=64, tokens_per_second=2, fullatt_block_indexes=[0])
     if family == "qwen3_vl":
-        vision.update(intermediate_size=128, out_hidden_size=64, deepstack_visual_indexes=[], num_position_embeddings=64)
-        text.update(head_dim=32, rope_scaling={"rope_type": "default", "mrope_section": [8, 4, 4], "mrope_interleaved": True})
+        vision.update(intermediate_size=128, out_hidden_size=64, deepstack_visual_indexes=[],
+                      num_position_embeddings=64)
+        text.update(head_dim=32,
+                    rope_scaling={"rope_type": "default", "mrope_section": [8, 4, 4], "mrope_interleaved": True})
     else:
         text["rope_scaling"] = {"type": "mrope", "mrope_section": [8, 4, 4]}
     cfg = getattr(transformers, cls_name)(text_config=text, vision_config=vision, architectures=[arch], **ids)

@@ -34,7 +34,8 @@ def fetched(tmp_path_factory, videos):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VIDCACHE_DIR", str(node))
         mp.delenv("VIDCACHE_SHARED", raising=False)
-        h = vidcache.get(videos["mpeg4_25_odd"], VideoOptions(family="qwen2_5_vl", fps=2.0, min_pixels=3136, max_pixels=50176))
+        h = vidcache.get(videos["mpeg4_25_odd"],
+                         VideoOptions(family="qwen2_5_vl", fps=2.0, min_pixels=3136, max_pixels=50176))
         key, tier = h.resolve(), h.tier
         frames = h.frames()
         good = {"vidcache_ref": 4, "tier": tier, "key": key}

@@ -24,7 +24,8 @@ import os
 from ..errors import ParityError
 from ..options import PATCH_SIZE
 from ..processing import layout_of, request_layout
-from ..sglang.check import FAMILY_OF_MODEL_TYPE, Cause, ServerCheck, _error_message, _http, _load_processor, canary_handle
+from ..sglang.check import (FAMILY_OF_MODEL_TYPE, Cause, ServerCheck, _error_message, _http, _load_processor,
+                            canary_handle)
 from ..token_layout import LAYOUTS, implied_layout, layout_difference
 from .config import ENGINE_KWARGS, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags, settings_problems
 from .request import chat_expected_ids, chat_request, check_prompt_ids

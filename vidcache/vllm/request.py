@@ -63,7 +63,8 @@ def _unwrap(ids: list[int], pad: int, start: int, end: int) -> list[int]:
 @dataclass
 class VllmRequest:
     """One prompt for vLLM, built from the cache without decoding (``prepare_vllm``)."""
-    prompt: dict                      # TokensPrompt: prompt_token_ids, multi_modal_data, multi_modal_uuids, mm_processor_kwargs
+    prompt: dict                      # TokensPrompt: prompt_token_ids, multi_modal_data, multi_modal_uuids,
+                                      # mm_processor_kwargs
     expanded_ids: list[int]           # the trainer's ids; vLLM's RequestOutput.prompt_token_ids must equal them
     keys: list[str]
     token_layout: str | None = None
@@ -115,7 +116,8 @@ def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = Non
     layout = request_layout(processor, family, "plugin", token_layout)
     expected = expanded_ids(processor, prompt, manifests, "plugin", layout)
     if family == "qwen3_vl":
-        pad, start, end = (tok.convert_tokens_to_ids(t) for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>"))
+        pad, start, end = (tok.convert_tokens_to_ids(t)
+                           for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>"))
         bare = expands_bare_video_token(processor)
         if bare and layout == "collapsed":
             compact = _unwrap(compact, pad, start, end)
