@@ -29,6 +29,9 @@ PROMPT2 = (f"<|im_start|>user\nFirst {VIDEO_PLACEHOLDER}, then {VIDEO_PLACEHOLDE
            "<|im_start|>assistant\n")
 
 
+SMALL = {"shortest_edge": 3136, "longest_edge": 4 * 3136}        # 112 x 112: below the cached frames' size
+
+
 def _opts(family):
     return VideoOptions(family=family, fps=2.0, min_pixels=3136, max_pixels=50176)
 
@@ -52,6 +55,14 @@ def run(tmp_path_factory, videos):
                      (f"{fam}-default-norm", PROMPT, [CLIPS[0]], None, None)]
             if fam == "qwen3_vl":
                 plan.append((f"{fam}-wrapped", PROMPT, [CLIPS[0]], "wrapped", False))
+            if fam == "qwen2_5_vl":     # a checkpoint whose pixel bounds would shrink the cached frames
+                small = vp.write_checkpoint(fam, root / f"ckpt-{fam}-small", size=SMALL)
+                for name, kw in ((f"{fam}-small-bounds", None), (f"{fam}-small-bounds-resized", {})):
+                    req = prepare_vllm(proc, PROMPT, [handles[CLIPS[0]]])
+                    reqs[name] = (fam, [handles[CLIPS[0]]], req)
+                    cases.append({"name": name, "ckpt": small, "device_norm": False, "keys": req.keys,
+                                  "prompt_token_ids": req.prompt["prompt_token_ids"],
+                                  "mm_processor_kwargs": req.prompt["mm_processor_kwargs"] if kw is None else kw})
             for name, prompt, clips, layout, norm in plan:
                 hs = [handles[c] for c in clips]
                 req = prepare_vllm(proc, prompt, hs, token_layout=layout)
@@ -64,7 +75,7 @@ def run(tmp_path_factory, videos):
         yield reqs, procs, out
 
 
-EXACT = [f"{f}-{c}" for f in FAMILIES for c in CLIPS + ("two",)] + ["qwen3_vl-wrapped"]
+EXACT = [f"{f}-{c}" for f in FAMILIES for c in CLIPS + ("two",)] + ["qwen3_vl-wrapped", "qwen2_5_vl-small-bounds"]
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -103,3 +114,14 @@ def test_vllm_default_device_norm_returns_raw_uint8_patches(run, fam):
     raw = procs[fam](videos=[handles[0].frames()], do_rescale=False, do_normalize=False, **kw)["pixel_values_videos"]
     assert torch.equal(got.float(), raw)
     assert out[f"{fam}-default-norm"]["prompt_token_ids"].tolist() == req.expanded_ids   # the ids cannot tell
+
+
+@pytest.mark.parametrize("fam", ["qwen2_5_vl"])
+def test_without_mm_processor_kwargs_vllm_resizes_cached_frames(run, fam):
+    """Against a checkpoint whose pixel bounds are below the cached frames' size, ``MM_PROCESSOR_KWARGS`` keep vLLM
+    exact (the EXACT case ``qwen2_5_vl-small-bounds``); without them vLLM resizes the cached frames: another grid."""
+    reqs, procs, out = run
+    _, handles, _ = reqs[f"{fam}-small-bounds-resized"]
+    want = vidcache.train_inputs(procs[fam], handles)["video_grid_thw"]
+    got = out[f"{fam}-small-bounds-resized"]["video_grid_thw"].to(want.dtype)
+    assert got.prod() < want.prod(), (got, want)          # shrunk into the checkpoint's bounds
