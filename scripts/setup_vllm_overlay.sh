@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # vLLM 0.34.0 with the transformers it pins, beside the venv: the environment the vLLM exactness and check-server
-# tests run vLLM's own multimodal processor in (tests/vllm/, tests/support/vllm_peer.py), on CPU, without weights.
+# tests run vLLM's own multimodal processor in (tests/vllm_engine/, tests/support/vllm_peer.py), on CPU, without weights.
 #
 # Usage: scripts/setup_vllm_overlay.sh [PYTHON]     -> .overlays/vllm-0.34.0/
 #   Run a process in it with PYTHONPATH=.overlays/vllm-0.34.0 (it shadows the venv's transformers with 5.22.2, the

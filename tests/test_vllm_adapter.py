@@ -1,5 +1,5 @@
 """vidcache.vllm without vLLM: it imports without vLLM, its settings are one fact read everywhere, and the plugin
-entry point names the loader's registration (the tests against vLLM's own code are in tests/vllm/)."""
+entry point names the loader's registration (the tests against vLLM's own code are in tests/vllm_engine/)."""
 import ast
 import subprocess
 import sys
