@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import xxhash
@@ -85,3 +89,28 @@ def test_a_video_file_still_decodes_with_vllms_own_loader(fetched):
     got = fetched[0]["file"]
     assert "error" not in got, got
     assert got["shape"][0] > 0 and got["metadata"]["video_backend"] != "vidcache"
+
+
+def test_vllms_plugin_loader_registers_the_loader_from_the_entry_point(tmp_path):
+    """vLLM's own ``load_general_plugins`` (what ``EngineArgs`` runs in the API server and the engine core runs in its
+    process) finds pyproject.toml's entry point and registers the ``vidcache`` loader.  The entry point is installed
+    here as a bare dist-info (the venv's vidcache may be an editable install made before the entry point existed)."""
+    import tomllib
+
+    from vidcache.vllm.config import LOADER_NAME, PLUGIN_ENTRY_POINT
+    group, name, target = PLUGIN_ENTRY_POINT
+    eps = tomllib.loads((Path(vp.ROOT) / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert eps[group][name] == target
+    d = tmp_path / "ep" / "vidcache_entry_point-0.0.dist-info"
+    d.mkdir(parents=True)
+    (d / "METADATA").write_text("Metadata-Version: 2.1\nName: vidcache-entry-point\nVersion: 0.0\n")
+    (d / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
+    code = ("import sys\nfrom vllm.multimodal.video import VIDEO_LOADER_REGISTRY as R\n"
+            f"assert {LOADER_NAME!r} not in R.name2class\n"
+            "from vllm.plugins import load_general_plugins\nload_general_plugins()\n"
+            f"print(R.name2class[{LOADER_NAME!r}].__module__)\n")
+    env = vp.peer_env(tmp_path / "node")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path / "ep")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "vidcache.vllm.loader"
