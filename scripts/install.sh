@@ -3,7 +3,8 @@
 #
 #   bash scripts/install.sh          # the library and CLI
 #   bash scripts/install.sh --test   # + test deps, SGLang 0.5.23's processor (test peer), Miles (when MILES_SRC names a
-#                                    #   checkout) and transformers 5.19.0 / 5.25.0 overlays (.overlays/) for the layout matrix
+#                                    #   checkout) and transformers 5.19.0 / 5.25.0 overlays (.overlays/) for the layout matrix,
+#                                    #   SGLang 0.5.16's and vLLM 0.34.0's (tests/vllm_engine/: vLLM's own processor on CPU)
 #
 # torch and torchvision must be a matched pair (both CPU or both CUDA builds): PyPI's torchvision
 # next to a CPU torch fails to import.  torch 2.14.1 + torchvision 0.29.1 is a matched pair that also
@@ -41,6 +42,7 @@ if [[ $WITH_TESTS == 1 ]]; then
   # tests/sglang/test_layout_across_versions.py): one overlay each, the venv's own left as it is.
   for v in 5.19.0 5.25.0; do bash scripts/setup_transformers.sh "$v" .venv/bin/python; done
   bash scripts/setup_sglang_overlay.sh .venv/bin/python    # SGLang 0.5.16 + transformers 5.12.1: Miles' image
+  bash scripts/setup_vllm_overlay.sh .venv/bin/python      # vLLM 0.34.0 + transformers 5.22.2: tests/vllm_engine/
 else
   "${PIP[@]}" install -e .
 fi

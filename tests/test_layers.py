@@ -31,7 +31,7 @@ FLOORS = [
     ("node", ["node"]),
     ("trainer", ["processing", "device"]),
     ("references", ["handle", "dataset"]),
-    ("rollout", ["sglang"]),
+    ("rollout", ["sglang", "vllm"]),
     ("jobs", ["prewarming", "cli", "doctor", "contact_sheet", "testing", ""]),   # "": the lazy facade, vidcache/__init__
 ]
 # Stricter rules for the two bottom packages (their own modules are always allowed).

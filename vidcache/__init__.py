@@ -14,8 +14,8 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   node                            the caches open in this process, and the lookup by identity
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)
   handle, dataset                 lazy references above the cache; handles hand their frames down
-  sglang/                         the rollout side: frozen files, transports, prepare, serve, plugin
-  prewarming, cli, doctor          the jobs
+  sglang/, vllm/                  the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader
+  prewarming, cli, doctor         the jobs
 """
 from importlib import import_module
 from typing import TYPE_CHECKING

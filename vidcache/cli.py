@@ -452,8 +452,14 @@ def cmd_sglang_config(args) -> int:
 
 
 def cmd_check_server(args) -> int:
-    from .sglang.check import check_server
     cache = _cache(args) if (args.cache or args.shared) else None       # default: this node's configuration
+    if args.engine == "vllm":           # one path (vidcache's loader): --mode and the SGLang-only flags do not apply
+        from .vllm.check import check_server as check_vllm
+        res = check_vllm(args.url, args.family, args.processor, args.allow_unverified_vllm, cache=cache,
+                         token_layout=args.token_layout)
+        print("\n".join(res.lines()))
+        return 0 if res.ok else 1
+    from .sglang.check import check_server
     res = check_server(args.url, args.family, args.mode, args.processor, args.allow_unverified_sglang,
                        args.server_torchcodec, cache=cache, token_layout=args.token_layout)
     print("\n".join(res.lines()))
@@ -662,6 +668,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stock mode on a GPU server: the torchcodec version installed there")
     p.add_argument("--token-layout", metavar="LAYOUT", help="the token layout the trainer's ids are in (default: "
                    "$VIDCACHE_TOKEN_LAYOUT, else the model's own in plugin mode and this transformers' in stock mode)")
+    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
+                   help="the server's engine (default: sglang; vllm: a vLLM OpenAI server with vidcache's loader, "
+                        "docs/vllm.md)")
+    p.add_argument("--allow-unverified-vllm", metavar="VERSION",
+                   help="--engine vllm: accept this exact vLLM version although vidcache is not verified with it")
     p.set_defaults(fn=cmd_check_server)
 
     p = add("serve", help="serve frozen files over HTTP (for SGLang nodes without a shared filesystem)")

@@ -62,13 +62,14 @@ class ServerCheck:
     passed: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     token_layout: str | None = None        # the layout the trainer's ids (and the plugin's references) are in
+    engine: str = "SGLang"                 # or "vLLM" (vidcache.vllm.check)
 
     @property
     def ok(self) -> bool:
         return not self.causes
 
     def lines(self) -> list[str]:
-        head = f"{self.url}: SGLang {self.version or '?'}, {self.family or '?'}, {self.mode or '?'} mode"
+        head = f"{self.url}: {self.engine} {self.version or '?'}, {self.family or '?'}, {self.mode or '?'} mode"
         warn = [f"WARN {w}" for w in self.warnings]
         if self.ok:
             # Stock mode sees ids and the server's self-reported config only (D38): the line says so.

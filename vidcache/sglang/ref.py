@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
 
 from .. import keys
 from ..attest import check_record
@@ -31,6 +32,7 @@ READ_VERSIONS = (2, 3, 4)            # 2: the same without "attest"; 3: without 
 MAX_REF_CHARS = 256 << 10            # an attested canary with its rows is ~25 KB; a plain reference ~300 bytes
 MAX_DEPTH = 4                        # {"attest": {"video_grid_thw": [...]}} is 3 deep
 _TIER = re.compile(r"[A-Za-z0-9._-]{1,80}")
+_OPEN_LOCK = threading.Lock()
 
 
 def ref_uri(tier: str, key: str, attest: dict | None = None, layout: str | None = None) -> str:
@@ -106,3 +108,25 @@ def parse_ref(uri: str) -> dict | None:
         except ValueError as e:
             raise InvalidKeyError(f"vidcache reference with a malformed attestation: {e}") from None
     return rec
+
+
+def open_ref(rec: dict):
+    """``(manifest, frames)`` of a parsed reference (``parse_ref``), from *this node's* cache only: the engine-side
+    half every rollout adapter shares (the SGLang plugin, vLLM's loader ``vidcache.vllm.loader``).
+
+    The cache is the node's (``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``): a request never names a path, so it can neither
+    make the server open or create a store where it likes, nor reach another cache.  A reference to another cache
+    raises ``TierMismatchError``; an unknown key ``NotCachedError``.
+    """
+    from ..errors import TierMismatchError
+    from ..node import node_cache
+    with _OPEN_LOCK:            # node_cache memoises per process, but engines load items on several threads at once
+        cache = node_cache()
+    if rec["tier"] != cache.identity:
+        raise TierMismatchError(f"reference to cache {rec['tier']!r}, but this server's cache is "
+                                f"{cache.identity!r}: start it with VIDCACHE_SHARED set to that cache's shared tier")
+    key = rec["key"]              # checked against the key format by parse_ref
+    # frames(key) first: on a node without the entry it fetches the manifest and the compact object side by side
+    # and decodes the object as it arrives; the manifest is then the cache's memoised one.
+    frames = cache.frames(key)
+    return cache.require_manifest(key), frames

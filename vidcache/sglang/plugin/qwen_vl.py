@@ -37,19 +37,16 @@ from sglang.srt.managers.schedule_batch import Modality
 from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProcessor
 
 from ...attest import attest, compare
-from ...node import node_cache
-from ...errors import TierMismatchError, VidcacheError
+from ...errors import VidcacheError
 from ...options import PATCH_SIZE
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
 from ..request import ATTESTATION_MARK
-from ..ref import parse_ref
+from ..ref import open_ref, parse_ref
 from ..versions import installed_sglang, qwen_vl_processor_modules
 
 logger = logging.getLogger(__name__)
 SGLANG_VERSION = installed_sglang()
 
-# node_cache memoises per process, but SGLang loads items on several io threads at once.
-_OPEN_LOCK = threading.Lock()
 # SGLang's own keys for its sampler and factor-28 resize (preprocess_video), which must not reach the HF
 # processor for frames that are already final.  0.5.23 names them QWEN_VIDEO_PREPROCESS_CONFIG_KEYS;
 # 0.5.16 has no such constant and forwards them all.
@@ -111,22 +108,9 @@ class UnloadableRef:
 
 
 def load_ref(rec: dict) -> VidcacheVideo:
-    """Frames and original metadata of a parsed reference, from *this node's* cache only.
-
-    The cache is the node's (``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``): a request never names a path,
-    so it can neither make the server open or create a store where it likes, nor reach another cache.
-    """
-    with _OPEN_LOCK:
-        cache = node_cache()
-    if rec["tier"] != cache.identity:
-        raise TierMismatchError(f"reference to cache {rec['tier']!r}, but this server's cache is "
-                                f"{cache.identity!r}: start it with VIDCACHE_SHARED set to that cache's shared tier")
-    key = rec["key"]              # checked against the key format by parse_ref
-    # frames(key) first: on a node without the entry it fetches the manifest and the compact object side by
-    # side and decodes it as it arrives; the manifest is then the cache's memoised one.
-    frames = cache.frames(key)
-    m = cache.require_manifest(key)
-    return VidcacheVideo(frames, m, key, rec.get("attest"), rec.get("layout"))
+    """Frames and original metadata of a parsed reference, from *this node's* cache only (``ref.open_ref``)."""
+    m, frames = open_ref(rec)
+    return VidcacheVideo(frames, m, rec["key"], rec.get("attest"), rec.get("layout"))
 
 
 def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:

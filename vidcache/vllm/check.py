@@ -1,0 +1,147 @@
+"""``vidcache check-server --engine vllm``: is this live vLLM OpenAI server going to feed the trainer's inputs?
+
+Uses vLLM's own endpoints only:
+  ``GET /version``               the vLLM release;
+  ``GET /v1/models``             the served model's name and ``root`` (its checkpoint path);
+  ``GET /server_info``           (only with ``VLLM_SERVER_DEV_MODE=1`` on the server) the resolved config, so
+                                 ``mm_device_do_normalize`` and ``media_io_kwargs`` can be compared with
+                                 ``vidcache.vllm.config.ENGINE_KWARGS``;
+  ``POST /v1/chat/completions``  a canary video as a vidcache reference (``chat_request``), ``return_token_ids``.
+
+The canary is the SGLang check's (a deterministic noise clip, cached through this node's configuration, so the
+server resolves it through the shared tier like any training video).  vLLM's ``prompt_token_ids`` must equal the
+trainer's expansion of the same chat message (the checkpoint's chat template, then ``expanded_ids``).
+
+What it cannot see (docs/vllm.md, "What check-server cannot see"): the pixels (vLLM returns no tensors and has no
+attestation hook before its processor), and without dev mode the server's normalisation setting; a resize that the
+canary's small grid happens to survive.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import ParityError
+from ..options import PATCH_SIZE
+from ..processing import layout_of, request_layout
+from ..sglang.check import (FAMILY_OF_MODEL_TYPE, Cause, ServerCheck, _error_message, _http, _load_processor,
+                            canary_handle)
+from ..token_layout import LAYOUTS, implied_layout, layout_difference
+from .config import ENGINE_KWARGS, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags, settings_problems
+from .request import chat_expected_ids, chat_request, check_prompt_ids
+
+CANARY_TEXT = "vidcache canary."
+
+
+def _family_of(processor_dir: str) -> str | None:
+    try:
+        with open(os.path.join(processor_dir, "config.json")) as f:
+            return FAMILY_OF_MODEL_TYPE.get(json.load(f).get("model_type"))
+    except (OSError, ValueError):
+        return None
+
+
+def check_server(url: str, family: str | None = None, processor=None, allow_unverified: str | None = None,
+                 cache=None, timeout: float = 120.0, token_layout: str | None = None) -> ServerCheck:
+    """Run every check against the vLLM server at ``url``; never raises for a failed check (``.causes``).
+    ``processor``: an HF processor or a directory (default: the served model's ``root`` when it is a directory
+    here).  ``token_layout``: the layout the trainer's ids are in (``processing.request_layout``'s default)."""
+    url = url.rstrip("/")
+    res = ServerCheck(url, engine="vLLM", mode="loader")
+    try:
+        _, ver = _http(url + "/version", timeout=timeout)
+        _, models = _http(url + "/v1/models", timeout=timeout)
+        card = (models.get("data") or [{}])[0]
+        model = card["id"]
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        res.causes.append(Cause("server", f"cannot read {url}/version and /v1/models: {e!r}"))
+        return res
+
+    res.version = version = str(ver.get("version"))
+    if version in VERIFIED_VLLM_VERSIONS:
+        res.passed.append(f"version {version} verified")
+    elif allow_unverified is not None and allow_unverified == version:
+        res.passed.append(f"version {version} UNVERIFIED, allowed explicitly")
+    else:
+        res.causes.append(Cause("version", f"vLLM {version} is not verified; vidcache is verified with "
+                                           f"{', '.join(VERIFIED_VLLM_VERSIONS)} (to run anyway, name it: "
+                                           f"--allow-unverified-vllm {version})"))
+
+    if processor is None:
+        root = card.get("root")
+        if root and os.path.isdir(root):
+            processor = root
+        else:
+            res.causes.append(Cause("processor", f"the served model's root ({root!r}) is not a directory here: pass "
+                                                 "--processor DIR (the checkpoint's processor) to send the canary"))
+            return res
+    if family is None and isinstance(processor, (str, os.PathLike)):
+        family = _family_of(str(processor))
+    if family is None:
+        res.causes.append(Cause("model", "the checkpoint's config.json names no Qwen-VL family vidcache serves: pass "
+                                         f"--family ({', '.join(sorted(PATCH_SIZE))})"))
+        return res
+    if family not in PATCH_SIZE:
+        raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
+    res.family = family
+
+    # --- the engine settings, where the server reports them (dev mode only)
+    status, info = _http(url + "/server_info?config_format=json", timeout=timeout)
+    mc = ((info.get("vllm_config") or {}).get("model_config")) if status == 200 else None
+    if isinstance(mc, dict):
+        problems = settings_problems(mc)
+        for p in problems:
+            res.causes.append(Cause("config", f"{p}. Start the server with {' '.join(serve_flags())}"))
+        if not problems:
+            res.passed.append("engine settings match (mm_device_do_normalize off, vidcache loader)")
+    else:
+        res.warnings.append("the server does not report its config (/server_info needs VLLM_SERVER_DEV_MODE=1): "
+                            "mm_device_do_normalize is NOT checked; it must be off "
+                            f"({' '.join(serve_flags())}), or vLLM normalises on the GPU with other rounding")
+
+    if isinstance(processor, (str, os.PathLike)):
+        processor = _load_processor(str(processor))
+    if not getattr(processor, "chat_template", None):
+        res.causes.append(Cause("processor", "the processor has no chat template: the canary goes through vLLM's chat "
+                                             "endpoint, whose prompt the trainer can only reproduce with it"))
+        return res
+    _canary(res, url, model, processor, family, cache, timeout, version, token_layout)
+    return res
+
+
+def _canary(res, url, model, processor, family, cache, timeout, version, token_layout) -> None:
+    h = canary_handle(family, "plugin", cache)
+    layout = request_layout(processor, family, "plugin", token_layout)
+    res.token_layout = layout
+    expected = chat_expected_ids(processor, CANARY_TEXT, [h], layout)
+    status, body = _http(url + "/v1/chat/completions", chat_request(model, CANARY_TEXT, [h], max_tokens=1),
+                         timeout=timeout)
+    if status != 200:
+        msg = _error_message(body)
+        if "vidcache" in msg and ("reference" in msg or "cache" in msg):
+            res.causes.append(Cause("loader", f"vidcache's loader could not resolve the canary: {msg[:500]}"))
+        else:
+            res.causes.append(Cause("loader", "vidcache's loader is not selected: vLLM decoded the canary's "
+                                              "reference as a video file (start the server with --media-io-kwargs "
+                                              f"'{json.dumps(ENGINE_KWARGS['media_io_kwargs'])}' and vidcache "
+                                              f"installed there). vLLM said (HTTP {status}): {msg[:300]}"))
+        return
+    try:
+        check_prompt_ids(expected, body)
+        res.passed.append(f"canary ids match ({len(expected)} tokens, token layout '{layout}')")
+    except ParityError as e:
+        got = list(body.get("prompt_token_ids") or [])
+        diff = layout_difference(expected, got)
+        if diff:
+            tf = VLLM_TRANSFORMERS_PIN.get(version)
+            server = implied_layout(family, tf) or next(x for x in LAYOUTS[family] if x != layout)
+            res.causes.append(Cause("layout", f"token layout differs: the trainer sends '{layout}' (transformers here "
+                                              f"expands in '{layout_of(processor, family)}'), vLLM's chat endpoint "
+                                              f"expands in '{server}'"
+                                              + (f" (transformers {tf}, vLLM {version}'s)" if tf else "")
+                                              + f" ({len(expected)} vs {len(got)} canary ids). Fix: run the trainer "
+                                              f"with token_layout='{server}' (--token-layout {server}) for requests "
+                                              "through the chat endpoint, or send token prompts (vidcache.vllm."
+                                              "prepare_vllm puts them in the trainer's layout)"))
+        else:
+            res.causes.append(Cause("ids", f"the canary's expanded ids differ: {e}"))

@@ -1,0 +1,154 @@
+"""Requests for vLLM built from the cache: the counterpart of ``vidcache.prepare`` (SGLang).
+
+Two shapes, one source of truth (the handles):
+
+* ``prepare_vllm`` -> ``VllmRequest.prompt``: a ``TokensPrompt``-shaped dict for ``LLM.generate`` / ``AsyncLLM``
+  (in-process engines: verl, NeMo-RL, OpenRLHF), carrying the cached uint8 frames themselves with the original
+  video's metadata; no loader, no decode.
+* ``chat_request``: an OpenAI ``/v1/chat/completions`` body whose videos are vidcache references, resolved inside
+  the server by ``vidcache.vllm.loader``.
+
+Either way ``multi_modal_uuids`` / the part's ``uuid`` is the entry's cache key.  The key is the source's content
+digest plus the options digest, so it names these exact frames: vLLM's multimodal cache trusts a uuid and never
+hashes the pixels behind it (a cached uuid with other frames comes back as the cached tensors), which is sound only
+because the key cannot name other content.
+
+Token layout (``vidcache.token_layout``).  vLLM 0.34.0 with transformers 5.10-5.22 (its pin is < 5.23) expands only
+the bare ``<|video_pad|>`` of a Qwen3-VL prompt and keeps the prompt's own ``<|vision_start|>...<|vision_end|>``
+around it (``_expands_only_video_token``): a chat-templated prompt comes out ``wrapped``.  For token prompts the
+builder puts the ids in the request's layout (by default the model's own, ``collapsed``): it drops that outer pair
+from the compact ids where vLLM would keep it, so vLLM expands straight into ``collapsed``.  A chat request cannot do
+that (the server applies the chat template), so its ids are vLLM's ``wrapped``: give the trainer
+``token_layout="wrapped"`` (``check-server --engine vllm`` names it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ParityError, TokenLayoutError
+from ..processing import VIDEO_PLACEHOLDER, expanded_ids, request_layout, video_metadata
+from ..token_layout import layout_difference
+from .config import MM_PROCESSOR_KWARGS
+
+
+def vllm_metadata(manifest) -> dict:
+    """The metadata vLLM's Qwen processors get with a cached video: the original video's timeline (plugin mode:
+    source fps, the sampled frame indices, total frames) and ``do_sample_frames: False`` (the frames are final)."""
+    meta = dict(video_metadata(manifest, "plugin"))
+    meta["do_sample_frames"] = False
+    return meta
+
+
+def expands_bare_video_token(processor) -> bool:
+    """vLLM 0.34's own test (qwen3_vl.py, ``_expands_only_video_token``): does vLLM replace only ``<|video_pad|>``
+    (transformers >= 5.10, whose processors override ``replace_video_token``), keeping the outer pair?"""
+    from transformers import ProcessorMixin
+    own = getattr(type(processor), "replace_video_token", None)
+    return own is not None and own is not getattr(ProcessorMixin, "replace_video_token", None)
+
+
+def _unwrap(ids: list[int], pad: int, start: int, end: int) -> list[int]:
+    """``ids`` without the ``start pad end`` triples' outer pair (each becomes a bare ``pad``)."""
+    out, i = [], 0
+    while i < len(ids):
+        if ids[i] == start and ids[i + 1:i + 3] == [pad, end]:
+            out.append(pad)
+            i += 3
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+@dataclass
+class VllmRequest:
+    """One prompt for vLLM, built from the cache without decoding (``prepare_vllm``)."""
+    prompt: dict                      # TokensPrompt: prompt_token_ids, multi_modal_data, multi_modal_uuids,
+                                      # mm_processor_kwargs
+    expanded_ids: list[int]           # the trainer's ids; vLLM's RequestOutput.prompt_token_ids must equal them
+    keys: list[str]
+    token_layout: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def check(self, output) -> None:
+        """The divergence guard: vLLM's view of the prompt (``RequestOutput.prompt_token_ids``, a dict with
+        ``prompt_token_ids``, or the list) must equal ``expanded_ids``; raises ``ParityError`` naming the cause."""
+        check_prompt_ids(self.expanded_ids, output)
+
+
+def check_prompt_ids(expected: list[int], output) -> None:
+    if isinstance(output, dict):
+        ids = output.get("prompt_token_ids")
+    elif isinstance(output, (list, tuple)):
+        ids = output
+    else:
+        ids = getattr(output, "prompt_token_ids", None)
+    if ids is None:
+        raise ParityError("vLLM's output has no prompt_token_ids (chat requests: send return_token_ids: true)")
+    ids, expected = list(ids), list(expected)
+    if ids == expected:
+        return
+    first = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), min(len(ids), len(expected)))
+    layout = layout_difference(expected, ids)
+    cause = (f"{layout}. Fix: give the trainer vLLM's layout (token_layout=, $VIDCACHE_TOKEN_LAYOUT)" if layout else
+             "vLLM's video processing differs from the cache (run it with vidcache.vllm.config.ENGINE_KWARGS and "
+             "the request's mm_processor_kwargs)")
+    raise ParityError(f"vLLM expanded the prompt differently from the trainer: {len(ids)} vs {len(expected)} ids, "
+                      f"first difference at position {first}. {cause}.")
+
+
+def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = None) -> VllmRequest:
+    """The ``TokensPrompt`` for ``prompt`` (one ``<|vision_start|><|video_pad|><|vision_end|>`` or ``<video>`` per
+    handle, in order; apply the chat template first) and the trainer's expanded ids, from the manifests and the
+    cached frames.  ``processor``: the checkpoint's HF processor (it tokenises and gives the trainer's ids; vLLM
+    in the same process uses the same transformers).  Train tensors: ``vidcache.train_inputs(processor, handles)``
+    on the same handles.
+    """
+    from ..sglang.request import video_prompt
+    handles = list(handles)
+    prompt = video_prompt(prompt, len(handles))
+    tok = processor.tokenizer
+    compact = list(tok(prompt, add_special_tokens=False)["input_ids"])
+    if not handles:
+        return VllmRequest({"prompt_token_ids": compact}, compact, [])
+    manifests = [h.manifest for h in handles]
+    family = manifests[0].family
+    layout = request_layout(processor, family, "plugin", token_layout)
+    expected = expanded_ids(processor, prompt, manifests, "plugin", layout)
+    if family == "qwen3_vl":
+        pad, start, end = (tok.convert_tokens_to_ids(t)
+                           for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>"))
+        bare = expands_bare_video_token(processor)
+        if bare and layout == "collapsed":
+            compact = _unwrap(compact, pad, start, end)
+        elif not bare and layout == "wrapped":
+            raise TokenLayoutError("this transformers' Qwen3-VL processor makes vLLM expand the whole "
+                                   f"{VIDEO_PLACEHOLDER} (collapsed ids); vLLM cannot produce 'wrapped' ids with it")
+    frames = [h.frames() for h in handles]          # uint8 T x 3 x H x W: vLLM takes vidcache's layout as it is
+    mm = {"video": [(f, vllm_metadata(m)) for f, m in zip(frames, manifests)]}
+    keys = [h.resolve() for h in handles]
+    req = {"prompt_token_ids": compact, "multi_modal_data": mm, "multi_modal_uuids": {"video": keys},
+           "mm_processor_kwargs": dict(MM_PROCESSOR_KWARGS)}
+    return VllmRequest(req, expected, keys, layout)
+
+
+def chat_request(model: str, text: str, handles, max_tokens: int = 0) -> dict:
+    """An OpenAI ``/v1/chat/completions`` body: one user message, the handles' references (their cache's identity
+    and key, resolved inside the server by ``vidcache.vllm.loader``) then ``text``; ``uuid`` = the key;
+    ``return_token_ids`` so the guard can compare ``prompt_token_ids``; the frames-are-final processor kwargs."""
+    from ..sglang.ref import ref_uri
+    parts = []
+    for h in handles:
+        key = h.resolve()
+        parts.append({"type": "video_url", "video_url": {"url": ref_uri(h.tier, key)}, "uuid": key})
+    parts.append({"type": "text", "text": text})
+    return {"model": model, "messages": [{"role": "user", "content": parts}], "max_tokens": max_tokens,
+            "temperature": 0, "return_token_ids": True, "mm_processor_kwargs": dict(MM_PROCESSOR_KWARGS)}
+
+
+def chat_expected_ids(processor, text: str, handles, token_layout: str | None = None) -> list[int]:
+    """The trainer's ids for ``chat_request(..., text, handles)``: the checkpoint's chat template on the same message
+    (HF's ``{"type": "video"}`` parts), then ``expanded_ids``."""
+    msg = [{"role": "user", "content": [{"type": "video"} for _ in handles] + [{"type": "text", "text": text}]}]
+    prompt = processor.apply_chat_template(msg, tokenize=False, add_generation_prompt=True)
+    return expanded_ids(processor, prompt, [h.manifest for h in handles], "plugin", token_layout)
