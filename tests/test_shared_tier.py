@@ -126,7 +126,7 @@ def test_a_node_that_builds_an_entry_another_node_just_built_says_how_to_avoid_i
     a = VideoCache(tmp_path / "a", shared=tier)
     want = a.frames(a.ensure(videos["mjpeg_24"], VideoOptions()).key)
     b = VideoCache(tmp_path / "b", shared=tier)
-    monkeypatch.setattr(type(b), "_sound_manifest", lambda self, key: None)   # B looked before A's manifest landed
+    monkeypatch.setattr(type(b), "sound_manifest", lambda self, key: None)   # B looked before A's manifest landed
     monkeypatch.setattr(errors, "_WARNED", set())
     with caplog.at_level(logging.WARNING, logger="vidcache"):
         r = b.ensure(videos["mjpeg_24"], VideoOptions())

@@ -180,7 +180,7 @@ class VideoCache:
             return None
         key = keys.cache_key(d, options or VideoOptions())
         if sound:
-            return key if self._sound_manifest(key) is not None else None
+            return key if self.sound_manifest(key) is not None else None
         return key if self.contains([key])[0] else None
 
     def contains(self, cache_keys: list[str]) -> list[bool]:
@@ -193,7 +193,7 @@ class VideoCache:
         d = self._recorded_digest(source, fp)
         if d is not None:
             key = keys.cache_key(d, options)
-            if (m := self._sound_manifest(key)) is not None:
+            if (m := self.sound_manifest(key)) is not None:
                 return self._hit(key, m, {keys.src(source): SourceRecord.of(source, fp, d).to_json()})
         from .loader.build import decode_sample_resize
         fetched = fetch(source, self.config.limits, tmp_dir=run_tmp_dir(self.tmp_dir))
@@ -202,7 +202,7 @@ class VideoCache:
             record = {}
             if fp is not None:
                 record[keys.src(source)] = SourceRecord.of(source, fp, fetched.digest).to_json()
-            if (m := self._sound_manifest(key)) is not None:
+            if (m := self.sound_manifest(key)) is not None:
                 if record:
                     self.store.set_many(record)
                 return self._hit(key, m, {})
@@ -262,7 +262,7 @@ class VideoCache:
         sh.set_many({**items, **(record or {}), keys.ac(key): raw})
         return True
 
-    def _sound_manifest(self, key: str) -> Manifest | None:
+    def sound_manifest(self, key: str) -> Manifest | None:
         """The manifest of a present entry whose blob passes its checks; None (after quarantine) otherwise."""
         try:
             m = self.manifest(key)

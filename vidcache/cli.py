@@ -554,15 +554,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(default: they stay in Ray's log directory)")
     from .loader.fetch import FetchLimits
     from .prewarming import DEFAULT_TIMEOUT_S
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                   help="seconds per video before its worker is killed (default %(default)g)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per video before its worker is killed")
     p.add_argument("--max-worker-memory-mb", type=float,
                    help="RSS a worker may add while decoding one video before it is killed "
                         "(default: 80%% of this machine's RAM split among the workers)")
-    p.add_argument("--max-source-mb", type=float, default=FetchLimits.max_bytes / 2**20,
-                   help="largest source file fetched, in MiB (default %(default)g)")
-    p.add_argument("--fetch-timeout", type=float, default=FetchLimits.timeout_s,
-                   help="seconds to fetch one source (default %(default)g)")
+    p.add_argument("--max-source-mb", type=float, default=FetchLimits.max_bytes // 2**20,
+                   help="largest source file fetched, in MiB")
+    p.add_argument("--fetch-timeout", type=float, default=FetchLimits.timeout_s, help="seconds to fetch one source")
     from .config import CacheConfig
     from .options import DECODERS
     p.add_argument("--decoder", default=CacheConfig.decoder, choices=DECODERS, help="video decoder")
