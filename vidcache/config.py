@@ -132,11 +132,15 @@ class CacheConfig:
     def shared_store(self) -> Store | None:
         if not self.shared:
             return None
-        from .store.fsspec import FsspecStore
+        from .store.fsspec import DEFAULT_DECODE_BUDGET, FsspecStore, default_max_object_bytes
         url = self.shared
         if "://" not in url:
             url = _abs(url)         # a plain shared path, e.g. an NFS mount
-        return FsspecStore(url, read_only=self.read_only, storage_options=dict(self.shared_storage_options))
+        # No entry's object is larger than the frames a decode budget allows (D33): this node's, when it allows
+        # more than the default; never less, since another node, with the default, may have written the entry.
+        budget = max(self.max_decoded_bytes or 0, DEFAULT_DECODE_BUDGET)
+        return FsspecStore(url, read_only=self.read_only, storage_options=dict(self.shared_storage_options),
+                           max_object_bytes=default_max_object_bytes(budget))
 
     def build_store(self, check) -> Store:
         """The store this configuration describes: a custom one, LMDB alone, or LMDB in front of the shared tier."""
