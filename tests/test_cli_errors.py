@@ -2,6 +2,7 @@
 
 Every user error: exit 1, ``vidcache: error: [kind] ...``, no traceback, and nothing created."""
 import argparse
+import errno
 import json
 import os
 import subprocess
@@ -207,3 +208,38 @@ def test_killing_a_verb_stops_its_forked_child(tmp_path, hung_endpoint, how):
     proc.wait(timeout=30)
     gone, alive = psutil.wait_procs([child], timeout=10)
     assert not alive, f"the child outlived its parent's {how}"
+
+
+# D41: on a brand-new node, the first write is the node directory's; a full disk there failed with a raw OSError.
+FULL_DISK_AT_THE_NODE = """
+import errno, os, sys
+node = os.path.abspath(os.environ["VIDCACHE_DIR"])
+real_mkdir = os.mkdir
+def mkdir(p, *a, **k):      # the disk is full: no directory can be made under the node's path
+    q = os.path.abspath(os.fsdecode(p))
+    if q == node or q.startswith(node + os.sep):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), p)
+    return real_mkdir(p, *a, **k)
+os.mkdir = mkdir
+from vidcache.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_brand_new_node_on_a_full_disk_is_no_space(tmp_path, ds, shared):
+    args = ["prewarm", str(ds)] + (["--shared", str(tmp_path / "tier")] if shared else [])
+    r = vc(args, tmp_path, code=FULL_DISK_AT_THE_NODE)
+    refused(r, "no_space", "no space left", str(tmp_path / "node"))
+    assert not (tmp_path / "node").exists()
+
+
+def test_an_lmdb_directory_on_a_full_disk_is_no_space(tmp_path, monkeypatch):
+    from vidcache.errors import NoSpaceError
+    from vidcache.store.lmdb import LMDBStore
+
+    def full(p, *a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), p)
+    monkeypatch.setattr(os, "mkdir", full)
+    with pytest.raises(NoSpaceError, match="no space left to create the LMDB directory"):
+        LMDBStore(tmp_path / "node" / "lmdb").set_many({"cas/a": b"x"})

@@ -135,3 +135,61 @@ def test_a_node_that_builds_an_entry_another_node_just_built_says_how_to_avoid_i
     assert len(said) == 1 and "vidcache prewarm --ray" in said[0]
     assert torch.equal(VideoCache(tmp_path / "c", shared=tier).frames(r.key), want)
     assert b.verify(r.key) == []
+
+
+# --- D33: an object larger than any entry writes is refused unread ------------------------------------------
+def _plant_oversized(tmp_path, videos, size):
+    """An entry in a directory tier whose compact object is replaced by a sparse file of ``size`` bytes (no disk)."""
+    shared = str(tmp_path / "nfs")
+    a = VideoCache(tmp_path / "a", shared=shared)
+    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    path = a.shared._path(a.compact.key(key))
+    os.truncate(path, size)
+    a.close()
+    return shared, key
+
+
+def test_oversized_shared_object_is_refused_before_it_is_read(tmp_path, videos, monkeypatch):
+    from vidcache.errors import CorruptEntryError, OversizedObjectError
+    bound = 1 << 20
+    monkeypatch.setenv("VIDCACHE_SHARED_MAX_OBJECT_BYTES", str(bound))
+    shared, key = _plant_oversized(tmp_path, videos, 8 * bound)
+    b = VideoCache(tmp_path / "b", shared=shared)
+    store_key = b.compact.key(key)
+    with pytest.raises(OversizedObjectError, match=f"{8 * bound} bytes") as e:
+        b.frames(key)                                  # a fresh node's read through
+    assert isinstance(e.value, CorruptEntryError)      # never served: callers treat it as a corrupt copy
+    with pytest.raises(OversizedObjectError):
+        b.shared.get(store_key)
+    with pytest.raises(OversizedObjectError):
+        b.shared.stream(store_key, lambda piece: pytest.fail("a byte of it was read"))
+    m = b.manifest(key)
+    assert b.local.get("cas/" + m.frames.blob) is None           # nothing backfilled
+    assert not os.path.exists(os.path.join(shared, "quarantine"))   # and nothing of it copied into the tier
+
+
+def test_the_object_bound_follows_the_decode_budget():
+    from vidcache.config import CacheConfig
+    from vidcache.loader.build import DEFAULT_MAX_DECODED_BYTES
+    from vidcache.store.fsspec import DEFAULT_DECODE_BUDGET, default_max_object_bytes
+    assert DEFAULT_DECODE_BUDGET == DEFAULT_MAX_DECODED_BYTES
+    assert default_max_object_bytes() == DEFAULT_MAX_DECODED_BYTES * 9 // 8
+    big = 4 * DEFAULT_MAX_DECODED_BYTES
+    assert CacheConfig("/nonexistent", shared="/tier", max_decoded_bytes=big).shared_store().max_object_bytes == big * 9 // 8
+    # A smaller budget on this node does not tighten it: another node may have written the entry.
+    small = CacheConfig("/nonexistent", shared="/tier", max_decoded_bytes=1 << 20).shared_store()
+    assert small.max_object_bytes == default_max_object_bytes()
+
+
+def test_cli_verify_names_an_oversized_shared_object(tmp_path, videos):
+    import subprocess
+    import sys
+    bound = 1 << 20
+    shared, key = _plant_oversized(tmp_path, videos, 8 * bound)
+    env = {**os.environ, "VIDCACHE_SHARED_MAX_OBJECT_BYTES": str(bound), "VIDCACHE_DIR": str(tmp_path / "b")}
+    env.pop("VIDCACHE_DEBUG", None)
+    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify", "--shared", shared], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert f"BAD {key}: [oversized]" in r.stdout and f"is {8 * bound} bytes" in r.stdout

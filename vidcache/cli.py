@@ -470,7 +470,8 @@ def cmd_serve(args) -> int:
     from .sglang.server import make_server
     limits = {k: v for k, v in (("workers", args.workers), ("timeout_s", args.timeout),
                                 ("header_timeout_s", args.header_timeout), ("min_rate", args.min_rate),
-                                ("max_per_client", args.max_per_client)) if v is not None}
+                                ("max_per_client", args.max_per_client),
+                                ("max_workers_per_client", args.max_workers_per_client)) if v is not None}
     srv = make_server(_cache(args), args.host, args.port, **limits)
     host, port = srv.server_address[:2]
     from .sglang.frozen import FORMATS
@@ -694,6 +695,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-per-client", type=int, metavar="N",
                    help="connections one client address may hold at once; more are refused with a 503; raise it "
                         f"for a node that fetches more files in parallel (default {srv.DEFAULT_MAX_PER_CLIENT})")
+    # So that one address's slow readers cannot hold every worker (its connection cap is above the pool size).
+    p.add_argument("--max-workers-per-client", type=int, metavar="N",
+                   help="workers one client address may occupy at once; its further requests wait for one of "
+                        "them; raise it when a single node is the only client (default half of --workers, at "
+                        f"least 1: {srv.default_max_workers_per_client(srv.DEFAULT_WORKERS)} of "
+                        f"{srv.DEFAULT_WORKERS})")
     p.set_defaults(fn=cmd_serve)
 
     p = add("demo", help="generate a small demo dataset of synthetic videos")

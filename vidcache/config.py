@@ -15,7 +15,9 @@ resolves.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -23,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, SharedUnavailableError, StoreError
+from .errors import ConfigError, NoSpaceError, SharedUnavailableError, StoreError
 from .keys import LOCAL_ONLY, TIER as TIER_KEY
 from .loader.fetch import FetchLimits
 from .store.base import Store
@@ -132,11 +134,15 @@ class CacheConfig:
     def shared_store(self) -> Store | None:
         if not self.shared:
             return None
-        from .store.fsspec import FsspecStore
+        from .store.fsspec import DEFAULT_DECODE_BUDGET, FsspecStore, default_max_object_bytes
         url = self.shared
         if "://" not in url:
             url = _abs(url)         # a plain shared path, e.g. an NFS mount
-        return FsspecStore(url, read_only=self.read_only, storage_options=dict(self.shared_storage_options))
+        # No entry's object is larger than the frames a decode budget allows (D33): this node's, when it allows
+        # more than the default; never less, since another node, with the default, may have written the entry.
+        budget = max(self.max_decoded_bytes or 0, DEFAULT_DECODE_BUDGET)
+        return FsspecStore(url, read_only=self.read_only, storage_options=dict(self.shared_storage_options),
+                           max_object_bytes=default_max_object_bytes(budget))
 
     def build_store(self, check) -> Store:
         """The store this configuration describes: a custom one, LMDB alone, or LMDB in front of the shared tier."""
@@ -159,8 +165,23 @@ def read_node_file(path: str) -> dict:
         return {}
 
 
+@contextlib.contextmanager
+def node_dir_writes(path: str):
+    """A full disk while the node directory is made or its record written: a NoSpaceError naming the directory,
+    as a full LMDB gets (D23), not a raw OSError traceback.  On a brand-new node these are the first writes
+    (D41: ``VideoCache()`` and ``prewarm`` ended in an ``OSError`` from ``config.json``'s makedirs)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise NoSpaceError(f"no space left for the node directory {path!r} ({e.strerror}): free space on that "
+                           "disk, or point the cache (--cache, VIDCACHE_DIR) at a disk with room") from e
+
+
 def _write_node_file(path: str, record: dict) -> None:
-    publish_bytes(NodeLayout(path).node_file, json.dumps(record, sort_keys=True).encode())
+    with node_dir_writes(path):
+        publish_bytes(NodeLayout(path).node_file, json.dumps(record, sort_keys=True).encode())
 
 
 def record_shared(path: str, shared: str, storage_options: dict) -> None:
@@ -184,7 +205,8 @@ def remember_identity(path: str, shared: str, identity: str) -> None:
     that never recorded it could not serve its own entries while the tier is down."""
     rec = read_node_file(path)
     if (rec.get("shared"), rec.get("shared_identity")) != (shared, identity):
-        os.makedirs(path, exist_ok=True)
+        with node_dir_writes(path):
+            os.makedirs(path, exist_ok=True)
         _write_node_file(path, {**rec, "shared": shared, "shared_identity": identity})
 
 

@@ -166,6 +166,12 @@ class DigestMismatchError(CorruptEntryError):
     kind = "digest_mismatch"
 
 
+class OversizedObjectError(CorruptEntryError):
+    """A shared-tier object larger than any entry can write (its frames, bounded by the decode budget): refused
+    before a byte of it is read, never served (D33: one planted 2 GiB object took 4.6 GB to read)."""
+    kind = "oversized"
+
+
 class CorruptManifestError(CorruptEntryError):
     """A manifest that does not parse, has an unknown schema, or disagrees with its blob."""
     kind = "corrupt_manifest"

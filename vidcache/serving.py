@@ -143,3 +143,12 @@ DEFAULT_MIN_RATE = 1 << 20
 # Connections one client address may hold at once (reading its head, or in a worker), so one
 # client cannot fill the pool or the table of connections being read.
 DEFAULT_MAX_PER_CLIENT = 32
+# Workers one client address may occupy at once (a request being served, or queued for a worker).  The
+# connection cap above is larger than the pool, so without this one address with slow readers (a GET it
+# reads a trickle of: up to timeout + size / min_rate, ~37 s for a 7.5 MB file) held every worker and
+# every other client waited that long.  Half the pool (at least one): what one address cannot take stays
+# for the others.  (Two hostile addresses can still fill it; this bounds one, as the cap above does.)
+
+
+def default_max_workers_per_client(workers: int) -> int:
+    return max(1, workers // 2)

@@ -381,7 +381,7 @@ def test_limits_are_checked():
         server.FrozenFileServer(("127.0.0.1", 0), None, workers=0, timeout_s=1)
     with pytest.raises(ValueError):
         server.FrozenFileServer(("127.0.0.1", 0), None, workers=1, timeout_s=0)
-    for bad in ({"header_timeout_s": 0}, {"min_rate": 0}, {"max_per_client": 0}):
+    for bad in ({"header_timeout_s": 0}, {"min_rate": 0}, {"max_per_client": 0}, {"max_workers_per_client": 0}):
         with pytest.raises(ValueError):
             server.FrozenFileServer(("127.0.0.1", 0), None, workers=1, timeout_s=1, **bad)
 
@@ -430,8 +430,8 @@ def test_cli_serve_passes_the_slow_client_limits(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(server, "make_server", lambda cache, host, port, **limits: calls.append(limits) or Fake())
     assert main(["serve", "--cache", str(tmp_path / "c"), "--port", "0", "--header-timeout", "4",
-                 "--min-rate", "5000", "--max-per-client", "2"]) == 0
-    assert calls == [{"header_timeout_s": 4.0, "min_rate": 5000.0, "max_per_client": 2}]
+                 "--min-rate", "5000", "--max-per-client", "2", "--max-workers-per-client", "3"]) == 0
+    assert calls == [{"header_timeout_s": 4.0, "min_rate": 5000.0, "max_per_client": 2, "max_workers_per_client": 3}]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
@@ -439,3 +439,68 @@ def test_cli_serve_passes_the_slow_client_limits(tmp_path, monkeypatch, capsys):
                           ("--min-rate", f"{server.DEFAULT_MIN_RATE}"),
                           ("--max-per-client", f"{server.DEFAULT_MAX_PER_CLIENT}")):
         assert flag in help_text and f"default {default})" in help_text, flag
+
+
+def test_one_address_with_slow_readers_leaves_workers_for_another(cache, monkeypatch):
+    """D34: the per-client connection cap (32) is above the pool (16), so one address's slow readers held every
+    worker and another address waited ~37 s.  Now one address occupies at most its share of the workers (half);
+    its further requests are held, not refused, and another address is served while the slow reads go on."""
+    path = local_frozen_path(cache, cache.key1, "ffv1")
+    size = os.path.getsize(path)
+    real_get_request = server.FrozenFileServer.get_request
+
+    def small_send_buffer(self):       # as in the test above: the server waits on a slow reader, as on a network
+        conn, addr = real_get_request(self)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        return conn, addr
+    monkeypatch.setattr(server.FrozenFileServer, "get_request", small_send_buffer)
+    workers = 2
+    # Response deadlines far beyond the test (min_rate 1 B/s): a slow reader keeps its worker until it hangs up,
+    # so the other address's 200 below is not owed to a slow reader being cut off.
+    with serving(cache, workers=workers, timeout_s=30, header_timeout_s=30, min_rate=1) as (srv, _):
+        slow = []
+        for _ in range(workers):       # as many slow GETs from 127.0.0.1 as there are workers
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(srv.server_address[:2])
+            s.sendall(f"GET /frozen/{cache.key1}.mkv HTTP/1.0\r\n\r\n".encode())
+            slow.append(s)
+        stop, got = threading.Event(), [0] * workers
+
+        def trickle(i):
+            slow[i].settimeout(0.2)
+            while not stop.wait(0.2):      # 512 B every 0.2 s: the file takes minutes
+                with contextlib.suppress(TimeoutError):
+                    if not (chunk := slow[i].recv(512)):
+                        return
+                    got[i] += len(chunk)
+        threads = [threading.Thread(target=trickle, args=(i,), daemon=True) for i in range(workers)]
+        for t in threads:
+            t.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not any(got):            # a slow reader is in a worker, being sent its file
+                assert time.monotonic() < deadline, "no slow reader was ever served"
+                time.sleep(0.05)
+            other = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=15,
+                                               source_address=("127.0.0.2", 0))
+            try:
+                other.request("GET", f"/frozen/{cache.key1}.mkv")
+                r = other.getresponse()
+                assert r.status == 200 and r.read() == file_bytes(path)
+            finally:
+                other.close()
+            # Served while the slow reads went on: neither had its file, both still connected.
+            assert all(t.is_alive() for t in threads) and max(got) < size
+            # The slow address's second request was held, not refused: it starts once the first hangs up.
+            first = got.index(max(got))
+            stop.set()
+            for t in threads:
+                t.join(10)
+            slow[first].close()
+            assert got[1 - first] == 0     # (the default share of 2 workers: 1)
+            assert read_until_closed(slow[1 - first], 20).startswith(b"HTTP/1.0 200 ")
+        finally:
+            stop.set()
+            for s in slow:
+                s.close()

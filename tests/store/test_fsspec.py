@@ -82,6 +82,18 @@ def test_an_s3_object_streams_in_pieces_from_one_get(s3):
     assert store.stream("cas/none", pieces.append) is False
 
 
+def test_an_oversized_s3_object_is_refused_before_its_body_is_read(s3):
+    """D33: the GET's Content-Length is checked before a byte of its body is handed on."""
+    from vidcache.errors import OversizedObjectError
+    store = FsspecStore("s3://cache/big", max_object_bytes=1 << 20,
+                        storage_options={"endpoint_url": s3.endpoint, "client_kwargs": {"region_name": "us-east-1"}})
+    store.set_many({"cas/big": bytes(3 << 20), "cas/small": b"fits"})
+    with pytest.raises(OversizedObjectError, match=str(3 << 20)):
+        store.stream("cas/big", lambda piece: pytest.fail("a byte of it was handed on"))
+    pieces = []
+    assert store.stream("cas/small", pieces.append) and b"".join(pieces) == b"fits"
+
+
 @pytest.fixture
 def cut_endpoint(monkeypatch):
     """An S3-like endpoint on loopback that serves one object, ``VALUE``, and drops the connection after the

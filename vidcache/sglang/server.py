@@ -13,11 +13,14 @@ request reaches a worker only once its whole head (request line and headers) is 
 thread reads the heads of all connections; a head must be complete ``header_timeout_s``
 after the connection was made, with no silence longer than ``timeout_s``.  A response
 body must go out at ``min_rate`` bytes/s on average (after ``timeout_s`` of grace), one
-client address holds at most ``max_per_client`` connections, and a first-time freeze
-locks only its own file, so readers of existing files never wait for it.
+client address holds at most ``max_per_client`` connections and at most
+``max_workers_per_client`` workers (by default half the pool, so one address's slow readers
+cannot hold them all), and a first-time freeze locks only its own file, so readers of
+existing files never wait for it.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import http.server
@@ -33,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..cache import VideoCache
 from ..keys import KEY_PATTERN
 from ..serving import (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_PER_CLIENT, DEFAULT_MIN_RATE,  # noqa: F401 (re-exported)
-                       DEFAULT_TIMEOUT_S, DEFAULT_WORKERS)
+                       DEFAULT_TIMEOUT_S, DEFAULT_WORKERS, default_max_workers_per_client)
 from ..errors import NotCachedError
 from .frozen import BY_SUFFIX as _SUFFIX
 from .frozen import local_frozen_path
@@ -124,7 +127,9 @@ class FrozenFileServer(http.server.HTTPServer):
     ``header_timeout_s`` after the connection was made and the client may not go silent for
     ``timeout_s``: past either the connection is closed (with a 408 if it sent a part).  At
     most ``max_waiting`` heads are read at once (the oldest connection is dropped), and one
-    address holds at most ``max_per_client`` connections (more get a 503 on arrival).
+    address holds at most ``max_per_client`` connections (more get a 503 on arrival), and at most
+    ``max_workers_per_client`` of them are in (or queued for) a worker; its further complete
+    requests wait, in arrival order, until one of its own requests is done.
     The handler must be a HeadReadHandler.
     """
     request_queue_size = 128
@@ -132,18 +137,25 @@ class FrozenFileServer(http.server.HTTPServer):
 
     def __init__(self, address, handler, *, workers: int, timeout_s: float,
                  header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, min_rate: float = DEFAULT_MIN_RATE,
-                 max_per_client: int = DEFAULT_MAX_PER_CLIENT):
-        if workers < 1 or max_per_client < 1 or not (timeout_s > 0 and header_timeout_s > 0 and min_rate > 0):
-            raise ValueError(f"need workers >= 1, max_per_client >= 1 and positive timeouts and min_rate, got "
-                             f"workers={workers}, max_per_client={max_per_client}, timeout_s={timeout_s}, "
+                 max_per_client: int = DEFAULT_MAX_PER_CLIENT, max_workers_per_client: int | None = None):
+        if max_workers_per_client is None:
+            max_workers_per_client = default_max_workers_per_client(workers)
+        if (workers < 1 or max_per_client < 1 or max_workers_per_client < 1
+                or not (timeout_s > 0 and header_timeout_s > 0 and min_rate > 0)):
+            raise ValueError(f"need workers >= 1, max_per_client >= 1, max_workers_per_client >= 1 and positive "
+                             f"timeouts and min_rate, got workers={workers}, max_per_client={max_per_client}, "
+                             f"max_workers_per_client={max_workers_per_client}, timeout_s={timeout_s}, "
                              f"header_timeout_s={header_timeout_s}, min_rate={min_rate}")
         super().__init__(address, handler)
         self.workers, self.timeout_s = workers, timeout_s
         self.header_timeout_s, self.min_rate, self.max_per_client = header_timeout_s, min_rate, max_per_client
+        self.max_workers_per_client = max_workers_per_client
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vidcache-serve")
         self._stop, self._stopped = threading.Event(), threading.Event()
         self._per_client: dict[str, int] = {}     # client host -> its open connections (arriving or in a worker)
-        self._per_client_guard = threading.Lock()  # workers release theirs
+        self._per_client_guard = threading.Lock()  # workers release theirs; it also guards the two below
+        self._in_workers: dict[str, int] = {}     # client host -> its requests submitted to the pool
+        self._held: dict[str, collections.deque] = {}   # client host -> its complete heads past its worker share
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self._stop.clear()
@@ -204,7 +216,7 @@ class FrozenFileServer(http.server.HTTPServer):
         if _END_OF_HEAD.search(a.head, max(0, seen - 3)):   # only the new bytes (and 3 before) can end it
             sel.unregister(conn)
             del arriving[conn]
-            self._pool.submit(self._work, conn, a.addr, bytes(a.head))
+            self._dispatch(conn, a.addr, bytes(a.head))
         elif len(a.head) > MAX_HEAD_BYTES:
             self._drop(sel, arriving, conn, "431 Request Header Fields Too Large")
         else:
@@ -225,15 +237,42 @@ class FrozenFileServer(http.server.HTTPServer):
                 del self._per_client[addr[0]]
         self.shutdown_request(conn)
 
+    def _dispatch(self, conn, addr, head: bytes) -> None:
+        """A complete request to a worker, unless its address already has its share of them: then it is held
+        (its connection still counts against max_per_client) until one of that address's workers takes it.
+        Held rather than refused: a node fetching many files in parallel, within its connection cap, is a
+        normal client and should get every file, only not faster than its share of the pool allows; the
+        connection cap already bounds how many one address can have held."""
+        with self._per_client_guard:
+            busy = self._in_workers.get(addr[0], 0)
+            if busy >= self.max_workers_per_client:
+                self._held.setdefault(addr[0], collections.deque()).append((conn, addr, head))
+                return
+            self._in_workers[addr[0]] = busy + 1
+        self._pool.submit(self._work, conn, addr, head)
+
     def _work(self, conn, addr, head: bytes) -> None:
-        try:
-            self.finish_request((conn, head), addr)
-        except (ConnectionError, TimeoutError):   # the client went away or stalled: nothing to report
-            pass
-        except Exception:  # noqa: BLE001 -- reported as socketserver does; the pool thread lives on
-            self.handle_error(conn, addr)
-        finally:
-            self._close(conn, addr)
+        # Then the address's held requests, in this same worker: its share of the pool is not exceeded,
+        # and nothing is submitted to a pool that server_close may have shut down meanwhile.
+        while True:
+            try:
+                self.finish_request((conn, head), addr)
+            except (ConnectionError, TimeoutError):   # the client went away or stalled: nothing to report
+                pass
+            except Exception:  # noqa: BLE001 -- reported as socketserver does; the pool thread lives on
+                self.handle_error(conn, addr)
+            finally:
+                self._close(conn, addr)
+            with self._per_client_guard:
+                held = self._held.get(addr[0])
+                if not held:
+                    self._in_workers[addr[0]] -= 1
+                    if self._in_workers[addr[0]] == 0:
+                        del self._in_workers[addr[0]]
+                    return
+                conn, addr, head = held.popleft()
+                if not held:
+                    del self._held[addr[0]]
 
     def shutdown(self) -> None:
         """Stop ``serve_forever`` and wait until it has returned (running requests finish on their own)."""
@@ -335,10 +374,13 @@ class FrozenFileHandler(HeadReadHandler):
 def make_server(cache: VideoCache, host: str = "127.0.0.1", port: int = 0, *,
                 workers: int = DEFAULT_WORKERS, timeout_s: float = DEFAULT_TIMEOUT_S,
                 header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, min_rate: float = DEFAULT_MIN_RATE,
-                max_per_client: int = DEFAULT_MAX_PER_CLIENT) -> FrozenFileServer:
-    """A ``FrozenFileServer`` of ``cache``'s frozen files (not started: call ``serve_forever``)."""
+                max_per_client: int = DEFAULT_MAX_PER_CLIENT,
+                max_workers_per_client: int | None = None) -> FrozenFileServer:
+    """A ``FrozenFileServer`` of ``cache``'s frozen files (not started: call ``serve_forever``).
+    ``max_workers_per_client`` None: ``default_max_workers_per_client(workers)``, half the pool."""
     server = FrozenFileServer((host, port), FrozenFileHandler, workers=workers, timeout_s=timeout_s,
-                              header_timeout_s=header_timeout_s, min_rate=min_rate, max_per_client=max_per_client)
+                              header_timeout_s=header_timeout_s, min_rate=min_rate, max_per_client=max_per_client,
+                              max_workers_per_client=max_workers_per_client)
     server.cache = cache
     server.freezing = _FileLocks()       # one first-time freeze per file; readers of existing files take no lock
     return server

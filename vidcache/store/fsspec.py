@@ -29,8 +29,8 @@ import fsspec
 import fsspec.asyn
 import xxhash
 
-from ..errors import (ConfigError, InvalidKeyError, NoSpaceError, PermissionDeniedError, ReadOnlyFilesystemError,
-                      SharedTimeoutError, SharedUnavailableError, StoreError, VidcacheError)
+from ..errors import (ConfigError, InvalidKeyError, NoSpaceError, OversizedObjectError, PermissionDeniedError,
+                      ReadOnlyFilesystemError, SharedTimeoutError, SharedUnavailableError, StoreError, VidcacheError)
 from .base import Store
 from .publish import PARTIAL_MAX_AGE_S, is_partial, publish_bytes
 
@@ -82,6 +82,29 @@ DEFAULT_TIMEOUT_S = 60.0
 STREAM_PIECE = 1 << 20
 # A listing (keys, usage, sweep) walks the whole tier: minutes on a big bucket.  This only stops a hung one.
 LIST_TIMEOUT_S = 600.0
+
+# The largest object an entry writes is its frames (a raw blob; its compact object and its manifest are
+# smaller), and the decode budget bounds those: loader.build.DEFAULT_MAX_DECODED_BYTES, or the cache's
+# max_decoded_bytes (CacheConfig.shared_store passes it).  An eighth more for a container around frames that
+# do not compress.  Anything larger no entry wrote, so it is refused before a byte is read (D33: a planted
+# 2 GiB object took 4.6 GB of memory to read).  $VIDCACHE_SHARED_MAX_OBJECT_BYTES sets the bound outright.
+ENV_MAX_OBJECT = "VIDCACHE_SHARED_MAX_OBJECT_BYTES"
+DEFAULT_DECODE_BUDGET = 8 << 30     # loader.build.DEFAULT_MAX_DECODED_BYTES (not imported: it loads torch)
+
+
+def default_max_object_bytes(decode_budget: int | None = None) -> int:
+    """The bound on one object's size: ``$VIDCACHE_SHARED_MAX_OBJECT_BYTES``, else from ``decode_budget``."""
+    raw = os.environ.get(ENV_MAX_OBJECT)
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n <= 0:
+            raise ConfigError(f"{ENV_MAX_OBJECT}={raw!r}: expected a positive number of bytes")
+        return n
+    budget = DEFAULT_DECODE_BUDGET if decode_budget is None else decode_budget
+    return budget + budget // 8
 
 # botocore's own defaults let one S3 call retry for minutes: s3fs retries 5 times around botocore's 5
 # "legacy" attempts, each allowed 15 s to read (D21: calls to a stopped endpoint were killed after 330 s).
@@ -171,14 +194,16 @@ def _detail(e: BaseException) -> str:
 
 class FsspecStore(Store):
     def __init__(self, url: str, *, read_only: bool = False, storage_options: dict | None = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, max_object_bytes: int | None = None) -> None:
         """``timeout_s``: the most one call on one object may take (default ``$VIDCACHE_SHARED_TIMEOUT_S``
         or 60 s); S3 requests also get bounded botocore timeouts and retries unless ``storage_options``
-        sets its own ``config_kwargs``."""
+        sets its own ``config_kwargs``.  ``max_object_bytes``: larger objects are refused unread
+        (``OversizedObjectError``; default ``default_max_object_bytes()``)."""
         super().__init__(read_only=read_only)
         self.url = url.rstrip("/") or url
         self.storage_options = dict(storage_options or {})
         self.timeout_s = float(timeout_s) if timeout_s is not None else _default_timeout()
+        self.max_object_bytes = default_max_object_bytes() if max_object_bytes is None else int(max_object_bytes)
         self._fs = None
         self._pid = None
 
@@ -259,17 +284,30 @@ class FsspecStore(Store):
         return StoreError(f"{tier}: {what} failed ({_detail(e)})")
 
     # --- reads ------------------------------------------------------------------
+    def _check_size(self, key: str, size) -> None:
+        """Before any byte of an object is read: refuse one larger than an entry can write."""
+        if size is not None and int(size) > self.max_object_bytes:
+            raise OversizedObjectError(
+                f"shared tier {self.url}: object {key} is {int(size)} bytes, more than any entry writes "
+                f"(bound {self.max_object_bytes}); not read. Remove it from the tier, or set {ENV_MAX_OBJECT} "
+                "if entries really are that large")
+
     def get(self, key: str) -> bytes | None:
         path = self._path(key)
-        # S3: one GET; s3fs otherwise sends a HEAD first to plan concurrent ranges
-        kwargs = {"max_concurrency": 1} if self._s3 else {}
         try:
             if self._local:
                 def read() -> bytes:
                     with _open_object(path) as fh:
+                        self._check_size(key, os.fstat(fh.fileno()).st_size)   # the file opened, not the name
                         return fh.read()
                 return self._call(f"get {key}", read)
-            return self._call(f"get {key}", self.fs.cat_file, path, **kwargs)
+            if self._s3:
+                # One GET, no HEAD to size it first (max_concurrency=1: s3fs would send one to plan ranges):
+                # not bounded here.  What is large on S3, a compact object, is read by ``stream``, which checks
+                # the GET's Content-Length before its body.
+                return self._call(f"get {key}", self.fs.cat_file, path, max_concurrency=1)
+            self._check_size(key, self._call(f"size {key}", self.fs.size, path))
+            return self._call(f"get {key}", self.fs.cat_file, path)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
@@ -288,6 +326,12 @@ class FsspecStore(Store):
                     resume = {"Range": f"bytes={got}-", "IfMatch": etag} if got else {}
                     resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **resume)
                     etag, body = resp.get("ETag"), resp["Body"]
+                    if not got:                   # the whole object's length, before its body is read
+                        try:
+                            self._check_size(key, resp.get("ContentLength"))
+                        except OversizedObjectError:
+                            body.close()
+                            raise
                     try:
                         while chunk := await body.read(STREAM_PIECE):
                             sink(chunk)
@@ -303,6 +347,7 @@ class FsspecStore(Store):
         elif self._local:
             def run() -> None:
                 with _open_object(path) as fh:
+                    self._check_size(key, os.fstat(fh.fileno()).st_size)
                     while chunk := fh.read(STREAM_PIECE):
                         sink(chunk)
         else:

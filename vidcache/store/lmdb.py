@@ -101,7 +101,14 @@ class LMDBStore(Store):
         if e is not None:
             return e
         if not self.read_only:
-            Path(self.path).mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.path).mkdir(parents=True, exist_ok=True)
+            except OSError as e:      # a full disk on a brand-new node (D41): named, as a full LMDB is (D23)
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise NoSpaceError(f"no space left to create the LMDB directory {self.path!r} ({e.strerror}): "
+                                   "free space on that disk, or point the cache (--cache, VIDCACHE_DIR) at a disk "
+                                   "with room") from e
         elif not Path(self.path, DATA_FILE).exists():
             raise StoreError(f"no LMDB cache at {self.path!r}")
         try:
@@ -109,6 +116,8 @@ class LMDBStore(Store):
         except _DAMAGED as e:
             raise _store_error(self.path, e) from e
         except lmdb.Error as e:
+            if _disk_full(self.path, e):      # a new environment's first pages on a full disk
+                raise _store_error(self.path, e) from e
             raise StoreError(f"cannot open LMDB at {self.path!r}: {e}") from e
 
     @property
