@@ -414,7 +414,7 @@ class PeerServer:
                  version: str | None = None, device: str = "cpu", host: str = "127.0.0.1"):
         import importlib.metadata as md
         import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import ThreadingHTTPServer
 
         self.peer = peer
         self.requests: list[dict] = []
@@ -426,18 +426,10 @@ class PeerServer:
         lock = threading.Lock()            # one request at a time through the peer (asyncio.run per call)
         owner = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):     # quiet
-                pass
+        from support.json_http import JSONHandler
 
-            def _reply(self, code: int, body: dict):
-                import json
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        class Handler(JSONHandler):
+            _reply = JSONHandler.reply
 
             def do_GET(self):
                 if self.path == "/server_info":

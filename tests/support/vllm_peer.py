@@ -27,6 +27,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(1, ROOT)
+if os.path.join(ROOT, "tests") not in sys.path:      # run as a script too: support.* beside it
+    sys.path.insert(1, os.path.join(ROOT, "tests"))
 
 MAX_MODEL_LEN = 32768
 
@@ -156,17 +158,10 @@ def _serve(argv) -> int:
             "mm_device_do_normalize": mm.mm_device_do_normalize, "media_io_kwargs": mm.media_io_kwargs,
             "mm_processor_kwargs": mm.mm_processor_kwargs}}}}
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    from support.json_http import JSONHandler
 
-        def _send(self, code: int, obj: dict) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class H(JSONHandler):
+        _send = JSONHandler.reply
 
         def do_GET(self):
             path = self.path.split("?")[0]

@@ -149,6 +149,19 @@ def _load_processor(path: str):
     return AutoProcessor.from_pretrained(path)
 
 
+
+def check_version(res: "ServerCheck", engine: str, version: str, verified, allow_unverified: str | None) -> None:
+    """The version verdict, for every engine: verified, unverified but named by the operator, or a cause."""
+    if version in verified:
+        res.passed.append(f"version {version} verified")
+    elif allow_unverified is not None and allow_unverified == version:
+        res.passed.append(f"version {version} UNVERIFIED, allowed explicitly")
+    else:
+        res.causes.append(Cause("version", f"{engine} {version} is not verified; vidcache is verified with "
+                                           f"{', '.join(verified)} (to run anyway, name it: "
+                                           f"--allow-unverified-{engine.lower()} {version})"))
+
+
 def check_server(url: str, family: str | None = None, mode: str | None = None, processor=None,
                  allow_unverified: str | None = None, server_torchcodec: str | None = None,
                  cache=None, timeout: float = 120.0, token_layout: str | None = None) -> ServerCheck:
@@ -169,14 +182,7 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
 
     # --- version
     res.version = version = str(info.get("version"))
-    if version in VERIFIED_SGLANG_VERSIONS:
-        res.passed.append(f"version {version} verified")
-    elif allow_unverified is not None and allow_unverified == version:
-        res.passed.append(f"version {version} UNVERIFIED, allowed explicitly")
-    else:
-        res.causes.append(Cause("version", f"SGLang {version} is not verified; vidcache is verified with "
-                                           f"{', '.join(VERIFIED_SGLANG_VERSIONS)} (to run anyway, name it: "
-                                           f"--allow-unverified-sglang {version})"))
+    check_version(res, "SGLang", version, VERIFIED_SGLANG_VERSIONS, allow_unverified)
 
     # --- model and family
     model_type = model.get("model_type")

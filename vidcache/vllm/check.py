@@ -25,7 +25,7 @@ from ..errors import ParityError
 from ..options import PATCH_SIZE
 from ..processing import layout_of, request_layout
 from ..sglang.check import (FAMILY_OF_MODEL_TYPE, Cause, ServerCheck, _error_message, _http, _load_processor,
-                            canary_handle)
+                            canary_handle, check_version)
 from ..token_layout import LAYOUTS, implied_layout, layout_difference
 from .config import ENGINE_KWARGS, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags, settings_problems
 from .request import chat_expected_ids, chat_request, check_prompt_ids
@@ -58,14 +58,7 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
         return res
 
     res.version = version = str(ver.get("version"))
-    if version in VERIFIED_VLLM_VERSIONS:
-        res.passed.append(f"version {version} verified")
-    elif allow_unverified is not None and allow_unverified == version:
-        res.passed.append(f"version {version} UNVERIFIED, allowed explicitly")
-    else:
-        res.causes.append(Cause("version", f"vLLM {version} is not verified; vidcache is verified with "
-                                           f"{', '.join(VERIFIED_VLLM_VERSIONS)} (to run anyway, name it: "
-                                           f"--allow-unverified-vllm {version})"))
+    check_version(res, "vLLM", version, VERIFIED_VLLM_VERSIONS, allow_unverified)
 
     if processor is None:
         root = card.get("root")
