@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from test_pipeline_exact import reference  # qwen-vl-utils itself, decord backend forced
+from support.qwen_vl_utils_ref import reference  # qwen-vl-utils itself, decord backend forced
 
 from vidcache import VideoOptions
 from vidcache.errors import DecodeError, FrameBudgetError, UnsupportedCodecError

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
+from support.qwen_vl_utils_ref import reference
+
 from vidcache import VideoOptions
 from vidcache.loader.build import decode_sample_resize
-
-qvu = pytest.importorskip("qwen_vl_utils.vision_process")
 
 CASES = [
     ("h264_30", {}),
@@ -20,26 +20,6 @@ CASES = [
     ("h264_long", {"fps": 6.0, "min_pixels": 3136}),          # 960 frames at 6 fps -> capped at 768
     ("h264_long", {"max_frames": 40, "min_frames": 8}),
 ]
-
-
-def reference(path, patch, grid=None, **kw):
-    """qwen-vl-utils itself, with the decord backend forced (its backend choice is otherwise environmental).
-
-    ``grid`` swaps only the factor its smart_resize rounds to (pixel bounds still follow ``patch``): the
-    reference for an explicit ``size_factor`` such as stock SGLang's 224, which qwen-vl-utils has no option for.
-    """
-    saved = qvu.get_video_reader_backend, qvu.smart_resize
-    qvu.get_video_reader_backend = lambda: "decord"
-    if grid is not None:
-        qvu.smart_resize = lambda h, w, factor, **b: saved[1](h, w, factor=grid, **b)
-    try:
-        (video, meta), sample_fps = qvu.fetch_video({"type": "video", "video": path, **kw}, image_patch_size=patch,
-                                                   return_video_sample_fps=True, return_video_metadata=True)
-    finally:
-        qvu.get_video_reader_backend, qvu.smart_resize = saved
-    u8 = video.to(torch.uint8)
-    assert torch.equal(u8.float(), video), "qwen-vl-utils output is not integer-valued"
-    return u8, meta, sample_fps
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
