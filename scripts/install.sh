@@ -35,7 +35,7 @@ log "installing $TORCH_PAIR"
 "${PIP[@]}" install $TORCH_PAIR
 log "installing vidcache"
 if [[ $WITH_TESTS == 1 ]]; then
-  "${PIP[@]}" install -e ".[test]"
+  "${PIP[@]}" install -e ".[test]" -c scripts/test-constraints.txt    # the test venv's transformers, fixed
   bash scripts/setup_peer_env.sh .venv/bin/python
   bash scripts/setup_miles.sh .venv/bin/python      # a no-op without MILES_SRC; fails loudly when Miles is given but broken
   # The other verified transformers releases, for the token-layout matrix (tests/test_transformers_matrix.py,
