@@ -71,3 +71,16 @@ def test_upgrade_converts_and_frees_the_raw_blob_only_once_the_object_is_proven(
     assert out["converted"] == 1 and out["freed_bytes"] > 0 and c.shared.get(K.cas(blob)) is None
     assert torch.equal(VideoCache(tmp_path / "fresh", shared=str(tier)).frames(key), frames)
     assert c.upgrade_shared([key])["already"] == 1
+
+
+def test_a_rerun_of_an_upgrade_that_stopped_before_freeing_counts_what_is_already_compact(tmp_path, raw_tier):
+    """D41: an upgrade interrupted after publishing objects but before deleting the raw blobs; its re-run said
+    "converted" for objects already there.  They are "already" now, and their raw blobs are freed."""
+    tier, key, frames = raw_tier
+    c = VideoCache(tmp_path / "b", shared=str(tier))
+    m = c.manifest(key)
+    assert c.compact.publish(key, frames, m)                           # the first run got this far
+    out = c.upgrade_shared([key])
+    assert (out["converted"], out["already"]) == (0, 1) and out["freed_bytes"] > 0
+    assert c.shared.get(K.cas(m.frames.blob)) is None
+    assert torch.equal(VideoCache(tmp_path / "fresh", shared=str(tier)).frames(key), frames)

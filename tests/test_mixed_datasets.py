@@ -171,3 +171,19 @@ def test_hf_dataset_and_its_directory_prewarm_with_progress(tmp_path, media, cap
     assert (s.new + s.hit, s.failed) == (1, 0), s.failures      # found (a missing path would fail the row)
     h = LazyVideoDataset(str(tmp_path / "rel"), cache, opts)[0].handles[0]
     assert h.source == str(tmp_path / "a.mkv") and h.resolve(build=False)
+
+
+def test_rows_with_no_media_where_prewarm_looks_say_what_they_carry(tmp_path, media):
+    """D41, CLI only on a fresh node: rows whose videos sit under a field prewarm does not read ({"messages": ...}
+    chat rows) gave "0 new, 0 hit, 0 failed" and nothing else.  Now it names where it looked and what the rows
+    carry; with the field named, the same rows build."""
+    rows = [{"messages": [{"role": "user", "content": "<video> what happens?"}], "clips": ["a.mkv"]},
+            {"messages": [{"role": "user", "content": "<video> and here?"}], "clips": ["b.mkv"]}]
+    ds = _jsonl(media / "chat.jsonl", rows)
+    r = _cli("prewarm", str(ds), "--no-progress", cache=tmp_path / "node", cwd=tmp_path)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "none of the 2 rows has a video or an image under 'videos'" in r.stderr, r.stderr
+    assert "clips, messages" in r.stderr
+    r = _cli("prewarm", str(ds), "--no-progress", "--input-key", "messages", "--multimodal-keys", '{"video": "clips"}',
+             cache=tmp_path / "node", cwd=tmp_path)
+    assert r.returncode == 0 and "2 new" in r.stderr + r.stdout and "none of the" not in r.stderr, r.stdout + r.stderr

@@ -160,6 +160,11 @@ class CompactLayout:
                 continue                     # verify reports it; nothing is converted from a bad copy
             if copy.compact:
                 out["already"] += 1
+            elif self.sound(key, copy.manifest) is not None:
+                # Converted by an earlier run that stopped before freeing the raw frames (D41: such a re-run
+                # said "converted"): already compact, and its raw blob may go now.
+                out["already"] += 1
+                touched.add(copy.manifest.frames.blob)
             elif self.publish(key, as_tensor(copy.frames, copy.manifest), copy.manifest):
                 out["converted"] += 1
                 touched.add(copy.manifest.frames.blob)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -328,7 +329,11 @@ def plan(dataset, options: VideoOptions, input_key: str = "prompt", video_key: s
             os.path.abspath(dataset) if isinstance(dataset, (str, os.PathLike)) else os.getcwd())
     patch = PATCH_SIZE[options.family]
     reader = _check_keys(dataset, input_key, video_key, image_key, split)
+    n_rows, seen_keys = 0, set()
     for i, row, line in _rows(reader, split, progress):
+        n_rows += 1
+        if len(seen_keys) < 64 and isinstance(row, dict):
+            seen_keys.update(map(str, row))
         where = {"row": i, "line": line} if line is not None else {"row": i}
         try:
             if isinstance(row, BadRowError):
@@ -347,6 +352,13 @@ def plan(dataset, options: VideoOptions, input_key: str = "prompt", video_key: s
         for src, opts, k in items:
             t = tasks.setdefault(k, (src, opts, []))
             t[2].append(i)
+    if n_rows and not tasks and not bad_rows:
+        # Every row read, none with media under the keys asked for (D41: rows of {"messages": ...} gave "0 new,
+        # 0 hit, 0 failed" and nothing else): say where prewarm looked and what the rows carry.
+        logging.getLogger("vidcache").warning(
+            "vidcache: none of the %d rows has a video or an image under %s (the rows carry: %s); name the fields "
+            "with --multimodal-keys '{\"video\": \"<field>\"}' (Python: video_key=, image_key=)", n_rows,
+            " or ".join(repr(k) for k in (video_key, image_key) if k), ", ".join(sorted(seen_keys)) or "nothing")
     return [Task(s, o, tuple(r)) for s, o, r in tasks.values()], bad_rows
 
 
