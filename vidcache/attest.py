@@ -82,8 +82,12 @@ def compare(expected: dict, got: dict, rows: torch.Tensor | None = None) -> list
 
 def check_record(rec) -> dict:
     """A record from a request, checked for shape and types before anything compares it (never trusted)."""
-    if not isinstance(rec, dict) or set(rec) - {*FIELDS, "values"}:
-        raise ValueError("attestation must be an object with the keys " + ", ".join((*FIELDS, "values")))
+    if not isinstance(rec, dict) or set(rec) - {*FIELDS, "values", "position"}:
+        raise ValueError("attestation must be an object with the keys " + ", ".join((*FIELDS, "values", "position")))
+    pos = rec.get("position")
+    if pos is not None and not (isinstance(pos, list) and len(pos) == 2 and all(type(x) is int for x in pos)
+                                and 0 <= pos[0] < pos[1] < 1 << 16):
+        raise ValueError("attestation position must be [index, count] with 0 <= index < count")
     grid = rec.get("video_grid_thw")
     if not (isinstance(grid, list) and len(grid) == 3 and all(type(x) is int and 0 < x < 1 << 20 for x in grid)):
         raise ValueError("attestation video_grid_thw must be 3 positive integers")

@@ -791,7 +791,8 @@ def test_plugin_mode_matches_the_sglang_plugin(env, monkeypatch):
     from vidcache.sglang.ref import REF_VERSION
     from vidcache.token_layout import MODEL_LAYOUT
     assert refs == [{"vidcache_ref": REF_VERSION, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False),
-                     "attest": attest(s.multimodal_train_inputs)[0], "layout": MODEL_LAYOUT[h.options.family]}]
+                     "attest": {**attest(s.multimodal_train_inputs)[0], "position": [0, 1]},
+                     "layout": MODEL_LAYOUT[h.options.family]}]
     assert refs[0]["tier"] == h.tier
     assert_matches_sglang(s, srv.log[-1])
     sfps = h.metadata["sample_fps"]

@@ -201,3 +201,48 @@ def test_the_canary_is_one_entry_however_often_it_runs(tmp_path):
         assert all(canary_handle("qwen2_5_vl", mode, c).resolve() == first for _ in range(3))
     assert len(c.entries()) == 2
     assert len(list(c.shared.keys(K.SRC))) == 1                  # one source (the fixed canary path), two options
+
+
+def test_references_reordered_or_partly_attested_are_refused(server, tmp_path):
+    """D41: an attestation bound the pixels to the key, not to the position, so two same-shaped attested videos
+    sent swapped were served (200) at each other's placeholders; and one attested video made a request count as
+    attested.  Now each record names its position, and a request is attested whole or not at all."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    import vidcache
+    from vidcache import VideoOptions
+    from vidcache.processing import VIDEO_PLACEHOLDER
+    from vidcache.sglang.ref import parse_ref, ref_uri
+    from vidcache.sglang.request import ATTESTATION_MARK, prepare
+    from vidcache.testing.videos import make_video
+
+    proc = build_processor(FAMILY)
+    clips = [make_video(str(tmp_path / f"{n}.mp4"), codec="h264", width=160, height=120, fps=10, n_frames=20,
+                        seed=s) for n, s in (("a", 1), ("b", 2))]
+    handles = [vidcache.get(c, VideoOptions(family=FAMILY, fps=2.0)) for c in clips]
+    prompt = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}{VIDEO_PLACEHOLDER}Same?<|im_end|>\n"
+    prep = prepare(proc, prompt, handles, mode="plugin")
+    recs = [parse_ref(u) for u in prep.video_data]
+    assert recs[0]["attest"]["video_grid_thw"] == recs[1]["attest"]["video_grid_thw"]       # same shape
+
+    def post(video_data):
+        body = json.dumps({"input_ids": prep.compact_ids, "video_data": video_data,
+                           "sampling_params": {"max_new_tokens": 0}, "return_prompt_token_ids": True}).encode()
+        req = urllib.request.Request(server.url + "/generate", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    status, body = post(prep.video_data)
+    assert status == 200 and body["prompt_token_ids"] == prep.expanded_ids
+    status, body = post(prep.video_data[::-1])
+    msg = body["error"]["message"]
+    assert status == 400 and ATTESTATION_MARK in msg and "sent as video 1 of 2, attested as video 2 of 2" in msg, msg
+    bare = ref_uri(recs[1]["tier"], recs[1]["key"], None, recs[1].get("layout"))
+    status, body = post([prep.video_data[0], bare])
+    msg = body["error"]["message"]
+    assert status == 400 and "1 of 2 vidcache references of this request carry no attestation" in msg, msg

@@ -138,6 +138,11 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
         expanded = to_layout(processor, expanded, manifests, mode, layout)
     records = (attest_tensors(tensors, values=attest == "values") if handles and attest and mode == "plugin"
                else [None] * len(handles))     # (video tensors only: the image ones are added below)
+    for i, rec in enumerate(records):
+        if rec is not None:
+            # Where the trainer put this video: a record binds its tensors to the key and to the position, so
+            # references reordered on the way (same shapes) are refused, not served to the wrong placeholder.
+            rec["position"] = [i, len(records)]
     if images:
         tensors = {**tensors, "pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
     uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout)

@@ -144,17 +144,23 @@ def check_attestations(refs: list[VidcacheVideo], ret) -> None:
             logger.warning("vidcache: %d plugin-mode request(s) without attestation served unchecked "
                            "(prepare(..., attest=False) or an older client)", n)
         return
+    if any(v.attest is None for v in refs):
+        # Attested or not, a request is one or the other: one attested video must not make the rest look checked.
+        Counters.add("rejected")
+        raise ValueError(f"{ATTESTATION_MARK}: {sum(v.attest is None for v in refs)} of {len(refs)} vidcache "
+                         "references of this request carry no attestation; send all with one (prepare(...)) or none")
     tensors = model_tensors(ret)
     got = attest(tensors)
     rows = tensors["pixel_values_videos"]
     start = 0
     problems = []
-    for v, g in zip(refs, got):
+    for i, (v, g) in enumerate(zip(refs, got)):
         t, h, w = g["video_grid_thw"]
         n = t * h * w
-        if v.attest is not None:
-            diffs = compare(v.attest, g, rows[start:start + n])
-            problems += [f"{v.key}: {d}" for d in diffs]
+        pos = v.attest.get("position")
+        if pos is not None and pos != [i, len(refs)]:
+            problems.append(f"{v.key}: sent as video {i + 1} of {len(refs)}, attested as video {pos[0] + 1} of {pos[1]}")
+        problems += [f"{v.key}: {d}" for d in compare(v.attest, g, rows[start:start + n])]
         start += n
     if problems:
         Counters.add("rejected")
