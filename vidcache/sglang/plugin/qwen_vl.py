@@ -159,7 +159,8 @@ def check_attestations(refs: list[VidcacheVideo], ret) -> None:
         n = t * h * w
         pos = v.attest.get("position")
         if pos is not None and pos != [i, len(refs)]:
-            problems.append(f"{v.key}: sent as video {i + 1} of {len(refs)}, attested as video {pos[0] + 1} of {pos[1]}")
+            problems.append(f"{v.key}: sent as video {i + 1} of {len(refs)}, attested as video {pos[0] + 1} of "
+                            f"{pos[1]}")
         problems += [f"{v.key}: {d}" for d in compare(v.attest, g, rows[start:start + n])]
         start += n
     if problems:
