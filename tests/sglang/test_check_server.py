@@ -118,14 +118,25 @@ def test_cli_check_server_on_a_fresh_node(tmp_path, monkeypatch):
         assert r.returncode == 0, r.stdout + r.stderr
 
 
+def _generate(url: str, input_ids: list[int], video_data: list[str]) -> tuple[int, dict]:
+    """(status, JSON body) of one SGLang ``/generate`` call with the prompt's ids returned: 400s included."""
+    import json
+    import urllib.error
+    import urllib.request
+    body = json.dumps({"input_ids": input_ids, "video_data": video_data,
+                       "sampling_params": {"max_new_tokens": 0}, "return_prompt_token_ids": True}).encode()
+    req = urllib.request.Request(url + "/generate", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def test_drift_is_rejected_on_every_request_and_unattested_ones_are_counted(server, videos):
     """The plugin inside SGLang's real processor code checks every request, not only the canary: with the
     server's image_mean off in the 4th decimal, each attested request is a 400 naming its key and the field;
     honest requests pass; a reference without attestation is served and counted."""
-    import json
-    import urllib.error
-    import urllib.request
-
     import vidcache
     from vidcache import VideoOptions
     from vidcache.processing import VIDEO_PLACEHOLDER
@@ -137,14 +148,7 @@ def test_drift_is_rejected_on_every_request_and_unattested_ones_are_counted(serv
     handles = [vidcache.get(videos[n], VideoOptions(family=FAMILY, fps=2.0)) for n in ("ffv1_10_small", "mjpeg_24")]
 
     def post(prep):
-        body = json.dumps({"input_ids": prep.compact_ids, "video_data": prep.video_data,
-                           "sampling_params": {"max_new_tokens": 0}, "return_prompt_token_ids": True}).encode()
-        req = urllib.request.Request(server.url + "/generate", body, {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return _generate(server.url, prep.compact_ids, prep.video_data)
 
     for h in handles:                                              # honest: served, ids match
         prep = prepare(proc, prompt, [h], mode="plugin")
@@ -207,10 +211,6 @@ def test_references_reordered_or_partly_attested_are_refused(server, tmp_path):
     """D41: an attestation bound the pixels to the key, not to the position, so two same-shaped attested videos
     sent swapped were served (200) at each other's placeholders; and one attested video made a request count as
     attested.  Now each record names its position, and a request is attested whole or not at all."""
-    import json
-    import urllib.error
-    import urllib.request
-
     import vidcache
     from vidcache import VideoOptions
     from vidcache.processing import VIDEO_PLACEHOLDER
@@ -228,14 +228,7 @@ def test_references_reordered_or_partly_attested_are_refused(server, tmp_path):
     assert recs[0]["attest"]["video_grid_thw"] == recs[1]["attest"]["video_grid_thw"]       # same shape
 
     def post(video_data):
-        body = json.dumps({"input_ids": prep.compact_ids, "video_data": video_data,
-                           "sampling_params": {"max_new_tokens": 0}, "return_prompt_token_ids": True}).encode()
-        req = urllib.request.Request(server.url + "/generate", body, {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+        return _generate(server.url, prep.compact_ids, video_data)
 
     status, body = post(prep.video_data)
     assert status == 200 and body["prompt_token_ids"] == prep.expanded_ids
