@@ -18,7 +18,6 @@ import os
 from typing import TYPE_CHECKING, Callable
 
 from . import keys
-from .digest import Digest
 from .errors import ConfigError, DigestMismatchError
 from .frozen_copies import FrozenCopies
 from .integrity import compact_frames, tier_copy
@@ -47,13 +46,15 @@ class CompactLayout:
         self.tmp_dir, self.writes = tmp_dir, writes
 
     @staticmethod
-    def key(key: str) -> str:
-        """Where the shared tier keeps entry ``key``'s compact object."""
-        from .frozen_file import FORMATS
-        return keys.frozen(key, FORMATS[COMPACT_FORMAT].suffix)
+    def suffix() -> str:
+        """The compact object's file suffix (its frozen-file format's)."""
+        from .frozen_file import FORMATS     # here: frozen_file brings numpy, which manifest-only commands skip
+        return FORMATS[COMPACT_FORMAT].suffix
 
-    def suffix(self, key: str) -> str:
-        return self.key(key)[len(keys.FROZEN) + len(key):]
+    @classmethod
+    def key(cls, key: str) -> str:
+        """Where the shared tier keeps entry ``key``'s compact object."""
+        return keys.frozen(key, cls.suffix())
 
     def holds(self, key: str, blob: str) -> bool:
         """Whether the shared tier holds entry ``key``'s frames in either form: raw (``cas/``) or compact."""
@@ -82,29 +83,28 @@ class CompactLayout:
                 return False
             with open(path, "rb") as fh:
                 value = fh.read()
-        ckey = self.key(key)
-        if self._put(key, ckey, value):
+        if self._put(key, value):
             return True
         # Something is at the name already (another node's object, or a stock-mode frozen file of the older
         # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
         # then deleted the entry's only sound frames).  An unsound one is moved aside and ours takes its place.
         if (there := self.sound(key, m)) is None:
             log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
-                        ckey, key)
+                        self.key(key), key)
             self.frozen.quarantine("shared", key, f.suffix)
-            if self._put(key, ckey, value):
+            if self._put(key, value):
                 return True
             if (there := self.sound(key, m)) is None:   # a racing node's
                 return False
-        rkey = keys.frozen_digest(key, f.suffix)
-        if self.shared.get(rkey) is None:      # D39: a crash between the object and its record left none
-            self.shared.set_many({rkey: str(Digest.of(there)).encode()})
+        if self.shared.get(keys.frozen_digest(key, f.suffix)) is None:   # D39: a crash between the object and
+            self.frozen.record("shared", key, f.suffix, there)              # its record left none
         return True
 
-    def _put(self, key: str, ckey: str, value: bytes) -> bool:
-        if not self.shared.set_if_not_exists(ckey, value):
+    def _put(self, key: str, value: bytes) -> bool:
+        """Publish ``value`` as ``key``'s object if the name is free, its digest recorded after it."""
+        if not self.shared.set_if_not_exists(self.key(key), value):
             return False
-        self.frozen.record("shared", key, self.suffix(key), value)
+        self.frozen.record("shared", key, self.suffix(), value)
         return True
 
     def sound(self, key: str, m: Manifest) -> bytes | None:
@@ -133,7 +133,7 @@ class CompactLayout:
         raw, why = compact_frames(value, m)
         if why is not None:
             value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
-            self.frozen.quarantine("shared", m.key, self.suffix(m.key))
+            self.frozen.quarantine("shared", m.key, self.suffix())
             raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
         self.verified.add(m.frames.blob)
         if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on

@@ -42,12 +42,16 @@ class Repair:
         its source (bad frozen files are quarantined here and remade by the serving layer)."""
         keys.check_key(key)
         copies = [(name, tier, self.copy(name, tier, key)) for name, tier in self.tiers]
-        shared_m = next((c.manifest for name, _, c in copies if name == "shared"), None)
+        shared = next((c for name, _, c in copies if name == "shared"), None)
 
         def decodes(tier: str, suffix: str, value: bytes) -> bool:
             # The compact object needs no record to be checked: the frames it decodes to have the blob's digest.
-            return (tier == "shared" and suffix == self.compact.suffix(key) and shared_m is not None
-                    and compact_frames(value, shared_m)[0] is not None)
+            # tier_copy decoded it already when the tier holds no raw frames; else it is decoded here.
+            if tier != "shared" or suffix != self.compact.suffix() or shared is None or shared.manifest is None:
+                return False
+            if shared.compact:
+                return shared.problem is None
+            return compact_frames(value, shared.manifest)[0] is not None
         problems = self.frozen.problems(key, repair, decodes)
         has_shared = any(name == "shared" for name, _ in self.tiers)
         for name, tier, c in copies:
@@ -75,7 +79,7 @@ class Repair:
             if c.problem is None:
                 good = good or (c.raw, c.frames, c.manifest)
             elif c.compact:
-                self.frozen.quarantine("shared", key, self.compact.suffix(key))
+                self.frozen.quarantine("shared", key, self.compact.suffix())
             elif c.blob is not None:
                 self.quarantine(keys.cas(c.manifest.frames.blob))
         self.forget(key)
