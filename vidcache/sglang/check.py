@@ -150,6 +150,16 @@ def _load_processor(path: str):
 
 
 
+def server_processor_dir(res: "ServerCheck", path, what: str) -> str | None:
+    """The directory the server names for its processor (``what``), when this machine has it too: the canary is
+    built from it.  Else a ``processor`` cause on ``res`` and None."""
+    if path and os.path.isdir(path):
+        return path
+    res.causes.append(Cause("processor", f"{what} ({path!r}) is not a directory here: pass --processor DIR (the "
+                                         "checkpoint's processor) to send the canary"))
+    return None
+
+
 def check_version(res: "ServerCheck", engine: str, version: str, verified, allow_unverified: str | None) -> None:
     """The version verdict, for every engine: verified, unverified but named by the operator, or a cause."""
     if version in verified:
@@ -227,15 +237,9 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
                                                   "plugin (which does not decode)"))
 
     # --- the canary
-    if processor is None:
-        tok_path = model.get("tokenizer_path")
-        if tok_path and os.path.isdir(tok_path):
-            processor = tok_path
-        else:
-            res.causes.append(Cause("processor", f"the server's processor ({tok_path!r}) is not a directory here: "
-                                                 "pass --processor DIR (the checkpoint's processor) to send the "
-                                                 "canary"))
-            return res
+    if processor is None and (processor := server_processor_dir(res, model.get("tokenizer_path"),
+                                                                "the server's processor")) is None:
+        return res
     if isinstance(processor, (str, os.PathLike)):
         processor = _load_processor(str(processor))
     _canary(res, url, processor, family, mode, cache, timeout, info, token_layout)

@@ -25,7 +25,7 @@ from ..errors import ParityError
 from ..options import PATCH_SIZE
 from ..processing import layout_of, request_layout
 from ..sglang.check import (FAMILY_OF_MODEL_TYPE, Cause, ServerCheck, _error_message, _http, _load_processor,
-                            canary_handle, check_version)
+                            canary_handle, check_version, server_processor_dir)
 from ..token_layout import LAYOUTS, implied_layout, layout_difference
 from .config import ENGINE_KWARGS, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags, settings_problems
 from .request import chat_expected_ids, chat_request, check_prompt_ids
@@ -60,14 +60,9 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
     res.version = version = str(ver.get("version"))
     check_version(res, "vLLM", version, VERIFIED_VLLM_VERSIONS, allow_unverified)
 
-    if processor is None:
-        root = card.get("root")
-        if root and os.path.isdir(root):
-            processor = root
-        else:
-            res.causes.append(Cause("processor", f"the served model's root ({root!r}) is not a directory here: pass "
-                                                 "--processor DIR (the checkpoint's processor) to send the canary"))
-            return res
+    if processor is None and (processor := server_processor_dir(res, card.get("root"),
+                                                                "the served model's root")) is None:
+        return res
     if family is None and isinstance(processor, (str, os.PathLike)):
         family = _family_of(str(processor))
     if family is None:
