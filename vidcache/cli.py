@@ -111,6 +111,7 @@ def _cache(args, read_only: bool = False, **settings):
     """The node's cache.  Read-only on a fresh node (no local directory yet) with a shared tier: the
     shared tier behind an empty local tier, and nothing is created on the node."""
     from .cache import VideoCache
+    from .config import CacheConfig
     path = _node_dir(args)
     if read_only and not _has_local(path) and not _shared_url(args, path):
         from .errors import ConfigError
@@ -118,7 +119,7 @@ def _cache(args, read_only: bool = False, **settings):
                           "URL); nothing was created there")
     shared = getattr(args, "shared", None)
     cache = VideoCache(path, shared=shared if isinstance(shared, str) else None, read_only=read_only,
-                       **({"decoder": args.decoder} if getattr(args, "decoder", None) else {}), **settings)
+                       decoder=getattr(args, "decoder", CacheConfig.decoder), **settings)
     if read_only and cache.shared is not None:
         cache.identity        # a tier that is not one (a typo, a lost meta/tier) is named now, not as "0 entries"
     return cache
