@@ -42,6 +42,8 @@ DEFAULTS = {
     "vidcache_video_key": None,         # None: --multimodal-keys' "video" entry, else "videos"
     "vidcache_require_cached": False,
     "vidcache_prepare_cache_size": 16,
+    "vidcache_read_ahead": None,        # None: two rollout batches (2 x --rollout-batch-size), else 64; 0: off
+    "vidcache_read_ahead_bytes": 2 << 30,
     "vidcache_check_servers": True,
     "vidcache_allow_unverified_sglang": None,
     "vidcache_server_torchcodec": None,
@@ -81,6 +83,12 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                    help="fail at data-source init if a video is not prewarmed (default: build on first use)")
     g.add_argument("--vidcache-prepare-cache-size", type=int, default=DEFAULTS["vidcache_prepare_cache_size"],
                    help="prepared prompts kept per rollout process, so a group's n samples share one processor run")
+    g.add_argument("--vidcache-read-ahead", type=int, default=DEFAULTS["vidcache_read_ahead"], metavar="SAMPLES",
+                   help="prompts ahead of the sampler whose videos the data source pulls into this node's local tier "
+                        "in the background (default: two rollout batches; 0: off)")
+    g.add_argument("--vidcache-read-ahead-bytes", type=int, default=DEFAULTS["vidcache_read_ahead_bytes"],
+                   metavar="BYTES", help="frames pulled ahead and not yet sampled, at most (default: %(default)s; "
+                                         "with a local budget, at most half of it)")
     g.add_argument("--vidcache-check-servers", action=argparse.BooleanOptionalAction,
                    default=DEFAULTS["vidcache_check_servers"],
                    help="before the first rollout, run `vidcache check-server` against every SGLang server and "
@@ -128,6 +136,17 @@ def video_options_from_args(args) -> VideoOptions:
     return VideoOptions(family=family_from_args(args), **kw)
 
 
+def read_ahead_from_args(args) -> int:
+    """``--vidcache-read-ahead``, else two rollout batches (what the next two ``get_samples`` take), else 64."""
+    n = _get(args, "vidcache_read_ahead")
+    if n is None:
+        batch = getattr(args, "rollout_batch_size", None) if args is not None else None
+        n = 2 * int(batch) if batch else 64
+    if int(n) < 0:
+        raise ValueError(f"--vidcache-read-ahead must be 0 (off) or a number of prompts, got {n}")
+    return int(n)
+
+
 def video_key_from_args(args) -> str:
     if (k := _get(args, "vidcache_video_key")) is not None:
         return k
@@ -147,6 +166,8 @@ class VidcacheConfig:
     require_cached: bool = False
     prepare_cache_size: int = 16
     shared: str | None = None         # shared tier URL (None: $VIDCACHE_SHARED)
+    read_ahead: int = 64              # prompts ahead of the sampler (0: off)
+    read_ahead_bytes: int = 2 << 30
 
     def __post_init__(self) -> None:
         for name, allowed in (("mode", MODES), ("train_inputs", TRAIN_INPUTS)):
@@ -172,7 +193,8 @@ class VidcacheConfig:
                    train_inputs=_get(args, "vidcache_train_inputs"), video_key=video_key_from_args(args),
                    require_cached=bool(_get(args, "vidcache_require_cached")),
                    prepare_cache_size=int(_get(args, "vidcache_prepare_cache_size")),
-                   shared=_get(args, "vidcache_shared"))
+                   shared=_get(args, "vidcache_shared"), read_ahead=read_ahead_from_args(args),
+                   read_ahead_bytes=int(_get(args, "vidcache_read_ahead_bytes")))
 
     def open_cache(self):
         """This node's cache: the flags if given, else ``$VIDCACHE_DIR`` / ``$VIDCACHE_SHARED``; one per process.

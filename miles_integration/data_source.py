@@ -8,6 +8,9 @@ and only replaces the eager ``miles.utils.data.Dataset`` with ``VidcacheDataset`
 * a ``Sample`` is built when Miles slices ``dataset.samples``: the chat-templated prompt (each video item renders
   as ``<|vision_start|><|video_pad|><|vision_end|>``), ``metadata["vidcache"]`` = handle dicts, and
   ``multimodal_inputs=None`` so Miles' default code never calls the processor on it;
+* the videos of the next ``--vidcache-read-ahead`` prompts, in the sampler's order (across epochs, and from the
+  restored position after ``load``), are pulled into this node's local tier in the background
+  (``vidcache.read_ahead``), so a fresh node's first reads do not wait on the shared tier;
 * ``--rollout-max-prompt-len`` filters on the expanded length computed from cached manifests (token counts),
   never by decoding; a video that is not cached yet cannot be measured and is kept (it is built on first use),
   or rejected at init with ``--vidcache-require-cached``.
@@ -34,6 +37,7 @@ from miles.utils import chat_template_utils
 from miles.utils.data import _build_messages
 from miles.utils.types import Sample
 
+import vidcache
 from vidcache import NotCachedError
 from vidcache.dataset import IMAGE_TOKEN, VIDEO_TOKEN, LazyVideoDataset, ensure_inline, image_source
 from vidcache.processing import VIDEO_PLACEHOLDER, expanded_ids
@@ -150,6 +154,23 @@ class VidcacheDataset:
 
     def __getitem__(self, idx):
         return self.samples[idx]
+
+    def order(self, epoch_id: int, shuffle: bool) -> np.ndarray:
+        """The rows in the order Miles samples them in epoch ``epoch_id``: ``shuffle``'s permutation, drawn the
+        same way from a generator of its own (Miles' global ``random`` state is left alone)."""
+        if not shuffle:
+            return self.origin_rows
+        permutation = list(range(len(self.origin_rows)))
+        random.Random(self.seed + epoch_id).shuffle(permutation)
+        return self.origin_rows[permutation]
+
+    def upcoming(self, epoch_id: int, offset: int, shuffle: bool):
+        """Each row's video handles, in the order Miles' data source takes the rows from ``(epoch_id, offset)``
+        on, across epochs: what read-ahead pulls."""
+        while len(self.origin_rows):
+            for r in self.order(epoch_id, shuffle)[offset:]:
+                yield self.rows[int(r)].handles
+            epoch_id, offset = epoch_id + 1, 0
 
     def shuffle(self, new_epoch_id: int) -> None:
         """Exactly ``miles.utils.data.Dataset.shuffle``: same seed, same permutation."""
@@ -319,9 +340,51 @@ class VidcacheDataSource(RolloutDataSourceWithBuffer):
 
     def __init__(self, args):
         self.config = VidcacheConfig.from_args(args)
+        self._ahead, self._ahead_at = None, None
         with _miles_builds(functools.partial(VidcacheDataset, config=self.config)):
             super().__init__(args)
+        self._follow()
+
+    # --- read-ahead in the sampler's order (vidcache.readahead) ---------------------------------------------
+    def get_samples(self, num_samples):
+        samples = super().get_samples(num_samples)
+        self._follow()
+        return samples
+
+    def load(self, rollout_id=None):
+        super().load(rollout_id)
+        self._follow()             # a resume: from the restored epoch and offset
+
+    def _follow(self) -> None:
+        """Keep read-ahead just past the sampler's position (epoch, offset): moved on when the sampler moved
+        forward along the order, started again there otherwise (a resume)."""
+        if self.config.read_ahead <= 0 or self.dataset is None:
+            return
+        at = (self.epoch_id, self.sample_offset)
+        if self._ahead is not None:
+            if (n := self._taken_since(self._ahead_at, at)) is not None:
+                self._ahead.advance(n)
+                self._ahead_at = at
+                return
+            self._ahead.close()
+        shuffle = bool(getattr(self.args, "rollout_shuffle", False))
+        self._ahead = vidcache.read_ahead(self.dataset.upcoming(*at, shuffle=shuffle), depth=self.config.read_ahead,
+                                          max_bytes=self.config.read_ahead_bytes)
+        self._ahead_at = at
+
+    def _taken_since(self, before: tuple[int, int], after: tuple[int, int]) -> int | None:
+        """Rows the sampler took between two positions, when ``after`` is on from ``before`` (within an epoch or
+        into the next); None otherwise."""
+        (e0, o0), (e1, o1) = before, after
+        if e1 == e0 and o1 >= o0:
+            return o1 - o0
+        if e1 == e0 + 1:
+            return len(self.dataset.origin_rows) - o0 + o1
+        return None
 
     def close(self) -> None:
-        """Called by ``RolloutManager.dispose``.  The cache is the node's per-process shared one,
-        also used by the generate function in this process, so it is left open."""
+        """Called by ``RolloutManager.dispose``: stops read-ahead.  The cache is the node's per-process shared
+        one, also used by the generate function in this process, so it is left open."""
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None

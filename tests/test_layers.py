@@ -30,7 +30,7 @@ FLOORS = [
     ("cache", ["cache"]),
     ("node", ["node"]),
     ("trainer", ["processing", "device"]),
-    ("references", ["handle", "dataset"]),
+    ("references", ["handle", "dataset", "readahead"]),
     ("rollout", ["sglang", "vllm"]),
     ("jobs", ["prewarming", "cli", "doctor", "contact_sheet", "testing", ""]),   # "": the lazy facade, vidcache/__init__
 ]

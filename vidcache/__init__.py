@@ -13,7 +13,7 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   cache                           VideoCache: lookup, build, read, housekeeping
   node                            the caches open in this process, and the lookup by identity
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)
-  handle, dataset                 lazy references above the cache; handles hand their frames down
+  handle, dataset, readahead      lazy references above the cache; handles hand their frames down; read-ahead
   sglang/, vllm/                  the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader
   prewarming, cli, doctor         the jobs
 """
@@ -30,6 +30,7 @@ _EXPORTS = {
     "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
     "train_inputs": "vidcache.handle",
     "train_inputs_batch": "vidcache.handle", "LazyVideoDataset": "vidcache.dataset",
+    "read_ahead": "vidcache.readahead", "ReadAhead": "vidcache.readahead",
     "prewarm": "vidcache.prewarming", "PrewarmSummary": "vidcache.prewarming",
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",
 }
@@ -46,6 +47,7 @@ if TYPE_CHECKING:      # the same names, for type checkers and IDEs (at run time
     from vidcache.keys import cache_key
     from vidcache.options import VideoOptions
     from vidcache.prewarming import PrewarmSummary, prewarm
+    from vidcache.readahead import ReadAhead, read_ahead
     from vidcache.sglang.request import PreparedRequest, prepare
 
 

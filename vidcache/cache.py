@@ -38,6 +38,7 @@ from .options import VideoOptions
 from .repair import Repair
 from .store.backfill import Backfill
 from .store.base import Store
+from .store.single_flight import SingleFlight
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +64,7 @@ class VideoCache:
         self.config = config if config is not None else CacheConfig.resolve(path, shared, **settings)
         self._manifests: dict[str, Manifest] = {}
         self._verified: set[str] = set()        # blob digests checked in this process
+        self._found_corrupt: dict[str, DigestMismatchError] = {}    # blob digest -> why its copy was quarantined
         self.store: Store = self.config.build_store(check=self._check_pulled)
         self._identity: str | None = None
         # The shared tier's failure when the identity was read and the remembered one served instead.
@@ -71,6 +73,7 @@ class VideoCache:
         # Local copies of expanded compact objects commit behind the read that expanded them; a full disk
         # costs only the copy, by the tiers' own rule (TieredStore.local_copy_failed).
         self._backfill = Backfill(self.local, getattr(self.store, "local_copy_failed", lambda e, n: False))
+        self._pulls = SingleFlight(self.layout.locks_dir)    # one pull of an entry per node (read_ahead)
         self.frozen = FrozenCopies(self.layout, self.local, self.shared, self.read_only)
         self.compact = CompactLayout(self.shared, self.local, frozen=self.frozen, backfill=self._backfill,
                                      verified=self._verified, tmp_dir=self.tmp_dir,
@@ -318,19 +321,50 @@ class VideoCache:
         if (self.shared is None or self.config.shared_layout != "compact" or key in self._manifests
                 or self.local.exists_many([keys.ac(key)])[0]):
             return self.require_manifest(key), UNFETCHED
+        if self._waited_for_pull(key):       # another thread or process of this node brought it meanwhile
+            return self.require_manifest(key), UNFETCHED
         compact = self.compact.prefetch(key)   # decoded as it arrives (store/prefetch)
         return self.require_manifest(key), compact
 
+    def _waited_for_pull(self, key: str) -> bool:
+        """Wait while this node pulls ``key`` elsewhere (``bring_local``), so a read does not pull it again;
+        True if it waited.  Bounded: a stuck puller is outwaited, then the read pulls by itself."""
+        return not self.local.read_only and self._pulls.wait(key, self._pull_wait_s)
+
+    @property
+    def _pull_wait_s(self) -> float:
+        # a pull is one bounded transfer of the object plus its decode and local commit
+        return 2 * getattr(self.shared, "timeout_s", 60.0)
+
+    def bring_local(self, key: str) -> bool:
+        """Make this node's local tier hold entry ``key``, manifest and frames, committed: pulled from the
+        shared tier if it must be, checked as every pull is (a corrupt copy is quarantined and raised, never
+        kept).  True if it pulled.  One pull per key per node: a pull of ``key`` under way in another thread
+        or process of this node is waited for, then found local (``store/single_flight``)."""
+        if self.shared is None or self.local.read_only:
+            return False
+        with self._pulls.hold(key, self._pull_wait_s):
+            m = self.require_manifest(key)           # a pulled manifest is kept locally by the tiers
+            blob_key = keys.cas(m.frames.blob)
+            self._backfill.wait(blob_key)
+            if self.local.exists_many([blob_key])[0]:
+                return False
+            with self._blob(m, pulling=True):
+                pass
+            self._backfill.wait(blob_key)            # committed before the lock goes: other processes read it
+        return True
+
     @contextlib.contextmanager
-    def _blob(self, m: Manifest, verify: bool | None = None, compact=UNFETCHED):
+    def _blob(self, m: Manifest, verify: bool | None = None, compact=UNFETCHED, pulling: bool = False):
         """The frame bytes of ``m``, checked for presence and size, and for their digest when due.
-        ``compact``: the shared tier's compact object, when ``_manifest_for_read`` fetched it already."""
+        ``compact``: the shared tier's compact object, when ``_manifest_for_read`` fetched it already.
+        ``pulling``: the caller holds the entry's pull lock (``bring_local``): no waiting for it."""
         fr = m.frames
         blob_key = keys.cas(fr.blob)
         if verify is None:
             verify = self.config.verify_reads == "always" or (
                 self.config.verify_reads == "first" and fr.blob not in self._verified)
-        why = None
+        why = self._found_corrupt.get(fr.blob)   # a copy quarantined earlier here: the cause, if none is left
         for attempt in range(2):
             with contextlib.ExitStack() as stack:
                 try:   # every pull from the shared tier is checked before it is served: it may raise too
@@ -338,6 +372,9 @@ class VideoCache:
                     if self.shared is not None:    # local, then the compact object, then raw frames
                         self._backfill.wait(blob_key)      # this process's copy, if its commit is under way
                         view = stack.enter_context(self.local.read(blob_key))
+                        if (view is None and attempt == 0 and compact is UNFETCHED and not pulling
+                                and self._waited_for_pull(m.key)):
+                            view = stack.enter_context(self.local.read(blob_key))   # what that pull brought
                         # The object fetched beforehand serves the first attempt only: after a quarantine,
                         # what the tier holds now.
                         if view is None and (expanded := self.compact.expand(
@@ -360,6 +397,10 @@ class VideoCache:
                     return
             # Corrupt: never served.  Move the bad copies aside, then try once more (a sound shared copy).
             self._quarantine_bad(blob_key)
+            with self._lock:        # so that a later read (after read-ahead met it, say) names the cause
+                if len(self._found_corrupt) > 4096:
+                    self._found_corrupt.clear()
+                self._found_corrupt[fr.blob] = why
             if attempt:
                 raise why
 

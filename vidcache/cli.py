@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   vidcache demo --dir demo && vidcache prewarm demo/dataset.jsonl --cache demo/cache --workers 2
   VIDCACHE_DIR=/local/vidcache VIDCACHE_SHARED=s3://bucket/vidcache vidcache prewarm train.jsonl --ray
   vidcache ls && vidcache stats && vidcache doctor
+  VIDCACHE_SHARED=s3://bucket/vidcache vidcache pull train.jsonl     # a fresh node, before the job starts
   vidcache prewarm train.jsonl --family qwen2_5_vl --fps 2 --max-pixels 200704 --failures failures.jsonl
   vidcache inspect clip.mp4 --family qwen3_vl --contact-sheet clip.png
   vidcache sglang-config --family qwen2_5_vl --mode plugin
@@ -194,6 +195,31 @@ def cmd_prewarm(args) -> int:
     if s.was_interrupted:
         return 130                        # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
     return 0 if (s.failed == 0 or args.allow_failures) else 1
+
+
+def cmd_pull(args) -> int:
+    """Bring the entries a dataset's rows name from the shared tier into this node's local tier, in row order:
+    read-ahead (``vidcache.read_ahead``) with nobody reading behind it."""
+    from .dataset import LazyVideoDataset
+    from .errors import ConfigError
+    from .readahead import read_ahead
+    if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
+        raise ConfigError(f"dataset not found: {args.dataset}")
+    keys = _multimodal_keys(args.multimodal_keys)
+    cache = _cache(args)
+    if cache.shared is None:
+        raise ConfigError(f"{cache!r} has no shared tier to pull from (set VIDCACHE_SHARED or pass --shared URL)")
+    print(f"pull: {args.dataset} from {cache.config.shared} into {cache.path}", file=sys.stderr)
+    rows = LazyVideoDataset(args.dataset, cache, _options(args), input_key=args.input_key,
+                            video_key=keys.get("video", "videos"), image_key=keys.get("image"), split=args.split)
+    with read_ahead((r.handles for r in rows), depth=args.depth, max_bytes=args.max_bytes) as ahead:
+        for _ in ahead:
+            pass
+    cache.sync()
+    c = ahead.counts
+    print(f"pull: {c['pulled']} pulled, {c['local']} already here, {c['not_cached']} not cached "
+          f"(`vidcache prewarm` builds them), {c['failed']} failed")
+    return 1 if c["failed"] else 0
 
 
 def _path_note(options) -> str:
@@ -580,6 +606,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-interval", type=float, default=30.0, metavar="S",
                    help="without a terminal (ray job submit, k8s logs): one progress line every S seconds")
     p.set_defaults(fn=cmd_prewarm)
+
+    from . import readahead
+    p = add("pull", help="bring the entries of a dataset's rows from the shared tier into this node's local tier "
+                         "(before a job starts on a fresh node)")
+    p.add_argument("dataset", help="the prompt file or dataset directory prewarm was given")
+    p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
+    _add_cache_flags(p)
+    _add_option_flags(p)
+    p.add_argument("--input-key", default="prompt", help="the row's prompt field (Miles' --input-key)")
+    p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
+    p.add_argument("--depth", type=int, default=readahead.DEPTH, help="rows pulled ahead at once")
+    p.add_argument("--max-bytes", type=parse_size, default=readahead.MAX_BYTES, metavar="SIZE",
+                   help="frames in flight at once")
+    p.set_defaults(fn=cmd_pull)
 
     p = add("ls", help="list entries: source, family, T x H x W, tokens, bytes, tier")
     _add_cache_flags(p)

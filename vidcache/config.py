@@ -52,6 +52,7 @@ class NodeLayout:
     tmp_dir = property(lambda self: os.path.join(self.root, "tmp"))            # per-process downloads
     frozen_dir = property(lambda self: os.path.join(self.root, "frozen"))      # this node's frozen files
     quarantine_dir = property(lambda self: os.path.join(self.root, "quarantine"))   # bad frozen files, aside
+    locks_dir = property(lambda self: os.path.join(self.root, "locks"))        # one fetch per key (single_flight)
     node_file = property(lambda self: os.path.join(self.root, NODE_FILE))      # identity, shared tier
 
     def has_local_tier(self) -> bool:

@@ -1,0 +1,330 @@
+"""Read-ahead (``vidcache.readahead``) and the one-pull-per-node rule under it (``VideoCache.bring_local``,
+``store/single_flight``): entries land in a fresh node's local tier before they are read, exactly; the window is
+bounded; a pull is never repeated by another thread or process of the node; a failure reaches the read, not the
+thread; a corrupt object is never kept; close and kill -9 leave the local tier sound; the CLI's ``pull``."""
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import vidcache
+from vidcache import VideoCache, VideoOptions
+from vidcache import keys as K
+from vidcache.compact import CompactLayout
+from vidcache.errors import DigestMismatchError
+from vidcache.store.single_flight import SingleFlight
+
+CLIPS = ("ffv1_10_small", "mjpeg_24", "h264_30", "mpeg4_25_odd")
+
+
+def until(cond, timeout=60.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def tier(tmp_path, videos):
+    """A directory tier that node A filled with 4 compact entries: (shared path, keys, node A's frames)."""
+    shared = str(tmp_path / "nfs")
+    a = VideoCache(tmp_path / "a", shared=shared)
+    ks = [a.ensure(videos[n], VideoOptions()).key for n in CLIPS]
+    frames = {k: a.frames(k) for k in ks}
+    a.close()
+    return shared, ks, frames
+
+
+def local_blobs(cache, ks):
+    return [cache.local.exists_many([K.cas(cache.manifest(k).frames.blob)])[0] for k in ks]
+
+
+def test_entries_land_locally_before_they_are_read_and_are_exact(tmp_path, tier):
+    shared, ks, frames = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    handles = [vidcache.from_key(k, b) for k in ks]
+    assert not any(local_blobs(b, ks))
+    ahead = vidcache.read_ahead(handles, depth=8)
+    until(lambda: ahead.counts["pulled"] == len(ks))
+    ahead.close()
+    b.sync()
+    assert all(local_blobs(b, ks))
+    # The shared tier goes away: the node's own copies are whole, and exact.
+    os.rename(shared, shared + ".gone")
+    for k in ks:
+        assert torch.equal(_local_frames(b, k), frames[k])
+
+
+def _local_frames(cache, key):
+    """``key``'s frames from the local tier alone (no shared tier is consulted)."""
+    m = cache.manifest(key)
+    with cache.local.read(K.cas(m.frames.blob)) as v:
+        assert v is not None
+        return torch.frombuffer(bytearray(m.frames.decode(v)), dtype=torch.uint8).reshape(m.frames.shape)
+
+
+def test_iterating_yields_the_samples_in_order_each_a_local_hit(tmp_path, tier, monkeypatch):
+    shared, ks, frames = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    samples = [[vidcache.from_key(k, b)] for k in ks]
+    pulls = []
+    real = CompactLayout.prefetch
+    monkeypatch.setattr(CompactLayout, "prefetch", lambda self, key: pulls.append(key) or real(self, key))
+    seen = []
+    with vidcache.read_ahead(samples, depth=2, workers=1) as ahead:
+        for s in ahead:
+            (h,) = s
+            assert b.local.exists_many([K.cas(h.manifest.frames.blob)])[0]     # here before the read
+            assert torch.equal(h.frames(), frames[h.key])
+            seen.append(h.key)
+    assert seen == ks
+    assert sorted(pulls) == sorted(ks)        # one pull each, by read-ahead: the reads pulled nothing
+
+
+def test_the_window_is_bounded_by_samples_and_by_bytes(tmp_path, tier):
+    shared, ks, _ = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    handles = [vidcache.from_key(k, b) for k in ks]
+    # max_bytes of 1: one sample ahead at a time, whatever its size
+    with vidcache.read_ahead(handles, depth=64, max_bytes=1) as ahead:
+        until(lambda: ahead.counts["pulled"] == 1)
+        time.sleep(0.5)
+        assert ahead.counts["pulled"] == 1 and local_blobs(b, ks) == [True, False, False, False]
+        next(ahead)
+        until(lambda: ahead.counts["pulled"] == 2)
+        time.sleep(0.3)
+        assert ahead.counts["pulled"] == 2
+    c = VideoCache(tmp_path / "c", shared=shared)
+    with vidcache.read_ahead([vidcache.from_key(k, c) for k in ks], depth=2) as ahead:
+        until(lambda: ahead.counts["pulled"] == 2)
+        time.sleep(0.5)
+        assert ahead.counts["pulled"] == 2          # depth 2: two samples ahead of a reader that has read none
+
+
+def test_a_local_budget_halves_the_window(tmp_path, tier):
+    shared, ks, _ = tier
+    sizes = [VideoCache(tmp_path / "x", shared=shared).manifest(k).frames.nbytes for k in ks]
+    budget = 2 * sizes[0]                     # half of it: room for the first sample only
+    b = VideoCache(tmp_path / "b", shared=shared, max_local_bytes=budget)
+    with vidcache.read_ahead([vidcache.from_key(k, b) for k in ks], depth=64) as ahead:
+        until(lambda: ahead.counts["pulled"] >= 1)
+        time.sleep(0.5)
+        assert ahead.counts["pulled"] == 1 and ahead.max_bytes == budget // 2
+
+
+def test_one_pull_per_key_for_many_samples_and_threads(tmp_path, tier, monkeypatch):
+    shared, ks, frames = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    pulls = []
+    real = CompactLayout.expand
+
+    def slow_expand(self, m, value=None, **kw):
+        pulls.append(m.key)
+        time.sleep(0.3)                       # a slow tier: the other askers arrive while it is under way
+        return real(self, m, value, **kw)
+    monkeypatch.setattr(CompactLayout, "expand", slow_expand)
+    k = ks[0]
+    # the same video in 6 samples of one read-ahead, two read-aheads, and a direct reader
+    samples = [[vidcache.from_key(k, b)] for _ in range(6)]
+    one, two = vidcache.read_ahead(samples, workers=2), vidcache.read_ahead(samples, workers=2)
+    time.sleep(0.05)
+    got = b.frames(k)
+    one.close(), two.close()
+    assert torch.equal(got, frames[k])
+    assert pulls == [k]
+
+
+def _pull_in_child(node, shared, key, barrier, out):
+    from vidcache.compact import CompactLayout as CL
+    real = CL.expand
+
+    def slow_expand(self, m, value=None, **kw):
+        time.sleep(0.5)
+        return real(self, m, value, **kw)
+    CL.expand = slow_expand
+    c = VideoCache(node, shared=shared)
+    c.manifest(key)
+    barrier.wait()
+    out.put(c.bring_local(key))
+    c.close()
+
+
+def test_one_pull_per_key_across_the_processes_of_a_node(tmp_path, tier):
+    shared, ks, frames = tier
+    node = str(tmp_path / "b")
+    VideoCache(node, shared=shared).close()
+    ctx = multiprocessing.get_context("spawn")
+    barrier, out = ctx.Barrier(3), ctx.Queue()
+    procs = [ctx.Process(target=_pull_in_child, args=(node, shared, ks[1], barrier, out)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert sorted(got) == [False, False, True]       # one process pulled; the others found it local
+    assert torch.equal(VideoCache(node, shared=shared).frames(ks[1]), frames[ks[1]])
+
+
+def test_a_dead_puller_does_not_block_the_node(tmp_path, tier):
+    """The lock goes with its holder: a process killed mid-pull leaves nobody waiting, and the local tier sound."""
+    shared, ks, frames = tier
+    node = tmp_path / "b"
+    code = ("import sys, time, os, signal; from vidcache import VideoCache; from vidcache.compact import CompactLayout as CL\n"
+            "real = CL.expand\n"
+            "def hang(self, m, value=None, **kw):\n"
+            "    print('pulling', flush=True); time.sleep(60)\n"
+            "CL.expand = hang\n"
+            f"c = VideoCache({str(node)!r}, shared={shared!r}); c.bring_local({ks[2]!r})\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "pulling"
+    lock = SingleFlight(str(node / "locks"))
+    with lock.hold(ks[2], 0.0) as held:
+        assert not held                                   # the child holds it
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    with lock.hold(ks[2], 0.0) as held:
+        assert held                                       # gone with it
+    b = VideoCache(node, shared=shared)
+    assert b.bring_local(ks[2]) is True and torch.equal(b.frames(ks[2]), frames[ks[2]])
+    assert b.verify(ks[2]) == []
+
+
+def test_a_stuck_puller_is_outwaited(tmp_path):
+    lock = SingleFlight(str(tmp_path / "locks"))
+    with lock.hold("k", 1.0) as held:
+        assert held
+        t = threading.Thread(target=lambda: out.append(lock.wait("k", 0.3)))
+        out = []
+        t.start()
+        t.join(10)
+        assert out == [True]                              # waited, then gave up on the holder: never a hang
+        with lock.hold("k", 0.2) as again:
+            assert not again
+
+
+def test_a_corrupt_object_is_never_kept_and_the_failure_reaches_the_read(tmp_path, tier):
+    shared, ks, _ = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    k = ks[3]
+    path = b.shared._path(CompactLayout.key(k))
+    raw = bytearray(open(path, "rb").read())
+    raw[len(raw) // 2] ^= 0x01
+    open(path, "wb").write(bytes(raw))
+    h = vidcache.from_key(k, b)
+    with vidcache.read_ahead([h]) as ahead:
+        until(lambda: ahead.counts["failed"] == 1)
+        assert next(ahead) is h                           # the sample comes, its pull failed quietly
+    assert local_blobs(b, [k]) == [False]                 # nothing of it was kept
+    with pytest.raises(DigestMismatchError, match=k):
+        h.frames()                                        # the read meets the failure, by its specific error
+
+
+def test_entries_not_cached_are_left_to_the_read_which_builds_them(tmp_path, videos, count_decodes):
+    b = VideoCache(tmp_path / "b", shared=str(tmp_path / "nfs"))
+    h = vidcache.lazy(videos["ffv1_10_small"], VideoOptions(), b)
+    with vidcache.read_ahead([h]) as ahead:
+        assert next(ahead) is h
+    assert ahead.counts == {"pulled": 0, "local": 0, "not_cached": 1, "failed": 0} and count_decodes == []
+    assert h.frames().shape[0] > 0 and len(count_decodes) == 1
+
+
+def test_close_cancels_what_has_not_started(tmp_path, tier, monkeypatch):
+    shared, ks, _ = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    real = CompactLayout.expand
+    started = threading.Event()
+
+    def slow_expand(self, m, value=None, **kw):
+        started.set()
+        time.sleep(0.5)
+        return real(self, m, value, **kw)
+    monkeypatch.setattr(CompactLayout, "expand", slow_expand)
+    ahead = vidcache.read_ahead([vidcache.from_key(k, b) for k in ks], workers=1)
+    assert started.wait(30)
+    ahead.close()
+    assert ahead.counts["pulled"] == 1                    # the one under way finished; the rest never started
+    assert not [t for t in threading.enumerate() if t.name.startswith("vidcache-read-ahead") and t.is_alive()]
+    b.sync()
+    assert local_blobs(b, ks).count(True) == 1
+
+
+def test_advance_moves_past_samples_read_elsewhere(tmp_path, tier):
+    shared, ks, _ = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    with vidcache.read_ahead([vidcache.from_key(k, b) for k in ks], depth=1) as ahead:
+        ahead.advance(3)                                  # the reader took three by itself
+        until(lambda: local_blobs(b, ks)[3])              # the fourth comes ahead of it
+    b.sync()
+    assert local_blobs(b, ks)[1:3] == [False, False]      # the second and third were never pulled (the first
+                                                          # may have been under way already)
+
+
+def test_kill_mid_read_ahead_leaves_the_local_tier_sound(tmp_path, tier):
+    shared, ks, frames = tier
+    node = tmp_path / "b"
+    code = ("import os, signal, vidcache; from vidcache import VideoCache\n"
+            f"c = VideoCache({str(node)!r}, shared={shared!r})\n"
+            f"a = vidcache.read_ahead([vidcache.from_key(k, c) for k in {ks!r}], workers=2)\n"
+            "import time\n"
+            "while a.counts['pulled'] < 1: time.sleep(0.001)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    r = subprocess.run([sys.executable, "-c", code], timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    b = VideoCache(node, shared=shared)
+    assert all(b.verify(k) == [] for k in ks)
+    for k in ks:
+        assert torch.equal(b.frames(k), frames[k])
+
+
+# --- the CLI, as a user runs it on a fresh node --------------------------------------------------------------
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def vc(args, node, shared):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node), "VIDCACHE_SHARED": str(shared)}
+    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, videos):
+    data = tmp_path / "train.jsonl"
+    rows = [{"prompt": "<video> a", "videos": [videos["ffv1_10_small"]]},
+            {"prompt": "<video><video> b", "videos": [videos["mjpeg_24"], videos["ffv1_10_small"]]},
+            {"prompt": "text only"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shared, a, b = tmp_path / "nfs", tmp_path / "node_a", tmp_path / "node_b"
+    r = vc(["prewarm", str(data), "--no-progress"], a, shared)
+    assert r.returncode == 0, r.stderr
+    r = vc(["pull", str(data)], b, shared)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "pull: 2 pulled, 0 already here, 0 not cached" in r.stdout, r.stdout
+    r = vc(["pull", str(data)], b, shared)
+    assert "pull: 0 pulled, 2 already here" in r.stdout, r.stdout
+    # node B draws the same contact sheets as node A with the tier gone (its own copies only)
+    sheets = {}
+    for node in (a, b):
+        if node == b:
+            shutil.move(str(shared), str(tmp_path / "elsewhere"))
+        for name in ("ffv1_10_small", "mjpeg_24"):
+            out = tmp_path / f"{node.name}_{name}.png"
+            r = vc(["inspect", videos[name], "--contact-sheet", str(out)], node, shared)
+            assert r.returncode == 0, r.stderr
+            sheets[node.name, name] = out.read_bytes()
+    assert all(sheets["node_a", n] == sheets["node_b", n] for n in ("ffv1_10_small", "mjpeg_24"))
+
+
+def test_cli_pull_without_a_shared_tier_is_a_config_error(tmp_path):
+    data = tmp_path / "t.jsonl"
+    data.write_text("{}\n")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "n")}
+    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "pull", str(data)], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "[config]" in r.stderr and "no shared tier" in r.stderr and "Traceback" not in r.stderr

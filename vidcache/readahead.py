@@ -1,0 +1,216 @@
+"""Read-ahead: the entries the next samples will read, brought into this node's local tier before they are asked for.
+
+A fresh node's first read of an entry pulls it from the shared tier (a download, the compact object's decode, a
+local commit): a wait on the critical path of every training step that meets a new video.  The reader knows the
+order it reads in (the sampler's), so those pulls can run ahead of it in the background, and each read is then
+a local hit::
+
+    with vidcache.read_ahead(samples, depth=64) as ahead:   # samples: handles, or lists of one sample's handles
+        for sample in ahead:                                  # the same samples, in the same order
+            inputs = vidcache.train_inputs(processor, sample)
+
+or, where another loop does the reading, ``ahead.advance(n)`` after each ``n`` samples are taken.
+
+What stays true:
+  * bounded: at most ``depth`` samples ahead of the reader and ``max_bytes`` of frames pulled ahead of it and not
+    yet passed.  With a local budget (``max_local_bytes``), at most half of it: LRU eviction takes the least
+    recently used entries, so what comes ahead never evicts what the reader is on;
+  * one pull per key per node, however many samples, threads or processes ask (``VideoCache.bring_local``);
+  * a pull is the cache's own and checked as every pull is: a corrupt copy is quarantined, never kept or served.
+    A failed pull is logged and counted, never raised in a thread; the read that needs the entry meets the
+    failure itself (it pulls again, and raises the cache's specific error if that fails too);
+  * ``close`` (or the end of the ``with`` block) cancels the pulls not started and waits for those under way,
+    each bounded by the shared tier's timeout; a killed process leaves the local tier as LMDB left it, sound;
+  * read-ahead never builds: an entry not cached yet is left to its read, which builds it as it would have.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from typing import Iterable
+
+from .errors import NotCachedError
+from .handle import VideoHandle
+
+log = logging.getLogger("vidcache")
+
+DEPTH = 64                    # samples ahead of the reader
+MAX_BYTES = 2 << 30           # frames pulled ahead of the reader and not yet passed
+WORKERS = 2                   # pulls at once (each overlaps its download and its decode already)
+
+
+class _Sample:
+    """One sample of the window: its place in the order, what it names, and the pulls it started (their bytes
+    are its charge)."""
+    __slots__ = ("index", "item", "pulls", "charge")
+
+    def __init__(self, index: int, item) -> None:
+        self.index, self.item, self.pulls, self.charge = index, item, [], 0
+
+
+class ReadAhead:
+    """Pulls the entries of upcoming samples into the local tier in a background thread; see the module."""
+
+    def __init__(self, samples: Iterable, *, depth: int = DEPTH, max_bytes: int = MAX_BYTES,
+                 workers: int = WORKERS) -> None:
+        if depth < 1 or max_bytes < 1 or workers < 1:
+            raise ValueError(f"depth, max_bytes and workers must be positive, got {depth}, {max_bytes}, {workers}")
+        self.depth, self.max_bytes = depth, max_bytes
+        self.counts = {"pulled": 0, "local": 0, "not_cached": 0, "failed": 0}
+        self._samples = iter(samples)
+        self._cond = threading.Condition()
+        self._window: collections.deque[_Sample] = collections.deque()   # taken, not yet passed by the reader
+        self._taken = 0                  # samples taken from ``samples``
+        self._read = 0                   # samples the reader has passed
+        self._ahead_bytes = 0
+        self._pulls: dict[tuple[str, str], Future] = {}      # (cache identity, key): one pull each
+        self._end: BaseException | None = None                # StopIteration, or what the samples raised
+        self._closed = False
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vidcache-read-ahead")
+        self._thread = threading.Thread(target=self._run, name="vidcache-read-ahead", daemon=True)
+        self._thread.start()
+
+    # --- the reader's side ------------------------------------------------------------------------
+    def __iter__(self) -> "ReadAhead":
+        return self
+
+    def __next__(self):
+        """The next sample, once the pulls it started are done, so the read that follows is a local hit (the
+        pool takes pulls in order, so the next sample's are under way or next; a failed one is the read's to
+        meet)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._window or self._end is not None or self._closed)
+            if not self._window:
+                if isinstance(self._end, StopIteration) or self._end is None:
+                    raise StopIteration
+                raise self._end
+            s = self._window.popleft()
+            self._pass(1, [s])
+        for f in s.pulls:
+            with contextlib.suppress(CancelledError):
+                f.exception()          # waits; a failure is the read's to meet
+        return s.item
+
+    def advance(self, n: int) -> None:
+        """The reader took the next ``n`` samples by itself: read-ahead moves on past them, without waiting
+        (pulls of theirs not started are cancelled; one under way finishes, and a read of it waits for it
+        rather than pulling again; samples not reached yet are skipped unread)."""
+        with self._cond:
+            passed = []
+            while self._window and self._window[0].index < self._read + n:
+                passed.append(self._window.popleft())
+            self._pass(n, passed)
+        for s in passed:
+            for f in s.pulls:
+                f.cancel()
+
+    def _pass(self, n: int, passed: list[_Sample]) -> None:
+        self._read += n
+        self._ahead_bytes -= sum(s.charge for s in passed)
+        self._cond.notify_all()
+
+    # --- the background side --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or (self._taken - self._read < self.depth
+                                                             and self._ahead_bytes < self.max_bytes))
+                if self._closed:
+                    return
+            try:
+                item = next(self._samples)
+            except BaseException as e:    # noqa: BLE001 -- the end, or the samples' own error: the reader's to see
+                with self._cond:
+                    self._end = e
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                s = _Sample(self._taken, item)
+                self._taken += 1
+                if s.index < self._read:        # the reader passed it before it came: nothing to pull
+                    continue
+            for h in _handles(item):
+                self._schedule(s, h)
+            with self._cond:
+                if s.index < self._read:        # passed while its pulls were being started
+                    for f in s.pulls:
+                        f.cancel()
+                    continue
+                self._window.append(s)
+                self._ahead_bytes += s.charge
+                self._cond.notify_all()
+
+    def _schedule(self, s: _Sample, h: VideoHandle) -> None:
+        try:
+            key = h.resolve(build=False)       # a lazy handle's source: one stat or HEAD, never a decode
+            m = h.cache.manifest(key)
+        except NotCachedError:
+            m = None
+        except Exception as e:     # noqa: BLE001 -- an unreachable source or tier: the read meets it
+            self._failed(h, e)
+            return
+        if m is None:
+            self._count("not_cached")
+            return
+        ident = (h.tier, key)
+        if ident in self._pulls:               # another sample of the window asked already: one pull
+            s.pulls.append(self._pulls[ident])
+            return
+        cache = h.cache
+        if self._limit(cache) < self.max_bytes:
+            self.max_bytes = self._limit(cache)
+        fut = self._pool.submit(self._pull, cache, key)
+        self._pulls[ident] = fut
+        fut.add_done_callback(lambda f, ident=ident: self._pulls.pop(ident, None) if f.cancelled() else None)
+        s.pulls.append(fut)
+        s.charge += m.frames.nbytes
+
+    @staticmethod
+    def _limit(cache) -> int:
+        budget = cache.config.max_local_bytes
+        return MAX_BYTES if budget is None else max(1, budget // 2)
+
+    def _pull(self, cache, key: str) -> None:
+        try:
+            self._count("pulled" if cache.bring_local(key) else "local")
+        except Exception as e:     # noqa: BLE001 -- never raised in this thread: the read that needs it pulls again
+            self._failed(key, e)
+
+    def _count(self, what: str) -> None:
+        with self._cond:
+            self.counts[what] += 1
+
+    def _failed(self, what, e: BaseException) -> None:
+        self._count("failed")
+        log.info("vidcache: read-ahead of %s failed (%s: %s); its read will try again", what, type(e).__name__, e)
+
+    # --- the end ----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Cancel the pulls not started, wait for those under way (each bounded by the tier's timeout)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._thread.join()
+
+    def __enter__(self) -> "ReadAhead":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _handles(item) -> list[VideoHandle]:
+    if isinstance(item, VideoHandle):
+        return [item]
+    return [h for h in (item or ()) if isinstance(h, VideoHandle)]
+
+
+def read_ahead(samples: Iterable, *, depth: int = DEPTH, max_bytes: int = MAX_BYTES,
+               workers: int = WORKERS) -> ReadAhead:
+    """Start pulling the entries of ``samples`` (each a ``VideoHandle`` or a list of one sample's handles, in
+    the order they will be read) into this node's local tier, ahead of the reader; see ``vidcache.readahead``."""
+    return ReadAhead(samples, depth=depth, max_bytes=max_bytes, workers=workers)
