@@ -164,13 +164,16 @@ class VidcacheDataset:
         random.Random(self.seed + epoch_id).shuffle(permutation)
         return self.origin_rows[permutation]
 
-    def upcoming(self, epoch_id: int, offset: int, shuffle: bool):
-        """Each row's video handles, in the order Miles' data source takes the rows from ``(epoch_id, offset)``
-        on, across epochs: what read-ahead pulls."""
+    def upcoming_rows(self, epoch_id: int, offset: int, shuffle: bool):
+        """The rows in the order Miles' data source takes them from ``(epoch_id, offset)`` on, across epochs."""
         while len(self.origin_rows):
             for r in self.order(epoch_id, shuffle)[offset:]:
-                yield self.rows[int(r)].handles
+                yield int(r)
             epoch_id, offset = epoch_id + 1, 0
+
+    def upcoming(self, epoch_id: int, offset: int, shuffle: bool):
+        """Each of ``upcoming_rows``' video handles: what read-ahead pulls."""
+        return (self.rows[r].handles for r in self.upcoming_rows(epoch_id, offset, shuffle))
 
     def shuffle(self, new_epoch_id: int) -> None:
         """Exactly ``miles.utils.data.Dataset.shuffle``: same seed, same permutation."""

@@ -88,16 +88,49 @@ def hydrate(mm: dict | None, processor, device: torch.device | None = None) -> d
     return hydrate_all([mm], processor, device)[0]
 
 
+# --- read-ahead over a step's micro-batches (train side) ------------------------------------------------------
+_STEP: dict = {}        # this process's step: "data" (the id of its rollout data) and its "ahead" (a ReadAhead)
+
+
+def _handle_groups(data_iterator):
+    """The step's handles, one list per sample, in the order its micro-batches take the samples."""
+    mms = data_iterator.rollout_data.get("multimodal_train_inputs") or []
+    batches = getattr(data_iterator, "micro_batch_indices", None)
+    order = [i for b in batches for i in b] if batches else range(len(mms))
+    for i in order:
+        if mms[i] and HANDLE_KEY in mms[i]:
+            yield decode_handles(mms[i][HANDLE_KEY])[1]
+
+
+def read_ahead_step(data_iterator) -> None:
+    """When a step's rollout data is new in this process, pull its later micro-batches' entries into this node's
+    local tier while the earlier ones train (``vidcache.read_ahead``; the previous step's read-ahead is closed)."""
+    data = getattr(data_iterator, "rollout_data", None)
+    if data is None or _STEP.get("data") == id(data):
+        return
+    if (old := _STEP.pop("ahead", None)) is not None:
+        old.close()
+    _STEP.update(data=id(data), ahead=vidcache.read_ahead(_handle_groups(data_iterator)))
+
+
+def _passed(mms) -> int:
+    return sum(1 for mm in mms if mm and HANDLE_KEY in mm)
+
+
 class HydratingIterator:
-    """Wraps Miles' ``DataIterator``: ``get_next`` returns micro-batches with handle entries rebuilt."""
+    """Wraps Miles' ``DataIterator``: ``get_next`` returns micro-batches with handle entries rebuilt (the step's
+    later entries read ahead, ``read_ahead_step``)."""
 
     def __init__(self, inner, processor):
         self._inner, self._processor = inner, processor
 
     def get_next(self, keys):
+        read_ahead_step(self._inner)
         batch = self._inner.get_next(keys)
         mm = batch.get("multimodal_train_inputs")
         if mm is not None:
+            if (ahead := _STEP.get("ahead")) is not None:
+                ahead.advance(_passed(mm))       # these are read now, by hydrate_all
             batch["multimodal_train_inputs"] = hydrate_all(list(mm), self._processor)
         return batch
 

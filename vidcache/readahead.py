@@ -162,7 +162,10 @@ class ReadAhead:
         cache = h.cache
         if self._limit(cache) < self.max_bytes:
             self.max_bytes = self._limit(cache)
-        fut = self._pool.submit(self._pull, cache, key)
+        with self._cond:           # close() marks itself under this lock before it shuts the pool down
+            if self._closed:
+                return
+            fut = self._pool.submit(self._pull, cache, key)
         self._pulls[ident] = fut
         fut.add_done_callback(lambda f, ident=ident: self._pulls.pop(ident, None) if f.cancelled() else None)
         s.pulls.append(fut)

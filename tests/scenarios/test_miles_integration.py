@@ -57,6 +57,7 @@ from miles_integration.meta import KEY, handles_from_metadata, request_state  # 
 from miles_integration.rollout import VidcacheRolloutFn  # noqa: E402
 from miles_integration.train_hooks import HANDLE_KEY, HydratingIterator, decode_handles  # noqa: E402
 from vidcache import ParityError, VideoOptions  # noqa: E402
+from vidcache import keys as K  # noqa: E402
 from vidcache.sglang.ref import parse_ref  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import mm_process_config  # noqa: E402
@@ -353,7 +354,48 @@ def test_data_source_state_round_trip_matches_miles(env, tmp_path):
     with pytest.raises(AssertionError):
         ours.add_samples([[pending[0][0]]])                     # group size must be n_samples_per_prompt
     # Miles' constructor built ours: every attribute Miles sets up, ours has (plus its config)
-    assert set(vars(theirs)) <= set(vars(ours)) and set(vars(ours)) - set(vars(theirs)) == {"config"}
+    assert set(vars(theirs)) <= set(vars(ours)) and set(vars(ours)) - set(vars(theirs)) == {"config", "_ahead",
+                                                                                          "_ahead_at"}
+
+
+def test_data_source_reads_ahead_in_the_samplers_order_across_epochs_and_resumes(env, tmp_path):
+    """Read-ahead follows Miles' own sampler: the rows it pulls for are the rows get_samples then hands out, across
+    reshuffled epochs and from a restored position; on a fresh node the videos land locally before they are sampled."""
+    shared, node_a = tmp_path / "nfs", tmp_path / "node_a"
+    a = vidcache.VideoCache(node_a, shared=str(shared))
+    opts = VideoOptions(family=FAMILY, fps=1.0, min_pixels=3136, max_pixels=50176)
+    for name in ("a", "b"):            # row 1's item asks for 2 fps: built on first use, like row 3's c
+        a.ensure(str(env.root / "videos" / f"{name}.mp4"), opts)
+    kw = dict(rollout_shuffle=True, n_samples_per_prompt=1, save=str(tmp_path / "ck"), load=str(tmp_path / "ck"),
+              vidcache_cache=str(tmp_path / "node_b"), vidcache_shared=str(shared), vidcache_read_ahead=3)
+    ds = VidcacheDataSource(env.args(**kw))
+    assert ds.config.read_ahead == 3 and ds._ahead is not None
+    ahead = ds.dataset.upcoming_rows(0, 0, shuffle=True)
+    planned = [next(ahead) for _ in range(13)]
+    taken = []
+    for n in (2, 4, 3, 4):                                       # 13 rows over three epochs of 5, reshuffled
+        taken += [g[0].metadata["row"] for g in ds.get_samples(n)]
+        assert ds._ahead_at == (ds.epoch_id, ds.sample_offset)
+    assert taken == planned and ds.epoch_id == 2
+    # the fresh node holds the pulled videos (a, the one every row with a cached video names)
+    key_a = a.find(str(env.root / "videos" / "a.mp4"), opts)
+    node_b = ds.config.open_cache()
+    until = time.monotonic() + 60
+    while not node_b.local.exists_many([K.cas(a.manifest(key_a).frames.blob)])[0]:
+        assert time.monotonic() < until, ds._ahead.counts
+        time.sleep(0.05)
+    ds.save(3)
+    saved_at = (ds.epoch_id, ds.sample_offset)
+    after = [g[0].metadata["row"] for g in ds.get_samples(3)]
+    restored = VidcacheDataSource(env.args(**kw))
+    first = restored._ahead
+    restored.load(3)
+    assert restored._ahead is not first and restored._ahead_at == saved_at != (0, 0)   # started again there
+    resumed = restored.dataset.upcoming_rows(*saved_at, shuffle=True)
+    assert [next(resumed) for _ in range(3)] == after == [g[0].metadata["row"] for g in restored.get_samples(3)]
+    for d in (ds, restored):
+        d.close()
+    assert ds._ahead is None
 
 
 def test_data_source_is_built_by_miles_constructor(env, monkeypatch, tmp_path):
@@ -619,6 +661,38 @@ def test_handles_mode_rebuilds_the_same_tensors_train_side(env):
     ref.multimodal_train_inputs = batch["multimodal_train_inputs"][0]
     assert batch["multimodal_train_inputs"][1] is None
     assert_matches_sglang(ref, env.server.log[-1])
+
+
+def test_train_side_reads_a_steps_later_micro_batches_ahead(env, tmp_path):
+    """On a fresh train node, the step's later micro-batches' entries are pulled while the first one is hydrated,
+    through Miles' own DataIterator; every micro-batch's tensors equal the rollout node's."""
+    from miles.backends.training_utils.data import DataIterator
+    from miles.utils.processing_utils import load_processor
+
+    from miles_integration.train_hooks import _STEP, encode_handles
+
+    shared = str(tmp_path / "nfs")
+    a = vidcache.VideoCache(tmp_path / "node_a", shared=shared)
+    opts = VideoOptions(family=FAMILY, fps=1.0, min_pixels=3136, max_pixels=50176)
+    hs = [vidcache.get(str(env.root / "videos" / f"{n}.mp4"), opts, a) for n in ("a", "b", "c")]
+    proc = load_processor(str(env.ckpt), trust_remote_code=True)
+    want = [vidcache.train_inputs(proc, [h], mode="stock") for h in hs]
+    b = vidcache.VideoCache(tmp_path / "node_b", shared=shared)
+    assert b.identity == a.identity            # registered last: the handles resolve to node B in this process
+    mms = [{HANDLE_KEY: encode_handles([h], "stock")} for h in hs]
+    it = HydratingIterator(DataIterator({"tokens": [[1], [2], [3]], "multimodal_train_inputs": mms},
+                                        micro_batch_size=1), proc)
+    blobs = [K.cas(h.manifest.frames.blob) for h in hs]
+    got = [it.get_next(["tokens", "multimodal_train_inputs"])["multimodal_train_inputs"][0]]
+    until = time.monotonic() + 60
+    while not all(b.local.exists_many(blobs[1:])):     # the later two, before they are asked for
+        assert time.monotonic() < until, _STEP["ahead"].counts
+        time.sleep(0.05)
+    got += [it.get_next(["tokens", "multimodal_train_inputs"])["multimodal_train_inputs"][0] for _ in range(2)]
+    for g, w in zip(got, want):
+        assert set(g) == set(TRAIN_KEYS) and all(torch.equal(g[k], w[k]) for k in TRAIN_KEYS)
+    assert _STEP["ahead"].counts["failed"] == 0 and _STEP["ahead"].counts["pulled"] >= 2
+    _STEP.pop("ahead").close()
 
 
 # The train actor of "Miles across nodes": its own process, configured by its environment only.
