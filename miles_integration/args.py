@@ -44,6 +44,7 @@ DEFAULTS = {
     "vidcache_prepare_cache_size": 16,
     "vidcache_read_ahead": None,        # None: two rollout batches (2 x --rollout-batch-size), else 64; 0: off
     "vidcache_read_ahead_bytes": 2 << 30,
+    "vidcache_server_read_ahead": 0,    # off: every server node pulls what a request names (traffic x nodes)
     "vidcache_check_servers": True,
     "vidcache_allow_unverified_sglang": None,
     "vidcache_server_torchcodec": None,
@@ -89,6 +90,10 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     g.add_argument("--vidcache-read-ahead-bytes", type=int, default=DEFAULTS["vidcache_read_ahead_bytes"],
                    metavar="BYTES", help="frames pulled ahead and not yet sampled, at most (default: %(default)s; "
                                          "with a local budget, at most half of it)")
+    g.add_argument("--vidcache-server-read-ahead", type=int, default=DEFAULTS["vidcache_server_read_ahead"],
+                   metavar="KEYS", help="plugin mode: name the next KEYS entries of the sampler's order (at most "
+                   "32) in each request, so the SGLang node pulls them before its next requests ask (every node "
+                   "that gets a request pulls them all: off by default)")
     g.add_argument("--vidcache-check-servers", action=argparse.BooleanOptionalAction,
                    default=DEFAULTS["vidcache_check_servers"],
                    help="before the first rollout, run `vidcache check-server` against every SGLang server and "
@@ -168,6 +173,7 @@ class VidcacheConfig:
     shared: str | None = None         # shared tier URL (None: $VIDCACHE_SHARED)
     read_ahead: int = 64              # prompts ahead of the sampler (0: off)
     read_ahead_bytes: int = 2 << 30
+    server_read_ahead: int = 0        # plugin mode: next entries named in each request (0: none)
 
     def __post_init__(self) -> None:
         for name, allowed in (("mode", MODES), ("train_inputs", TRAIN_INPUTS)):
@@ -194,7 +200,8 @@ class VidcacheConfig:
                    require_cached=bool(_get(args, "vidcache_require_cached")),
                    prepare_cache_size=int(_get(args, "vidcache_prepare_cache_size")),
                    shared=_get(args, "vidcache_shared"), read_ahead=read_ahead_from_args(args),
-                   read_ahead_bytes=int(_get(args, "vidcache_read_ahead_bytes")))
+                   read_ahead_bytes=int(_get(args, "vidcache_read_ahead_bytes")),
+                   server_read_ahead=int(_get(args, "vidcache_server_read_ahead")))
 
     def open_cache(self):
         """This node's cache: the flags if given, else ``$VIDCACHE_DIR`` / ``$VIDCACHE_SHARED``; one per process.

@@ -334,6 +334,16 @@ def _miles_builds(dataset_factory):
             miles_data_source.Dataset = saved
 
 
+_LATEST: list = []      # the data source of this (rollout) process, for its generate function's hints
+
+
+def upcoming_keys(n: int) -> list[str]:
+    """The keys of the next ``n`` entries this process's data source will hand out (its read-ahead window)."""
+    ds = _LATEST[0] if _LATEST else None
+    ahead = getattr(ds, "_ahead", None)
+    return ahead.upcoming_keys(n) if ahead is not None and n > 0 else []
+
+
 class VidcacheDataSource(RolloutDataSourceWithBuffer):
     """``--data-source-path miles_integration.data_source.VidcacheDataSource``.
 
@@ -347,6 +357,7 @@ class VidcacheDataSource(RolloutDataSourceWithBuffer):
         with _miles_builds(functools.partial(VidcacheDataset, config=self.config)):
             super().__init__(args)
         self._follow()
+        _LATEST[:] = [self]
 
     # --- read-ahead in the sampler's order (vidcache.readahead) ---------------------------------------------
     def get_samples(self, num_samples):

@@ -39,9 +39,11 @@ from miles.rollout.generate_utils.generate_endpoint_utils import (
 from miles.utils.http_utils import post
 from miles.utils.types import Sample
 from vidcache import PreparedRequest
+from vidcache.sglang.ref import MAX_AHEAD
 from vidcache.sglang.request import check_prompt_ids
 
 from .args import VidcacheConfig, add_vidcache_arguments
+from .data_source import upcoming_keys
 from .meta import has_video, handles_from_metadata, request_state, set_request_state
 from .server_check import ensure_servers_checked
 from .train_hooks import handle_train_inputs
@@ -64,7 +66,9 @@ def _pin_and_prepare(processor, prompt: str, handles, cfg: VidcacheConfig, image
     """In the worker thread: pin every handle first (a video not prewarmed is fetched, decoded and cached
     here, on first use; ``prepare`` reads manifests, which never build), then ``vidcache.prepare``."""
     pinned = [h.pinned() for h in handles]
-    return vidcache.prepare(processor, prompt, pinned, cfg.mode, cfg.transport, cfg.base_url, images=list(images))
+    ahead = upcoming_keys(min(cfg.server_read_ahead, MAX_AHEAD)) if cfg.mode == "plugin" else None
+    return vidcache.prepare(processor, prompt, pinned, cfg.mode, cfg.transport, cfg.base_url, images=list(images),
+                            ahead=ahead)
 
 
 async def prepare_sample(state, sample: Sample, cfg: VidcacheConfig) -> PreparedRequest:

@@ -107,6 +107,13 @@ class ReadAhead:
             for f in s.pulls:
                 f.cancel()
 
+    def upcoming_keys(self, n: int) -> list[str]:
+        """The keys of the next ``n`` entries the reader will read, as far as read-ahead has taken them (each
+        once, in order): what a rollout client names ahead to its server (``prepare(..., ahead=)``)."""
+        with self._cond:
+            handles = [h for s in self._window for h in _handles(s.item)]
+        return [k for k in dict.fromkeys(h.key for h in handles if h.key is not None)][:n]
+
     def _pass(self, n: int, passed: list[_Sample]) -> None:
         self._read += n
         self._ahead_bytes -= sum(s.charge for s in passed)
@@ -217,3 +224,39 @@ def read_ahead(samples: Iterable, *, depth: int = DEPTH, max_bytes: int = MAX_BY
     """Start pulling the entries of ``samples`` (each a ``VideoHandle`` or a list of one sample's handles, in
     the order they will be read) into this node's local tier, ahead of the reader; see ``vidcache.readahead``."""
     return ReadAhead(samples, depth=depth, max_bytes=max_bytes, workers=workers)
+
+
+# --- a server's hints: entries its clients will ask for soon (``vidcache.sglang.ref``'s ``ahead``) -----------------
+MAX_SOON = 256                # hinted pulls waiting at once, per process; more are dropped (a hint, not a promise)
+_SOON: dict = {}              # pid -> (pool, the (identity, key) pairs queued or under way)
+_SOON_LOCK = threading.Lock()
+
+
+def pull_soon(cache, keys: Iterable[str]) -> int:
+    """Pull ``keys`` into ``cache``'s local tier in the background (``VideoCache.bring_local``: checked, one pull
+    per key per node), once each; the number queued.  For a server told its next requests' entries: a failure
+    is logged, never raised (the request that needs the entry meets it), and at most ``MAX_SOON`` wait."""
+    import os
+    if cache.shared is None or cache.read_only:
+        return 0
+    with _SOON_LOCK:
+        if os.getpid() not in _SOON:      # a forked server worker starts with a pool of its own
+            _SOON.clear()
+            _SOON[os.getpid()] = (ThreadPoolExecutor(WORKERS, thread_name_prefix="vidcache-pull-soon"), set())
+        pool, pending = _SOON[os.getpid()]
+        todo = [k for k in dict.fromkeys(keys) if (cache.identity, k) not in pending][:MAX_SOON - len(pending)]
+        pending.update((cache.identity, k) for k in todo)
+    for k in todo:
+        pool.submit(_pull_soon, cache, k, pending)
+    return len(todo)
+
+
+def _pull_soon(cache, key: str, pending: set) -> None:
+    try:
+        cache.bring_local(key)
+    except Exception as e:     # noqa: BLE001 -- a hint: the request that needs the entry meets the failure
+        log.info("vidcache: pulling %s ahead of its request failed (%s: %s)", key, type(e).__name__, e)
+    finally:
+        with _SOON_LOCK:
+            pending.discard((cache.identity, key))
+

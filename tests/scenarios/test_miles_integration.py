@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import copy
 import functools
 import json
@@ -661,6 +662,37 @@ def test_handles_mode_rebuilds_the_same_tensors_train_side(env):
     ref.multimodal_train_inputs = batch["multimodal_train_inputs"][0]
     assert batch["multimodal_train_inputs"][1] is None
     assert_matches_sglang(ref, env.server.log[-1])
+
+
+def test_plugin_requests_name_the_samplers_next_entries_for_the_server(env):
+    """--vidcache-server-read-ahead: each plugin request's first reference names the next entries of the data
+    source's order (its read-ahead window), which the server node pulls (tests/sglang/test_plugin_refs.py)."""
+    from miles_integration.generate import _pin_and_prepare
+
+    args = env.args(vidcache_mode="plugin", vidcache_server_read_ahead=8, vidcache_read_ahead=5)
+    ds = VidcacheDataSource(args)
+    rows = ds.dataset.upcoming_rows(ds.epoch_id, ds.sample_offset, shuffle=bool(args.rollout_shuffle))
+    want = []
+    for r in [next(rows) for _ in range(5)]:
+        for h in ds.dataset.rows[r].handles:
+            with contextlib.suppress(vidcache.NotCachedError):
+                want.append(h.resolve(build=False))
+    want = list(dict.fromkeys(want))[:8]
+    assert want, "the window holds cached entries"
+    until = time.monotonic() + 60
+    while ds._ahead.upcoming_keys(8) != want:
+        assert time.monotonic() < until, (ds._ahead.upcoming_keys(8), want)
+        time.sleep(0.05)
+    sample = ds.dataset.build_sample(0)
+    handles = handles_from_metadata(sample.metadata)
+    prep = _pin_and_prepare(env.state.processor, sample.prompt, handles, ds.config)
+    recs = [parse_ref(u) for u in prep.video_data]
+    assert recs[0]["ahead"] == want and all("ahead" not in r for r in recs[1:])
+    stock = _pin_and_prepare(env.state.processor, sample.prompt, handles, VidcacheConfig.from_args(env.args()))
+    assert all(parse_ref(u) is None for u in stock.video_data)            # stock mode: frozen files, no hint
+    off = VidcacheConfig.from_args(env.args(vidcache_mode="plugin"))
+    assert "ahead" not in parse_ref(_pin_and_prepare(env.state.processor, sample.prompt, handles, off).video_data[0])
+    ds.close()
 
 
 def test_train_side_reads_a_steps_later_micro_batches_ahead(env, tmp_path):

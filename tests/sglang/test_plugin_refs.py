@@ -87,3 +87,40 @@ def test_the_plugin_never_falls_back_to_decoding_a_bad_reference(node):
     from vidcache.sglang.plugin.qwen_vl import UnloadableRef
     got = proc_cls._load_single_item(REF_PREFIX + "not base64!", Modality.VIDEO)
     assert isinstance(got, UnloadableRef) and "[invalid_key]" in got.message
+
+
+def test_keys_named_ahead_are_pulled_into_the_server_node(node, tmp_path, videos):
+    """A reference's ``ahead`` keys (the client's next entries) land in the server node's local tier in the
+    background, exact, while the reference itself is served first."""
+    import time
+
+    import torch
+
+    from vidcache import keys as K
+    from vidcache.node import node_cache
+    c, h, load_ref, _ = node
+    a = VideoCache(tmp_path / "node_a", shared=c.config.shared)           # another node fills the shared tier
+    later = [vidcache.get(videos[n], VideoOptions(), a) for n in ("mjpeg_24", "mpeg4_25_odd")]
+    server = node_cache()
+    blobs = [K.cas(x.manifest.frames.blob) for x in later]
+    assert not any(server.local.exists_many(blobs))
+    v = load_ref(parse_ref(ref_uri(h.tier, h.key, ahead=[x.key for x in later])))
+    assert v.key == h.key
+    until = time.monotonic() + 60
+    while not all(server.local.exists_many(blobs)):
+        assert time.monotonic() < until, "the keys named ahead were not pulled"
+        time.sleep(0.05)
+    for x in later:
+        assert torch.equal(server.frames(x.key), a.frames(x.key))
+
+
+@pytest.mark.parametrize("ahead", [["../secret.json"], "notalist", [17], "33 good keys"])
+def test_bad_ahead_keys_are_refused_before_any_store_call(node, tmp_path, ahead):
+    c, h, load_ref, _ = node
+    if ahead == "33 good keys":
+        ahead = [h.key] * 33                 # one past MAX_AHEAD
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(InvalidKeyError) as e:
+        load_ref(parse_ref(_ref({"vidcache_ref": 4, "tier": c.identity, "key": h.key, "ahead": ahead})))
+    assert "TOPSECRET" not in str(e.value)
+    assert sorted(p for p in tmp_path.rglob("*")) == before

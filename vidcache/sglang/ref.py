@@ -9,6 +9,10 @@ which the plugin checks against its own processor output; it may be absent (atte
 prompt in whatever its transformers' own is; absent: the server's own.  Version-2 (no ``attest``) and
 version-3 (no ``layout``) references are still read; a plugin older than version 4 refuses these, by name.
 
+``ahead`` (optional, any version): keys of entries the client will ask for soon (its next batch's), which the
+node pulls from the shared tier into its local tier in the background (``vidcache.readahead.pull_soon``): a
+hint, checked like every key, bounded (``MAX_AHEAD`` per reference), never a path.
+
 Parsing treats the URI as hostile: the size is capped before decoding, the JSON depth is capped (a
 deeply nested document is refused, never a ``RecursionError``), every field is type-checked, and no
 error echoes more than a short prefix of what the request sent.
@@ -31,16 +35,20 @@ REF_VERSION = 4
 READ_VERSIONS = (2, 3, 4)            # 2: the same without "attest"; 3: without "layout"
 MAX_REF_CHARS = 256 << 10            # an attested canary with its rows is ~25 KB; a plain reference ~300 bytes
 MAX_DEPTH = 4                        # {"attest": {"video_grid_thw": [...]}} is 3 deep
+MAX_AHEAD = 32                       # keys a reference may name ahead (a rollout batch's videos)
 _TIER = re.compile(r"[A-Za-z0-9._-]{1,80}")
 _OPEN_LOCK = threading.Lock()
 
 
-def ref_uri(tier: str, key: str, attest: dict | None = None, layout: str | None = None) -> str:
+def ref_uri(tier: str, key: str, attest: dict | None = None, layout: str | None = None,
+            ahead: list[str] | None = None) -> str:
     rec = {"vidcache_ref": REF_VERSION, "tier": tier, "key": key}
     if attest is not None:
         rec["attest"] = attest
     if layout is not None:
         rec["layout"] = layout
+    if ahead:
+        rec["ahead"] = list(ahead)[:MAX_AHEAD]
     return REF_PREFIX + base64.b64encode(json.dumps(rec, sort_keys=True).encode()).decode()
 
 
@@ -92,7 +100,7 @@ def parse_ref(uri: str) -> dict | None:
         raise InvalidKeyError(f"malformed vidcache reference ({e.__class__.__name__}): {uri[:120]}") from None
     if not isinstance(rec, dict) or rec.get("vidcache_ref") not in READ_VERSIONS:
         raise InvalidKeyError(f"not a version-{REF_VERSION} vidcache reference: {uri[:120]}")
-    unknown = set(rec) - {"vidcache_ref", "tier", "key", "attest", "layout"}
+    unknown = set(rec) - {"vidcache_ref", "tier", "key", "attest", "layout", "ahead"}
     if unknown:
         raise InvalidKeyError(f"vidcache reference with unknown field(s) {_short(sorted(unknown))}")
     tier = rec.get("tier")
@@ -102,6 +110,12 @@ def parse_ref(uri: str) -> dict | None:
     layout = rec.get("layout")
     if layout is not None and not (isinstance(layout, str) and any(layout in v for v in LAYOUTS.values())):
         raise InvalidKeyError(f"vidcache reference with an unknown token layout {_short(layout)}")
+    ahead = rec.get("ahead")
+    if ahead is not None:
+        if not isinstance(ahead, list) or len(ahead) > MAX_AHEAD:
+            raise InvalidKeyError(f"vidcache reference whose 'ahead' is not a list of at most {MAX_AHEAD} keys")
+        for k in ahead:
+            keys.check_key(k)
     if rec.get("attest") is not None:
         try:
             check_record(rec["attest"])
@@ -129,4 +143,7 @@ def open_ref(rec: dict):
     # frames(key) first: on a node without the entry it fetches the manifest and the compact object side by side
     # and decodes the object as it arrives; the manifest is then the cache's memoised one.
     frames = cache.frames(key)
+    if rec.get("ahead"):          # the client's next entries: pulled in the background, this read served first
+        from ..readahead import pull_soon
+        pull_soon(cache, rec["ahead"])
     return cache.require_manifest(key), frames

@@ -90,10 +90,22 @@ def video_prompt(prompt: str, n_videos: int) -> str:
                      f"{n_videos} video(s) were given: put one of either per video, in order")
 
 
+def _keys_of(ahead) -> list[str]:
+    """Keys of the entries named ahead (keys as given; handles resolved, never built: one not cached is left out)."""
+    from ..errors import NotCachedError
+    out = []
+    for a in ahead or []:
+        try:
+            out.append(a if isinstance(a, str) else a.resolve(build=False))
+        except NotCachedError:
+            pass
+    return out
+
+
 def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str | None = None,
             base_url: str | None = None, frozen_format: str | None = None,
             url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True,
-            token_layout: str | None = None, images=None) -> PreparedRequest:
+            token_layout: str | None = None, images=None, ahead=None) -> PreparedRequest:
     """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.
 
     ``prompt`` is the text with one ``<|vision_start|><|video_pad|><|vision_end|>`` per handle, in order
@@ -109,6 +121,9 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     go through the processor's own image path with its own settings: the cached-frames settings
     (no resize, no sampling) are given to its video processor only.  The train tensors then hold
     ``pixel_values`` / ``image_grid_thw`` too, and the ids both expansions.
+    ``ahead`` (plugin mode): the entries the client will ask for next (handles or keys, e.g. its next batch's),
+    named in the first reference; the server's node pulls them into its local tier in the background
+    (``vidcache.readahead.pull_soon``), so its next requests' first reads are local.
     """
     handles = list(handles)
     prompt = video_prompt(prompt, len(handles))
@@ -145,6 +160,7 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
             rec["position"] = [i, len(records)]
     if images:
         tensors = {**tensors, "pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
-    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout)
-            for h, rec in zip(handles, records)]
+    hint = _keys_of(ahead) if mode == "plugin" else []
+    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout, hint if i == 0 else None)
+            for i, (h, rec) in enumerate(zip(handles, records))]
     return PreparedRequest(list(compact), expanded, uris, tensors, mode, token_layout=layout)

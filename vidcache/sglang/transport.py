@@ -68,13 +68,13 @@ def check_stock_parity(manifest) -> None:
 
 def video_uri(handle, mode: str = "stock", transport: str | None = None, base_url: str | None = None,
               frozen_format: str | None = None, expires_s: float = URL_EXPIRY_S, attest: dict | None = None,
-              token_layout: str | None = None) -> str:
-    """The ``video_data`` entry SGLang gets for ``handle`` (plugin mode: with ``attest``, its attestation, and
-    ``token_layout``, the layout the plugin expands the prompt in)."""
+              token_layout: str | None = None, ahead: list[str] | None = None) -> str:
+    """The ``video_data`` entry SGLang gets for ``handle`` (plugin mode: with ``attest``, its attestation,
+    ``token_layout``, the layout the plugin expands the prompt in, and ``ahead``, keys the node may pull soon)."""
     if mode == "plugin":
         if transport not in (None, "data"):
             raise ValueError("plugin mode sends a reference (a small data: URI); transport must be 'data'")
-        return ref_uri(handle.tier, handle.resolve(), attest, token_layout)
+        return ref_uri(handle.tier, handle.resolve(), attest, token_layout, ahead)
     cache = handle.cache
     transport = transport or default_transport(cache)
     if transport not in TRANSPORTS:
