@@ -461,13 +461,13 @@ class VideoCache:
                     return True
         return False
 
-    def upgrade_shared(self, entry_keys: list[str]) -> dict:
+    def upgrade_shared(self, entry_keys: list[str], stop=lambda: False) -> dict:
         """Convert entries an older vidcache wrote to the shared tier as raw frames into compact objects
         (``CompactLayout.upgrade``).  Only on request (``vidcache verify --shared --upgrade``)."""
         self._backfill.drain()       # what this process wrote is in the local tier
         if self.shared is None or self.read_only:
             raise ConfigError(f"{self!r}: upgrading needs a writable shared tier")
-        return self.compact.upgrade(entry_keys, self.manifest)
+        return self.compact.upgrade(entry_keys, self.manifest, stop)
 
     # --- eviction, listing, stats ------------------------------------------------------
     def _blobs_in_use(self, tier: Store, but: str) -> set[str]:

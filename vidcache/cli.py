@@ -282,9 +282,18 @@ def cmd_verify(args) -> int:
             print(f"OK  {key}")
     print(f"verify: {len(todo) - bad} ok, {bad} bad" + (" (repair attempted)" if args.repair and bad else ""))
     if args.upgrade:
-        up = cache.upgrade_shared(todo)
+        from .prewarming import Interrupt
+        stop = Interrupt("verify --upgrade", "finishing the entry under way")   # an entry converts whole or not
+        try:
+            up = cache.upgrade_shared(todo, stop=lambda: stop.requested)
+        finally:
+            stop.restore()
+        left = f", interrupted ({up['interrupted']} left: run it again to convert them)" if up["interrupted"] else ""
         print(f"upgrade: {up['converted']} converted to compact objects, {up['already']} already compact, "
-              f"{up['kept_raw']} kept raw, {_human(up['freed_bytes'])} of raw frames deleted from the shared tier")
+              f"{up['kept_raw']} kept raw, {_human(up['freed_bytes'])} of raw frames deleted from the shared tier"
+              + left)
+        if up["interrupted"]:
+            return 130
     return 1 if bad else 0
 
 

@@ -141,20 +141,26 @@ class CompactLayout:
         return raw
 
     # --- convert ----------------------------------------------------------------------------
-    def upgrade(self, entry_keys: list[str], manifest: Callable[[str], Manifest | None]) -> dict:
+    def upgrade(self, entry_keys: list[str], manifest: Callable[[str], Manifest | None],
+                stop: Callable[[], bool] = lambda: False) -> dict:
         """Convert entries an older vidcache wrote to the shared tier as raw frames (``cas/``) into compact
         objects.  Each raw blob is deleted from the tier only after every entry there that uses it has its
-        compact object, proven to decode to it.  Only on request (``vidcache verify --shared --upgrade``)."""
+        compact object, proven to decode to it.  Only on request (``vidcache verify --shared --upgrade``).
+        ``stop`` (a Ctrl-C): asked between entries; the entries converted so far still free their raw frames,
+        and ``interrupted`` counts the entries left for a re-run."""
         sh = self.shared
         if sh is None or not self.writes:
             raise ConfigError("upgrading needs a writable shared tier in the compact layout")
-        out = {"converted": 0, "already": 0, "kept_raw": 0, "freed_bytes": 0}
+        out = {"converted": 0, "already": 0, "kept_raw": 0, "freed_bytes": 0, "interrupted": 0}
         users: dict[str, list[str]] = {}           # blob -> every entry of the tier that names it
         for k in sh.keys(keys.AC):
             if (b := blob_of(sh.get(k))) is not None:
                 users.setdefault(b, []).append(keys.entry_key(k))
         touched = set()
-        for key in entry_keys:
+        for i, key in enumerate(entry_keys):
+            if stop():
+                out["interrupted"] = len(entry_keys) - i
+                break
             copy = tier_copy(sh, key, self.key(key))
             if copy.manifest is None or copy.problem is not None:
                 continue                     # verify reports it; nothing is converted from a bad copy

@@ -477,7 +477,7 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
     log = _ProgressLog(len(tasks), summary, None if progress else log_every_s, desc)
     pending: dict = {}
     it = iter(todo)
-    stop = _Interrupt(desc)
+    stop = Interrupt(desc)
     try:
         while True:
             while not stop.requested and len(pending) < submitter.max_in_flight and (t := next(it, None)) is not None:
@@ -522,15 +522,15 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
     cache.sync()      # a durability checkpoint: the workers' LMDB commits reach the disk
 
 
-class _Interrupt:
+class Interrupt:
     """Ctrl-C during a run: the first stops scheduling and gives the rows in flight ``GRACE_S`` to finish
     (a row is one transaction: finished or not there, never partial); the second raises KeyboardInterrupt at
     once.  Only where the run owns the main thread (a library caller's own handler is left alone elsewhere)."""
 
     GRACE_S = 3.0
 
-    def __init__(self, desc: str):
-        self.desc, self.requested, self.deadline = desc, False, float("inf")
+    def __init__(self, desc: str, finishing: str = f"finishing the rows in flight for up to {GRACE_S:.0f} s"):
+        self.desc, self.finishing, self.requested, self.deadline = desc, finishing, False, float("inf")
         self._old = None
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGINT, self._handle)
@@ -539,8 +539,8 @@ class _Interrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested, self.deadline = True, time.monotonic() + self.GRACE_S
-        print(f"\n{self.desc}: interrupted: finishing the rows in flight for up to {self.GRACE_S:.0f} s, then "
-              "stopping (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+        print(f"\n{self.desc}: interrupted: {self.finishing}, then stopping (Ctrl-C again to stop now)",
+              file=sys.stderr, flush=True)
 
     def wait_s(self) -> float | None:
         """How long one wait may block: short while a Ctrl-C can arrive, so it is seen at once."""

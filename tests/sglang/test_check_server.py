@@ -239,3 +239,26 @@ def test_references_reordered_or_partly_attested_are_refused(server, tmp_path):
     status, body = post([prep.video_data[0], bare])
     msg = body["error"]["message"]
     assert status == 400 and "1 of 2 vidcache references of this request carry no attestation" in msg, msg
+
+
+@pytest.mark.parametrize("release,warned", [("5.99.0", True), (None, False)])
+def test_an_unverified_trainer_transformers_draws_one_warning(tmp_path, monkeypatch, release, warned):
+    """check-server, like prewarm, names a transformers release the layout tests did not run for a family whose
+    layout moved (Qwen3-VL), with the verified releases, and says nothing for a verified one."""
+    import vidcache.sglang.check as chk
+    from vidcache.token_layout import VERIFIED_TRANSFORMERS
+    monkeypatch.setenv("VIDCACHE_DIR", str(tmp_path / "node"))
+    monkeypatch.delenv("VIDCACHE_SHARED", raising=False)
+    if release is not None:
+        monkeypatch.setattr(chk, "_transformers_here", lambda: release)
+    assert chk._transformers_here() in VERIFIED_TRANSFORMERS or release is not None
+    plugin = importlib.import_module("vidcache.sglang.plugin.qwen_vl").VidcacheQwenVLProcessor
+    proc = build_processor("qwen3_vl")
+    peer = sp.build_peer("qwen3_vl", proc, video_config=mm_process_config()["video"], processor_cls=plugin)
+    with sp.PeerServer(peer, mm_process_config=mm_process_config()) as srv:
+        res = check_server(srv.url, mode="plugin", processor=build_processor("qwen3_vl"))
+    lines = [w for w in res.warnings if "unverified" in w]
+    assert len(lines) == int(warned), res.lines()
+    if warned:
+        assert f"transformers {release}" in lines[0] and ", ".join(VERIFIED_TRANSFORMERS) in lines[0]
+        assert any(ln.startswith("WARN ") and "unverified" in ln for ln in res.lines())

@@ -13,6 +13,7 @@ import json
 import math
 import os
 
+from ..config import ENV_DIR
 from ..options import PATCH_SIZE
 from ..serving import (FROZEN_FPS, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS,
                        SGLANG_TOTAL_PIXELS_ENV, SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS,
@@ -106,7 +107,7 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
                             f"{', '.join(VERIFIED_SGLANG_VERSIONS)} only")
     if mode == "plugin":
         out["env"]["SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"] = PLUGIN_PACKAGE
-        out["env"]["VIDCACHE_DIR"] = "<a node-local directory on each SGLang node (never NFS)>"
+        out["env"][ENV_DIR] = "<a node-local directory on each SGLang node (never NFS)>"
         out["env"]["VIDCACHE_SHARED"] = (cache.config.shared if cache is not None and cache.config.shared
                                          else "<the cluster's shared tier: NFS path or s3://bucket/prefix>")
         out["notes"].append("vidcache must be importable by the SGLang server; the plugin resolves each "
