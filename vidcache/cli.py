@@ -41,7 +41,7 @@ def _add_option_flags(p: argparse.ArgumentParser) -> None:
     # One place for the video options' help and defaults: vidcache.options (Miles' flags use it too).
     from .options import OPTION_HELP, PATCH_SIZE, VideoOptions
     g = p.add_argument_group("video options (qwen-vl-utils semantics; defaults resolved explicitly)")
-    g.add_argument("--family", default="qwen2_5_vl", choices=sorted(PATCH_SIZE), help=OPTION_HELP["family"])
+    g.add_argument("--family", default=VideoOptions.family, choices=sorted(PATCH_SIZE), help=OPTION_HELP["family"])
     for name, typ in VideoOptions.flag_fields():
         g.add_argument("--" + name.replace("_", "-"), type=typ, dest=name, help=OPTION_HELP.get(name))
 
@@ -83,6 +83,12 @@ def _options(args):
     from .options import VideoOptions
     names = ["family"] + [n for n, _ in VideoOptions.flag_fields()]
     return VideoOptions(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
+
+
+def _mode_default_help() -> str:
+    from .options import PATCH_SIZE
+    from .serving import default_mode
+    return "default: " + ", ".join(f"{default_mode(f)} for {f}" for f in sorted(PATCH_SIZE))
 
 
 def _add_cache_flags(p: argparse.ArgumentParser) -> None:
@@ -129,7 +135,8 @@ def _cache(args, read_only: bool = False, **settings):
 def _multimodal_keys(text: str | None) -> dict:
     from .errors import ConfigError
     if not text:
-        return {"video": "videos"}
+        from .options import VIDEO_KEY
+        return {"video": VIDEO_KEY}
     try:
         keys = json.loads(text)
     except ValueError as e:
@@ -147,6 +154,7 @@ def _where(rec: dict) -> str:
 def cmd_prewarm(args) -> int:
     from .errors import BackendUnavailableError, ConfigError
     from .loader.fetch import FetchLimits
+    from .options import VIDEO_KEY
     from .prewarming import check_failures_path, default_failures_path, default_worker_memory, prewarm
 
     # Every mistake the user can make is refused before any work is done, and creates nothing.
@@ -184,7 +192,7 @@ def cmd_prewarm(args) -> int:
     s = prewarm(args.dataset, cache, options, workers=args.workers, timeout_s=args.timeout, failures_path=failures,
                 input_key=args.input_key, max_worker_memory=memory, progress=bar,
                 log_every_s=None if (bar or args.no_progress) else args.log_interval,
-                video_key=keys.get("video", "videos"), image_key=keys.get("image"), split=args.split,
+                video_key=keys.get("video", VIDEO_KEY), image_key=keys.get("image"), split=args.split,
                 ray=args.ray, ray_address=args.ray_address,
                 ray_logs=args.ray_logs)
     print(s.line())
@@ -202,6 +210,7 @@ def cmd_pull(args) -> int:
     read-ahead (``vidcache.read_ahead``) with nobody reading behind it."""
     from .dataset import LazyVideoDataset
     from .errors import ConfigError
+    from .options import VIDEO_KEY
     from .readahead import read_ahead
     if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
         raise ConfigError(f"dataset not found: {args.dataset}")
@@ -211,7 +220,7 @@ def cmd_pull(args) -> int:
         raise ConfigError(f"{cache!r} has no shared tier to pull from (set VIDCACHE_SHARED or pass --shared URL)")
     print(f"pull: {args.dataset} from {cache.config.shared} into {cache.path}", file=sys.stderr)
     rows = LazyVideoDataset(args.dataset, cache, _options(args), input_key=args.input_key,
-                            video_key=keys.get("video", "videos"), image_key=keys.get("image"), split=args.split)
+                            video_key=keys.get("video", VIDEO_KEY), image_key=keys.get("image"), split=args.split)
     with read_ahead((r.handles for r in rows), depth=args.depth, max_bytes=args.max_bytes) as ahead:
         for _ in ahead:
             pass
@@ -573,6 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=_version())
     sub = ap.add_subparsers(dest="cmd", required=True)
     add = lambda name, **kw: sub.add_parser(name, formatter_class=_Help, **kw)   # noqa: E731
+    from .options import INPUT_KEY
 
     p = add("prewarm", help="decode, sample and resize every video of a dataset into the cache (images: checked)")
     p.add_argument("dataset", help="Miles' prompt file (.jsonl, or .parquet) or a Hugging Face dataset directory "
@@ -605,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(default: <dataset>.failures.jsonl, or in the current directory when the "
                         "dataset's is read-only)")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even when rows failed")
-    p.add_argument("--input-key", default="prompt", help="the row's prompt field (Miles' --input-key)")
+    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
     p.add_argument("--multimodal-keys", metavar="JSON",
                    help='Miles\' --multimodal-keys: which row fields hold the videos and images, e.g. '
                         '\'{"video": "videos", "image": "images"}\' (default: {"video": "videos"}; images are '
@@ -623,7 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
     _add_cache_flags(p)
     _add_option_flags(p)
-    p.add_argument("--input-key", default="prompt", help="the row's prompt field (Miles' --input-key)")
+    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
     p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
     p.add_argument("--depth", type=int, default=readahead.DEPTH, help="rows pulled ahead at once")
     p.add_argument("--max-bytes", type=parse_size, default=readahead.MAX_BYTES, metavar="SIZE",
@@ -680,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .options import PATCH_SIZE
     from .serving import MODES
     p.add_argument("--family", required=True, choices=sorted(PATCH_SIZE), help="model family")
-    p.add_argument("--mode", choices=sorted(MODES), help="default: plugin for qwen3_vl, stock otherwise")
+    p.add_argument("--mode", choices=sorted(MODES), help=_mode_default_help())
     p.add_argument("--sglang-version", metavar="VERSION", help="the SGLang release the server runs (default: the "
                    "one installed here, else the newest verified)")
     p.set_defaults(fn=cmd_sglang_config)
@@ -708,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url", metavar="URL", help="the SGLang server, e.g. http://127.0.0.1:30000")
     _add_cache_flags(p)
     p.add_argument("--family", choices=sorted(PATCH_SIZE), help="default: from the server's model_type")
-    p.add_argument("--mode", choices=sorted(MODES), help="default: plugin for qwen3_vl, stock otherwise")
+    p.add_argument("--mode", choices=sorted(MODES), help=_mode_default_help())
     p.add_argument("--processor", metavar="DIR", help="the checkpoint's processor (default: the server's "
                                                       "tokenizer_path, when it exists here)")
     p.add_argument("--allow-unverified-sglang", metavar="VERSION",

@@ -36,7 +36,7 @@ from .errors import BadRowError, OptionsError, UnknownColumnError
 from .handle import VideoHandle, lazy
 from .keys import cache_key
 from .loader.fetch import scheme_of
-from .options import CONTENT_ITEM_KEYS, VideoOptions
+from .options import CONTENT_ITEM_KEYS, INPUT_KEY, VIDEO_KEY, VideoOptions
 
 if TYPE_CHECKING:
     from .cache import VideoCache
@@ -175,7 +175,7 @@ class Media:
     images: list        # image sources (str), see ``image_source``
 
 
-def media_items(row: dict, options: VideoOptions, *, input_key: str = "prompt", video_key: str = "videos",
+def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
                 image_key: str | None = None, base_dir: str | None = None) -> Media:
     """The videos (with their options) and images of a row.  ``BadRowError`` for a malformed row."""
     if not isinstance(row, dict):
@@ -213,7 +213,7 @@ def media_items(row: dict, options: VideoOptions, *, input_key: str = "prompt", 
     return Media(videos, images)
 
 
-def video_items(row: dict, options: VideoOptions, *, input_key: str = "prompt", video_key: str = "videos",
+def video_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
                 base_dir: str | None = None, image_key: str | None = None) -> list[tuple[object, VideoOptions]]:
     """(source, options) for each video of a row, in prompt order.  ``BadRowError`` for a malformed row.
     A source is a string, or ``InlineBytes`` for a video held as bytes."""
@@ -472,8 +472,8 @@ class LazyVideoDataset(Sequence[Row]):
     (``ensure_inline``) and no other node ever needs the dataset.
     """
 
-    def __init__(self, path, cache: "VideoCache | str", options: VideoOptions, *, input_key: str = "prompt",
-                 video_key: str = "videos", image_key: str | None = None, split: str | None = None) -> None:
+    def __init__(self, path, cache: "VideoCache | str", options: VideoOptions, *, input_key: str = INPUT_KEY,
+                 video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None) -> None:
         self._rows = open_rows(path, split)
         self.path = getattr(self._rows, "path", None)
         self.cache = cache

@@ -21,7 +21,7 @@ from . import keys
 from .digest import Digest
 from .errors import (CorruptEntryError, CorruptManifestError, DigestMismatchError, FrozenFileError,
                      PermissionDeniedError, ReadOnlyStoreError, warn_once)
-from .manifest import Manifest
+from .manifest import Manifest, decode_frames
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,7 +34,7 @@ def blob_matches(blob: str, value) -> bool:
     if str(Digest.of(value)) == blob:
         return True
     try:
-        return str(Digest.of(zlib.decompress(value))) == blob
+        return str(Digest.of(decode_frames(value, "zlib"))) == blob
     except zlib.error:
         return False
 

@@ -86,7 +86,12 @@ class Frames:
 
     def decode(self, value) -> bytes | memoryview:
         """The frame bytes of a stored value (``zlib.error`` when a zlib value is damaged)."""
-        return value if self.encoding == "raw" else zlib.decompress(value)
+        return decode_frames(value, self.encoding)
+
+
+def decode_frames(value, encoding: str) -> bytes | memoryview:
+    """The frame bytes of a value stored in ``encoding`` (``FrameRecord``'s codec; ``zlib.error`` when damaged)."""
+    return value if encoding == "raw" else zlib.decompress(value)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,11 @@ PATCH_SIZE = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
 # anything a frame count or pixel budget means.
 MAX_INT_OPTION = 2 ** 53
 
+# The row fields a Miles prompt file holds its prompt and its videos under, unless told otherwise (Miles'
+# --input-key, --multimodal-keys).
+INPUT_KEY = "prompt"
+VIDEO_KEY = "videos"
+
 # Keys of a Miles / qwen-vl-utils message content item that change the bytes.
 CONTENT_ITEM_KEYS = (
     "fps", "nframes", "min_frames", "max_frames", "min_pixels", "max_pixels", "total_pixels",

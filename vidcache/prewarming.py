@@ -35,7 +35,7 @@ from .errors import (BackendUnavailableError, BadRowError, ConfigError, Vidcache
                      WorkerTimeoutError)
 from .loader.fetch import scheme_of
 from .loader.tmpdirs import sweep_stale
-from .options import VideoOptions
+from .options import INPUT_KEY, VIDEO_KEY, VideoOptions
 
 DEFAULT_TIMEOUT_S = 600.0     # a video's worker is killed after this long (a hung decoder costs one row)
 _KILLED = {WorkerError.kind, WorkerTimeoutError.kind, WorkerMemoryError.kind}   # a killed worker: sweep its downloads
@@ -316,7 +316,7 @@ def _check_keys(dataset, input_key: str, video_key: str, image_key: str | None, 
     return rows
 
 
-def plan(dataset, options: VideoOptions, input_key: str = "prompt", video_key: str = "videos",
+def plan(dataset, options: VideoOptions, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
          image_key: str | None = None, split: str | None = None, progress: bool = False):
     """Unique tasks of a dataset (a JSONL or parquet path, an HF dataset or its directory, or an iterable of row
     dicts), with the rows that need each, and row-level failures.  A task is a video (by source, or by content
@@ -554,8 +554,8 @@ class Interrupt:
 
 def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | None = None, *, workers: int = 1,
             timeout_s: float = DEFAULT_TIMEOUT_S, max_worker_memory: int | None = None, failures_path: str | None = None,
-            progress: bool = True, log_every_s: float | None = None, input_key: str = "prompt",
-            video_key: str = "videos", image_key: str | None = None, split: str | None = None,
+            progress: bool = True, log_every_s: float | None = None, input_key: str = INPUT_KEY,
+            video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None,
             ray: bool = False, ray_address: str | None = None,
             num_cpus_per_task: float = 1.0, ray_logs: bool = False) -> PrewarmSummary:
     """Build every video of ``dataset`` into ``cache``: locally with ``workers`` processes, or over Ray.
