@@ -1,6 +1,6 @@
 """Trainer stall on a fresh node, with and without read-ahead (issue 31), in one run.
 
-    .venv/bin/python benchmarks/trainer_stall.py [--clips 32] [--batch 2] [--step-factor 1.5] [--thread-moto]
+    .venv/bin/python benchmarks/trainer_stall.py [--clips 128] [--batch 2] [--depth 8] [--step-factor 1.5] [--thread-moto]
 
 A node A prewarms ``--clips`` clips (the camera-like 1280x720 H.264 clips of ``camera_clips.py`` and the
 generated test clips, Qwen2.5-VL at 2 fps) into an S3 tier: moto on loopback in a process of its own, as a
@@ -14,7 +14,7 @@ first reads take on a fresh node (measured first, on a node of its own), so that
 1 / (1 + factor) of the wall time is spent waiting (40% at 1.5).  Both loops then run, each on a fresh node:
 
 * without: every first read pulls from S3 (download + decode of the compact object) when the trainer asks;
-* with: ``vidcache.read_ahead(samples, depth=2 * batch)`` pulls the next two batches' entries in the background.
+* with: ``vidcache.read_ahead(samples, depth=--depth)`` pulls the next samples' entries in the background.
 
 Prints, per loop, the wait per step (p50 / p99) and the fraction of the wall time spent waiting, over every step
 (the headline: the first step is counted, and nothing can be ahead of it when read-ahead starts with the loop)
@@ -47,10 +47,11 @@ def pct(values, q):
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
-def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, step_s: float, ahead: bool) -> dict:
+def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, step_s: float, ahead: bool,
+             depth: int = 0) -> dict:
     c = VideoCache(node, shared=shared, shared_storage_options=s3)
     samples = [[vidcache.from_key(k, c)] for k in ekeys]
-    ra = vidcache.read_ahead(samples, depth=2 * batch) if ahead else None
+    ra = vidcache.read_ahead(samples, depth=depth) if ahead else None
     source = iter(ra) if ra is not None else iter(samples)
     waits = []
     t_start = time.perf_counter()
@@ -72,7 +73,8 @@ def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, ste
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clips", type=int, default=32, help="entries in the tier (and samples in the epoch)")
+    ap.add_argument("--clips", type=int, default=128, help="entries in the tier (and samples in the epoch)")
+    ap.add_argument("--depth", type=int, default=8, help="samples read ahead (default: four batches of 2)")
     ap.add_argument("--batch", type=int, default=2, help="samples per step")
     ap.add_argument("--step-factor", type=float, default=1.5,
                     help="step time / a batch's first-read time without read-ahead")
@@ -89,17 +91,24 @@ def main() -> None:
             ekeys = [a.ensure(p, OPTS).key for p in sources]
             nbytes = sum(a.manifest(k).frames.nbytes for k in ekeys)
             a.close()
-            # Interleave the big and the small clips, as a shuffled sampler would.
-            ekeys = ekeys[::2] + ekeys[1::2]
+            # Spread the big clips over the epoch, as a shuffled sampler would (one in every len/4 samples).
+            big, small = ekeys[:len(cams)], ekeys[len(cams):]
+            every = max(1, len(ekeys) // max(1, len(big)))
+            order = []
+            for i in range(len(ekeys)):
+                src = big if (i % every == 0 and big) or not small else small
+                order.append(src.pop(0))
+            ekeys = order
             # Calibrate: a batch's first reads on a fresh node, no read-ahead, no step.
             cal = run_loop(os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch, 0.0, ahead=False)
             step_s = args.step_factor * statistics.mean(cal["waits"])
             out = {}
             for name, ahead in (("without", False), ("with", True)):
-                out[name] = run_loop(os.path.join(work, f"node-{name}"), shared, s3, ekeys, args.batch, step_s, ahead)
+                out[name] = run_loop(os.path.join(work, f"node-{name}"), shared, s3, ekeys, args.batch, step_s, ahead,
+                                     args.depth)
         rows = [("entries / frame bytes", f"{len(ekeys)} / {nbytes / 1e6:.0f} MB (S3 on moto, "
                  f"{'a thread' if args.thread_moto else 'its own process'})"),
-                ("batch / steps", f"{args.batch} / {len(out['with']['waits'])}"),
+                ("batch / steps / read-ahead depth", f"{args.batch} / {len(out['with']['waits'])} / {args.depth}"),
                 ("a batch's first reads (calibration, mean)", f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
                 ("step time (simulated training)", f"{step_s * 1e3:.0f} ms")]
         for name in ("without", "with"):

@@ -177,3 +177,20 @@ def test_errors_are_one_line_with_their_kind(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.startswith("vidcache: error: [store]") and "not an initialised" in err and "Traceback" not in err
     assert not os.path.exists(tmp_path / "s") and not os.path.exists(tmp_path / "none")
+
+
+@pytest.mark.parametrize("mode", ["stock", "plugin"])
+def test_the_printed_check_command_is_complete_and_parses(tmp_path, mode, capsys):
+    """Issue 33: the check command `sglang-config` prints names every flag `check-server` asks for in that mode
+    (stock: the GPU server's torchcodec), and `vidcache check-server` takes it as printed."""
+    import shlex
+
+    from vidcache.cli import build_parser
+    from vidcache.serving import STOCK_GPU_TORCHCODEC
+    assert cli(["sglang-config", "--family", "qwen2_5_vl", "--mode", mode, "--cache", str(tmp_path / "c")]) == 0
+    check = json.loads(capsys.readouterr().out)["check"]
+    argv = shlex.split(check.split("#")[0].replace("<host>:<port>", "127.0.0.1:30000"))
+    assert argv[:2] == ["vidcache", "check-server"]
+    args = build_parser().parse_args(argv[1:])
+    assert args.mode == mode and args.url == "http://127.0.0.1:30000"
+    assert (args.server_torchcodec == STOCK_GPU_TORCHCODEC) == (mode == "stock")

@@ -233,3 +233,48 @@ def test_ctrl_c_stops_a_cli_prewarm_with_a_summary_and_a_rerun_completes(tmp_pat
     v = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify"], env=env, capture_output=True, text=True,
                        timeout=600)
     assert v.returncode == 0 and "verify: 20 ok, 0 bad" in v.stdout, v.stdout + v.stderr
+
+
+def test_a_second_ctrl_c_stops_a_cli_prewarm_at_once_and_loses_nothing(tmp_path):
+    """Issue 33, CLI only, on a fresh node: Ctrl-C twice (the second before the rows in flight finish) stops
+    without waiting for them: exit 130, one line saying so, no traceback; nothing partial is left (the re-run
+    builds the rest, verify passes every entry)."""
+    import json
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from vidcache.testing.videos import make_video
+    rows = [json.dumps({"prompt": "<video>", "videos": [make_video(
+        str(tmp_path / f"v{i}.mp4"), codec="h264", width=320, height=240, fps=25, n_frames=250, seed=i)]})
+        for i in range(8)]
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("\n".join(rows) + "\n")
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env["VIDCACHE_DIR"] = str(tmp_path / "node")
+    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--log-interval", "0.2", "--workers", "2"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    line = ""
+    while not re.match(r"prewarm: \d+/8 ", line):                  # a progress line: work is under way
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "prewarm ended before it could be interrupted"
+        assert time.monotonic() < deadline
+    os.killpg(proc.pid, signal.SIGINT)
+    while "Ctrl-C again to stop now" not in line:                   # the first press was taken
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "prewarm ended before the second press"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "vidcache prewarm: interrupted" in err, err
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and re.search(r"prewarm: \d+ new, \d+ hit, 0 failed", r.stdout), r.stdout + r.stderr
+    v = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify"], env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert v.returncode == 0 and "verify: 8 ok, 0 bad" in v.stdout, v.stdout + v.stderr
