@@ -251,7 +251,7 @@ def test_close_cancels_what_has_not_started(tmp_path, tier, monkeypatch):
     assert started.wait(30)
     ahead.close()
     assert ahead.counts["pulled"] == 1                    # the one under way finished; the rest never started
-    assert not [t for t in threading.enumerate() if t.name.startswith("vidcache-read-ahead") and t.is_alive()]
+    assert not ahead._thread.is_alive() and not [t for t in ahead._pool._threads if t.is_alive()]   # none left
     b.sync()
     assert local_blobs(b, ks).count(True) == 1
 
