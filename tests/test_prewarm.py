@@ -182,40 +182,50 @@ def test_kill_9_during_a_write_leaves_nothing_visible(tmp_path, videos):
     assert len(_entries_are_whole(cache)) == 2
 
 
+def _prewarm_under_way(tmp_path, n: int, backend_args: list[str]):
+    """A CLI prewarm of ``n`` fresh 10 s clips on a fresh node, in a session of its own (so SIGINT can go to its
+    whole process group, as a terminal sends it), returned once a progress line says work is under way:
+    (process, command, environment)."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from vidcache.testing.videos import make_video
+    rows = [json.dumps({"prompt": "<video>", "videos": [make_video(
+        str(tmp_path / f"v{i:02d}.mp4"), codec="h264", width=320, height=240, fps=25, n_frames=250, seed=i)]})
+        for i in range(n)]
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("\n".join(rows) + "\n")
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env["VIDCACHE_DIR"] = str(tmp_path / "node")
+    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--log-interval", "0.2"] + backend_args
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 300
+    line = ""
+    while not re.match(rf"prewarm( \(ray\))?: [1-9][0-9]*/{n} ", line):    # a progress line: work is under way
+        line = proc.stderr.readline()
+        assert line or proc.poll() is None, "prewarm ended before it could be interrupted"
+        assert time.monotonic() < deadline
+    return proc, cmd, env
+
+
 @pytest.mark.parametrize("backend", ["local", "ray"])
 def test_ctrl_c_stops_a_cli_prewarm_with_a_summary_and_a_rerun_completes(tmp_path, backend):
     """Issue 33, CLI only, on a fresh node: Ctrl-C (SIGINT to the whole process group, as a terminal sends it)
     during a 20-row prewarm stops scheduling, lets the rows in flight finish or abandons them, prints the summary
     saying "interrupted", exits 130 within 5 s with no traceback, and leaves nothing partial: the re-run builds
     exactly the rest, and verify passes every entry."""
-    import json
     import os
     import signal
     import subprocess
     import sys
     import time
 
-    from vidcache.testing.videos import make_video
-    rows = []
-    for i in range(20):
-        p = make_video(str(tmp_path / f"v{i:02d}.mp4"), codec="h264", width=320, height=240, fps=25, n_frames=250,
-                       seed=i)
-        rows.append(json.dumps({"prompt": "<video>", "videos": [p]}))
-    ds = tmp_path / "d.jsonl"
-    ds.write_text("\n".join(rows) + "\n")
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    env["VIDCACHE_DIR"] = str(tmp_path / "node")
-    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--log-interval", "0.2"] + (
-        ["--workers", "2"] if backend == "local" else ["--ray"])
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    line = ""
-    import re
-    while not re.match(r"prewarm( \(ray\))?: [1-9][0-9]*/20 ", line):    # a progress line: work is under way
-        line = proc.stderr.readline()
-        assert line or proc.poll() is None, "prewarm ended before it could be interrupted"
-        assert time.monotonic() < deadline
+    proc, cmd, env = _prewarm_under_way(tmp_path, 20, ["--workers", "2"] if backend == "local" else ["--ray"])
     os.killpg(proc.pid, signal.SIGINT)
     t0 = time.monotonic()
     out, err = proc.communicate(timeout=60)
@@ -239,32 +249,15 @@ def test_a_second_ctrl_c_stops_a_cli_prewarm_at_once_and_loses_nothing(tmp_path)
     """Issue 33, CLI only, on a fresh node: Ctrl-C twice (the second before the rows in flight finish) stops
     without waiting for them: exit 130, one line saying so, no traceback; nothing partial is left (the re-run
     builds the rest, verify passes every entry)."""
-    import json
     import os
     import re
     import signal
     import subprocess
     import sys
-    import time
 
-    from vidcache.testing.videos import make_video
-    rows = [json.dumps({"prompt": "<video>", "videos": [make_video(
-        str(tmp_path / f"v{i}.mp4"), codec="h264", width=320, height=240, fps=25, n_frames=250, seed=i)]})
-        for i in range(8)]
-    ds = tmp_path / "d.jsonl"
-    ds.write_text("\n".join(rows) + "\n")
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    env["VIDCACHE_DIR"] = str(tmp_path / "node")
-    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--log-interval", "0.2", "--workers", "2"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 300
-    line = ""
-    while not re.match(r"prewarm: \d+/8 ", line):                  # a progress line: work is under way
-        line = proc.stderr.readline()
-        assert line or proc.poll() is None, "prewarm ended before it could be interrupted"
-        assert time.monotonic() < deadline
+    proc, cmd, env = _prewarm_under_way(tmp_path, 8, ["--workers", "2"])
     os.killpg(proc.pid, signal.SIGINT)
+    line = ""
     while "Ctrl-C again to stop now" not in line:                   # the first press was taken
         line = proc.stderr.readline()
         assert line or proc.poll() is None, "prewarm ended before the second press"

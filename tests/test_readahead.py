@@ -19,7 +19,7 @@ import vidcache
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.compact import CompactLayout
-from vidcache.errors import DigestMismatchError
+from vidcache.errors import NotCachedError
 from vidcache.store.single_flight import SingleFlight
 
 CLIPS = ("ffv1_10_small", "mjpeg_24", "h264_30", "mpeg4_25_odd")
@@ -223,8 +223,8 @@ def test_a_corrupt_object_is_never_kept_and_the_failure_reaches_the_read(tmp_pat
         until(lambda: ahead.counts["failed"] == 1)
         assert next(ahead) is h                           # the sample comes, its pull failed quietly
     assert local_blobs(b, [k]) == [False]                 # nothing of it was kept
-    with pytest.raises(DigestMismatchError, match=k):
-        h.frames()                                        # the read meets the failure, by its specific error
+    with pytest.raises(NotCachedError, match=f"{k}.*quarantined a corrupt copy.*compact object"):
+        h.frames()                  # the read meets it: the entry is a miss now, and the miss names the cause
 
 
 def test_entries_not_cached_are_left_to_the_read_which_builds_them(tmp_path, videos, count_decodes):

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING
 
 from . import keys
 from .compact import UNFETCHED, CompactLayout, as_tensor
-from .config import (CacheConfig, local_identity, missing_local_identity, node_tier, remember_identity,
-                     remembered_identity, shared_identity)
+from .config import CacheConfig, resolve_identity
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      SharedUnavailableError, StoreError, VidcacheError, warn_once)
@@ -64,7 +63,7 @@ class VideoCache:
         self.config = config if config is not None else CacheConfig.resolve(path, shared, **settings)
         self._manifests: dict[str, Manifest] = {}
         self._verified: set[str] = set()        # blob digests checked in this process
-        self._found_corrupt: dict[str, DigestMismatchError] = {}    # blob digest -> why its copy was quarantined
+        self._found_corrupt: dict[str, DigestMismatchError] = {}    # blob digest -> why a copy was quarantined
         self.store: Store = self.config.build_store(check=self._check_pulled)
         self._identity: str | None = None
         # The shared tier's failure when the identity was read and the remembered one served instead.
@@ -117,36 +116,12 @@ class VideoCache:
 
     @property
     def identity(self) -> str:
-        """The cluster-wide name of this cache: the shared tier's id, or a node-local id without one."""
+        """The cluster-wide name of this cache: the shared tier's id, or a node-local id without one
+        (``config.resolve_identity``; ``shared_unreachable`` says when the remembered one stood in)."""
         if self._identity is None:
-            shared = self.shared
-            if shared is not None:
-                self._identity = self._shared_identity(shared)
-            else:
-                ident = local_identity(self.path, create=not self.read_only)
-                if ident is None:
-                    raise ConfigError(f"{self!r} {missing_local_identity(self.path)}")
-                self._identity = ident
+            self._identity, self.shared_unreachable = resolve_identity(self.config, self.shared, repr(self))
             _register(self)
         return self._identity
-
-    def _shared_identity(self, shared: Store) -> str:
-        """Read from the tier, and remembered in the node directory: while the tier is down, a node that
-        read it before still serves the entries it holds (the plugin included) instead of failing them."""
-        known = remembered_identity(self.path, self.config.shared)
-        try:
-            ident = shared_identity(shared, create=not self.read_only, remembered=known,
-                                    belongs_to=node_tier(self.path))
-        except SharedUnavailableError as e:
-            if known is None:
-                raise
-            warn_once("identity", f"{e}; serving this node's own entries under the identity it last read "
-                                  f"({known})")
-            self.shared_unreachable = e
-            return known
-        if not self.read_only:
-            remember_identity(self.path, self.config.shared, ident)
-        return ident
 
     def with_settings(self, **changes) -> "VideoCache":
         return VideoCache(config=self.config.replace(**changes))
@@ -364,7 +339,7 @@ class VideoCache:
         if verify is None:
             verify = self.config.verify_reads == "always" or (
                 self.config.verify_reads == "first" and fr.blob not in self._verified)
-        why = self._found_corrupt.get(fr.blob)   # a copy quarantined earlier here: the cause, if none is left
+        why = None
         for attempt in range(2):
             with contextlib.ExitStack() as stack:
                 try:   # every pull from the shared tier is checked before it is served: it may raise too
@@ -386,7 +361,9 @@ class VideoCache:
                         if view is None:
                             if why is not None:    # every copy was corrupt and is now quarantined
                                 raise why
-                            raise NotCachedError(f"entry {m.key}: its blob {fr.blob} is not in {self!r}")
+                            earlier = self._found_corrupt.get(fr.blob)   # why a read here quarantined it
+                            raise NotCachedError(f"entry {m.key}: its blob {fr.blob} is not in {self!r}" + (
+                                f" (this process quarantined a corrupt copy: {earlier})" if earlier else ""))
                         src = checked_frames(m, view, verify)
                         if verify:
                             self._verified.add(m.frames.blob)
@@ -397,7 +374,7 @@ class VideoCache:
                     return
             # Corrupt: never served.  Move the bad copies aside, then try once more (a sound shared copy).
             self._quarantine_bad(blob_key)
-            with self._lock:        # so that a later read (after read-ahead met it, say) names the cause
+            with self._lock:        # so that a later read's miss (after read-ahead met it, say) names the cause
                 if len(self._found_corrupt) > 4096:
                     self._found_corrupt.clear()
                 self._found_corrupt[fr.blob] = why

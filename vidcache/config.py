@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError, NoSpaceError, SharedUnavailableError, StoreError
+from .errors import ConfigError, NoSpaceError, SharedUnavailableError, StoreError, warn_once
 from .keys import LOCAL_ONLY, TIER as TIER_KEY
 from .loader.fetch import FetchLimits
 from .store.base import Store
@@ -310,6 +310,32 @@ def shared_identity(store: Store, create: bool, remembered: str | None = None,
         raise StoreError(f"{store!r} is not an initialised vidcache shared tier (no {TIER_KEY}): nothing "
                          "was prewarmed into it yet. `vidcache prewarm DATASET --shared URL` creates it")
     return _parse_tier_record(store, raw)
+
+
+def resolve_identity(config: "CacheConfig", shared: Store | None, who: str) -> tuple[str, SharedUnavailableError | None]:
+    """The cluster-wide name of the cache ``config`` describes (``who``: its repr, for errors): the shared tier's
+    id, or a node-local one without a shared tier; and the tier's failure when it could not be read and the
+    identity this node remembered was used instead (None otherwise).
+
+    Remembered in the node directory by writable opens: while the tier is down, a node that read it before still
+    serves the entries it holds (the plugin included) instead of failing them."""
+    if shared is None:
+        ident = local_identity(config.path, create=not config.read_only)
+        if ident is None:
+            raise ConfigError(f"{who} {missing_local_identity(config.path)}")
+        return ident, None
+    known = remembered_identity(config.path, config.shared)
+    try:
+        ident = shared_identity(shared, create=not config.read_only, remembered=known,
+                                belongs_to=node_tier(config.path))
+    except SharedUnavailableError as e:
+        if known is None:
+            raise
+        warn_once("identity", f"{e}; serving this node's own entries under the identity it last read ({known})")
+        return known, e
+    if not config.read_only:
+        remember_identity(config.path, config.shared, ident)
+    return ident, None
 
 
 def set_shared_identity(store: Store, tier_id: str | None) -> str:
