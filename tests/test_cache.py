@@ -134,3 +134,24 @@ def test_zlib_encoding_round_trips(tmp_path, videos):
     assert len(c.store.get(keys.cas(h.manifest.frames.blob))) < ref.numel()     # stored compressed
     assert c.verify(h.key) == []
     c.close()
+
+
+def test_names_moved_out_of_the_cache_still_work_and_say_where_they_went(tmp_path, videos):
+    """Issue 30 kept the public API or deprecated it: each old name warns, naming its new home, and gives what
+    the new home gives."""
+    import warnings
+
+    from vidcache.compact import CompactLayout
+    c = VideoCache(tmp_path / "c", shared=str(tmp_path / "nfs"))
+    key = c.ensure(videos["ffv1_10_small"], VideoOptions()).key
+    cases = [("frozen_dir", None, c.frozen.dir), ("decoder", None, c.config.decoder),
+             ("limits", None, c.config.limits), ("compact_key", (key,), CompactLayout.key(key)),
+             ("frozen_copies", (key,), c.frozen.copies(key)), ("frozen_problems", (key,), c.frozen.problems(key)),
+             ("sources_by_digest", (), c._sources_by_digest()), ("publish_missing", (key,), False)]
+    for name, args, want in cases:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = getattr(c, name) if args is None else getattr(c, name)(*args)
+        assert got == want, name
+        assert [x.category for x in w] == [DeprecationWarning] and f"VideoCache.{name} is deprecated" in str(w[0].message)
+        assert w[0].filename == __file__                     # it points at the caller's line

@@ -27,7 +27,7 @@ FLOORS = [
     ("entries", ["manifest", "encode", "frozen_file", "config"]),
     ("integrity", ["integrity"]),
     ("policies", ["frozen_copies", "compact", "repair"]),
-    ("cache", ["cache"]),
+    ("cache", ["cache", "cache_moved"]),
     ("node", ["node"]),
     ("trainer", ["processing", "device"]),
     ("references", ["handle", "dataset", "readahead"]),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import keys
+from .cache_moved import MovedNames
 from .compact import UNFETCHED, CompactLayout, as_tensor
 from .config import CacheConfig, resolve_identity
 from .digest import Digest
@@ -53,7 +54,7 @@ class EnsureResult:
     frame_bytes: int
 
 
-class VideoCache:
+class VideoCache(MovedNames):
     """A node's cache: LMDB (``path``), optionally in front of the cluster's shared tier (``shared``)."""
 
     def __init__(self, path=None, *, shared: str | None = None, config: CacheConfig | None = None,
