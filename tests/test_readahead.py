@@ -19,7 +19,7 @@ import vidcache
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.compact import CompactLayout
-from vidcache.errors import NotCachedError
+from vidcache.errors import CorruptManifestError, NotCachedError
 from vidcache.store.single_flight import SingleFlight
 
 CLIPS = ("ffv1_10_small", "mjpeg_24", "h264_30", "mpeg4_25_odd")
@@ -328,3 +328,28 @@ def test_cli_pull_without_a_shared_tier_is_a_config_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vidcache.cli", "pull", str(data)], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "[config]" in r.stderr and "no shared tier" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_unsealed_manifest_is_never_kept_or_served(tmp_path, tier):
+    """A shared manifest with one digit changed fails its seal: read-ahead keeps nothing of the entry (neither the
+    manifest nor its frames) and serves nothing; the read that needs it raises ``CorruptManifestError``."""
+    import re
+
+    from vidcache.manifest import blob_of
+    shared, ks, _ = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    k = ks[0]
+    path = b.shared._path(K.ac(k))
+    raw = open(path, "rb").read()
+    blob = blob_of(raw)
+    m = re.search(rb'"created_unix": *([0-9])', raw)                 # a field the seal covers
+    digit = m.group(1)
+    raw = raw[:m.start(1)] + (b"8" if digit == b"9" else b"9") + raw[m.end(1):]
+    open(path, "wb").write(raw)
+    h = vidcache.VideoHandle(None, VideoOptions(), b.identity, key=k)._bind(b)
+    with vidcache.read_ahead([h]) as ahead:
+        assert next(ahead) is h
+    assert ahead.counts == {"pulled": 0, "local": 0, "not_cached": 0, "failed": 1}
+    assert b.local.get(K.ac(k)) is None and not b.local.exists_many([K.cas(blob)])[0]
+    with pytest.raises(CorruptManifestError, match=k):
+        h.frames()                                        # the read meets it, by its specific error
