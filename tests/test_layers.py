@@ -26,7 +26,7 @@ FLOORS = [
     ("loader", ["loader"]),
     ("entries", ["manifest", "encode", "frozen_file", "config"]),
     ("integrity", ["integrity"]),
-    ("policies", ["frozen_copies", "compact", "repair"]),
+    ("policies", ["frozen_copies", "compact", "repair", "catalog"]),
     ("cache", ["cache", "cache_moved"]),
     ("node", ["node"]),
     ("trainer", ["processing", "device"]),

@@ -9,7 +9,7 @@ Floors, bottom up (each imports only from below; tests/test_layers.py keeps it s
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config   entry records; the video writer; the frozen-file format; node settings
   integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
-  frozen_copies, compact, repair   the cache's policies: frozen-file records, the shared tier's compact layout, verify/repair
+  frozen_copies, compact, repair, catalog   the cache's policies: frozen files, compact layout, repair, listing/stats
   cache, cache_moved              VideoCache: lookup, build, read, housekeeping; its old names, deprecated
   node                            the caches open in this process, and the lookup by identity
   processing, device              the trainer side: tensors from cached frames and manifests (no handles)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from . import keys
+from . import catalog, keys
 from .cache_moved import MovedNames
 from .compact import UNFETCHED, CompactLayout, as_tensor
 from .config import CacheConfig, resolve_identity
@@ -32,7 +32,7 @@ from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, Diges
 from .frozen_copies import FrozenCopies
 from .integrity import blob_matches, check_object, checked_frames, quarantine
 from .loader.fetch import fetch, fingerprint
-from .loader.tmpdirs import run_tmp_dir, tmp_bytes
+from .loader.tmpdirs import run_tmp_dir
 from .manifest import Manifest, SourceRecord, blob_of, build_manifest
 from .options import VideoOptions
 from .repair import Repair
@@ -512,71 +512,23 @@ class VideoCache(MovedNames):
                 out.append(keys.entry_key(k))
         return out
 
-    def _sources_by_digest(self) -> dict[str, list[str]]:
-        """Source digest -> the sources recorded for it (``src/`` records of every tier)."""
-        out: dict[str, list[str]] = {}
-        for k in self.store.keys(keys.SRC):
-            raw = self.store.get(k)
-            if raw is not None and (rec := SourceRecord.from_json(raw)) is not None:
-                out.setdefault(str(rec.digest), []).append(rec.source)
-        return out
-
     def listing(self) -> list[dict]:
-        """One record per entry: sources, family, T x H x W, tokens, bytes, and the tiers that hold it."""
+        """One record per entry: sources, family, T x H x W, fps, tokens, bytes, tiers (``catalog.listing``)."""
         self._backfill.drain()       # what this process wrote is in the local tier
-        local = set(self.local.keys(keys.AC))
-        shared = set(self.shared.keys(keys.AC)) if self.shared is not None else set()
-        srcs = self._sources_by_digest()
-        out = []
-        for sk in sorted(local | shared):
-            try:
-                key = keys.entry_key(sk)
-                m = self.manifest(key)
-            except VidcacheError:
-                m = None
-            if m is None:
-                continue
-            t, _, h, w = m.frames.shape
-            out.append({"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
-                        "frames": t, "height": h, "width": w, "fps": m.sampling.sample_fps,
-                        "tokens": m.tokens.video_pad_tokens,
-                        "bytes": m.frames.nbytes,
-                        "tiers": [n for n, ks in (("local", local), ("shared", shared)) if sk in ks]})
-        return out
+        return catalog.listing(self)
 
     def options_cached_for(self, source: str) -> list[dict]:
         """The options under which ``source`` is cached (by its recorded digest), for a helpful miss."""
         d = self._recorded_digest(source, fingerprint(source, self.config.limits))
-        if d is None:
-            return []
-        prefix = f"{d.hash}.{d.size_bytes}."
-        found = []
-        for key in self.entries():
-            if key.startswith(prefix) and (m := self.manifest(key)) is not None:
-                found.append({k: v for k, v in m.video_options().to_dict().items()})
-        return found
+        return [] if d is None else catalog.options_under(self, d)
 
     def stats(self) -> dict:
+        """The counts of the cache and of each tier (``catalog.stats``)."""
         self._backfill.drain()       # what this process wrote is in the local tier
-        count = lambda store, ns: sum(1 for _ in store.keys(ns))   # noqa: E731
-        out = {"path": self.path, "identity": self.identity,
-               "entries": count(self.store, keys.AC), "blobs": count(self.store, keys.CAS),
-               "sources": count(self.store, keys.SRC), "frozen_files": count(self.store, keys.FROZEN),
-               "quarantined": count(self.store, keys.QUARANTINE), "tmp_bytes": tmp_bytes(self.tmp_dir),
-               "local": {"entries": count(self.local, keys.AC), "blobs": count(self.local, keys.CAS)},
-               "shared": None, "store": self.store.stats()}
-        if self.shared is not None:
-            if hasattr(self.shared, "usage"):          # one listing of the tier (S3: one paged LIST)
-                u = self.shared.usage()
-                n = u.pop("objects")
-            else:
-                u, n = {}, {ns.rstrip("/"): count(self.shared, ns) for ns in (keys.AC, keys.CAS, keys.FROZEN,
-                                                                              keys.QUARANTINE)}
-            out["shared"] = {"url": self.config.shared, "entries": n.get("ac", 0), "blobs": n.get("cas", 0),
-                             "sources": n.get("src", 0), "frozen_files": n.get("frozen", 0),
-                             "quarantined": n.get("quarantine", 0), **u}
-        return out
+        return catalog.stats(self)
 
+    def _sources_by_digest(self) -> dict[str, list[str]]:
+        return catalog.sources_by_digest(self.store)
 
 
 # --- the caches of this process, by identity (vidcache.node looks them up) --------------------

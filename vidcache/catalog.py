@@ -1,0 +1,78 @@
+"""What a cache holds, as the CLI reports it: one record per entry (``ls``), the counts of each tier (``stats``),
+the options a source is cached under (a helpful miss in ``inspect``), and the sources recorded for a content
+digest (what a repair rebuilds from).  Read-only summaries over a ``VideoCache``'s stores and manifests."""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from . import keys
+from .digest import Digest
+from .errors import VidcacheError
+from .loader.tmpdirs import tmp_bytes
+from .manifest import SourceRecord
+
+if TYPE_CHECKING:
+    from .cache import VideoCache
+    from .store.base import Store
+
+
+def sources_by_digest(store: "Store") -> dict[str, list[str]]:
+    """Source digest -> the sources recorded for it (``src/`` records of every tier)."""
+    out: dict[str, list[str]] = {}
+    for k in store.keys(keys.SRC):
+        raw = store.get(k)
+        if raw is not None and (rec := SourceRecord.from_json(raw)) is not None:
+            out.setdefault(str(rec.digest), []).append(rec.source)
+    return out
+
+
+def listing(cache: "VideoCache") -> list[dict]:
+    """One record per entry: sources, family, T x H x W, fps, tokens, bytes, and the tiers that hold it."""
+    local = set(cache.local.keys(keys.AC))
+    shared = set(cache.shared.keys(keys.AC)) if cache.shared is not None else set()
+    srcs = sources_by_digest(cache.store)
+    out = []
+    for sk in sorted(local | shared):
+        key = m = None
+        with contextlib.suppress(VidcacheError):       # a stray name or a damaged manifest: not an entry to list
+            key = keys.entry_key(sk)
+            m = cache.manifest(key)
+        if m is None:
+            continue
+        t, _, h, w = m.frames.shape
+        out.append({"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
+                    "frames": t, "height": h, "width": w, "fps": m.sampling.sample_fps,
+                    "tokens": m.tokens.video_pad_tokens, "bytes": m.frames.nbytes,
+                    "tiers": [n for n, ks in (("local", local), ("shared", shared)) if sk in ks]})
+    return out
+
+
+def options_under(cache: "VideoCache", digest: Digest) -> list[dict]:
+    """The options of every entry cached for the content ``digest``."""
+    prefix = f"{digest.hash}.{digest.size_bytes}."
+    return [m.video_options().to_dict() for key in cache.entries()
+            if key.startswith(prefix) and (m := cache.manifest(key)) is not None]
+
+
+def stats(cache: "VideoCache") -> dict:
+    """Entries, blobs, sources, frozen files and quarantined objects of the whole cache and of each tier."""
+    def count(store, ns):
+        return sum(1 for _ in store.keys(ns))
+    out = {"path": cache.path, "identity": cache.identity,
+           "entries": count(cache.store, keys.AC), "blobs": count(cache.store, keys.CAS),
+           "sources": count(cache.store, keys.SRC), "frozen_files": count(cache.store, keys.FROZEN),
+           "quarantined": count(cache.store, keys.QUARANTINE), "tmp_bytes": tmp_bytes(cache.tmp_dir),
+           "local": {"entries": count(cache.local, keys.AC), "blobs": count(cache.local, keys.CAS)},
+           "shared": None, "store": cache.store.stats()}
+    if cache.shared is not None:
+        if hasattr(cache.shared, "usage"):          # one listing of the tier (S3: one paged LIST)
+            u = cache.shared.usage()
+            n = u.pop("objects")
+        else:
+            u, n = {}, {ns.rstrip("/"): count(cache.shared, ns) for ns in (keys.AC, keys.CAS, keys.FROZEN,
+                                                                           keys.QUARANTINE)}
+        out["shared"] = {"url": cache.config.shared, "entries": n.get("ac", 0), "blobs": n.get("cas", 0),
+                         "sources": n.get("src", 0), "frozen_files": n.get("frozen", 0),
+                         "quarantined": n.get("quarantine", 0), **u}
+    return out
