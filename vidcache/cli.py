@@ -221,8 +221,9 @@ def cmd_pull(args) -> int:
     print(f"pull: {args.dataset} from {cache.config.shared} into {cache.path}", file=sys.stderr)
     rows = LazyVideoDataset(args.dataset, cache, _options(args), input_key=args.input_key,
                             video_key=keys.get("video", VIDEO_KEY), image_key=keys.get("image"), split=args.split)
+    from tqdm import tqdm
     with read_ahead((r.handles for r in rows), depth=args.depth, max_bytes=args.max_bytes) as ahead:
-        for _ in ahead:
+        for _ in tqdm(ahead, total=len(rows), unit="row", desc="pull", disable=not sys.stderr.isatty()):
             pass
     cache.sync()
     c = ahead.counts
