@@ -109,6 +109,37 @@ def test_the_window_is_bounded_by_samples_and_by_bytes(tmp_path, tier):
         assert ahead.counts["pulled"] == 2          # depth 2: two samples ahead of a reader that has read none
 
 
+def test_a_byte_bound_above_the_default_is_kept_without_a_budget(tmp_path, tier):
+    shared, ks, _ = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    with vidcache.read_ahead([vidcache.from_key(k, b) for k in ks], max_bytes=8 << 30) as ahead:
+        until(lambda: ahead.counts["pulled"] == len(ks))
+    assert ahead.max_bytes == 8 << 30
+
+
+def test_a_failed_pull_is_tried_again_when_a_later_sample_asks(tmp_path, tier, monkeypatch):
+    """A pull that failed (a tier outage) is not remembered as the key's pull: the next sample naming the key
+    pulls it again."""
+    from vidcache.errors import SharedUnavailableError
+    shared, ks, frames = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    real, calls = CompactLayout.expand, []
+
+    def flaky(self, m, value=None, **kw):
+        calls.append(m.key)
+        if len(calls) == 1:
+            raise SharedUnavailableError("the tier is down for a moment")
+        return real(self, m, value, **kw)
+    monkeypatch.setattr(CompactLayout, "expand", flaky)
+    k = ks[0]
+    with vidcache.read_ahead([[vidcache.from_key(k, b)], [vidcache.from_key(k, b)]], depth=1) as ahead:
+        next(ahead)                               # its pull failed
+        assert ahead.counts["failed"] == 1 and local_blobs(b, [k]) == [False]
+        next(ahead)                               # the second sample's pull
+    b.sync()
+    assert ahead.counts["pulled"] == 1 and local_blobs(b, [k]) == [True] and calls == [k, k]
+
+
 def test_a_local_budget_halves_the_window(tmp_path, tier):
     shared, ks, _ = tier
     sizes = [VideoCache(tmp_path / "x", shared=shared).manifest(k).frames.nbytes for k in ks]

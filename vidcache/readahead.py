@@ -66,7 +66,7 @@ class ReadAhead:
         self._taken = 0                  # samples taken from ``samples``
         self._read = 0                   # samples the reader has passed
         self._ahead_bytes = 0
-        self._pulls: dict[tuple[str, str], Future] = {}      # (cache identity, key): one pull each
+        self._pulls: dict[tuple[str, str], Future] = {}      # (cache identity, key): the pull under way
         self._end: BaseException | None = None                # StopIteration, or what the samples raised
         self._closed = False
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vidcache-read-ahead")
@@ -112,7 +112,7 @@ class ReadAhead:
         once, in order): what a rollout client names ahead to its server (``prepare(..., ahead=)``)."""
         with self._cond:
             handles = [h for s in self._window for h in _handles(s.item)]
-        return [k for k in dict.fromkeys(h.key for h in handles if h.key is not None)][:n]
+        return list(dict.fromkeys(h.key for h in handles if h.key is not None))[:n]
 
     def _pass(self, n: int, passed: list[_Sample]) -> None:
         self._read += n
@@ -167,21 +167,18 @@ class ReadAhead:
             s.pulls.append(self._pulls[ident])
             return
         cache = h.cache
-        if self._limit(cache) < self.max_bytes:
-            self.max_bytes = self._limit(cache)
+        if (budget := cache.config.max_local_bytes) is not None:    # half of it: the other half is the reader's
+            self.max_bytes = min(self.max_bytes, max(1, budget // 2))
         with self._cond:           # close() marks itself under this lock before it shuts the pool down
             if self._closed:
                 return
             fut = self._pool.submit(self._pull, cache, key)
         self._pulls[ident] = fut
-        fut.add_done_callback(lambda f, ident=ident: self._pulls.pop(ident, None) if f.cancelled() else None)
+        # Only pulls under way are shared: once one ends, a later ask pulls again (after a failure, or an eviction
+        # in a later epoch), or finds the entry local at once.
+        fut.add_done_callback(lambda f, ident=ident: self._pulls.pop(ident, None))
         s.pulls.append(fut)
         s.charge += m.frames.nbytes
-
-    @staticmethod
-    def _limit(cache) -> int:
-        budget = cache.config.max_local_bytes
-        return MAX_BYTES if budget is None else max(1, budget // 2)
 
     def _pull(self, cache, key: str) -> None:
         try:
