@@ -131,13 +131,16 @@ def test_a_failed_pull_is_tried_again_when_a_later_sample_asks(tmp_path, tier, m
             raise SharedUnavailableError("the tier is down for a moment")
         return real(self, m, value, **kw)
     monkeypatch.setattr(CompactLayout, "expand", flaky)
-    k = ks[0]
-    with vidcache.read_ahead([[vidcache.from_key(k, b)], [vidcache.from_key(k, b)]], depth=1) as ahead:
+    k, other = ks[0], ks[1]
+    samples = [[vidcache.from_key(x, b)] for x in (k, other, k)]
+    with vidcache.read_ahead(samples, depth=1) as ahead:
         next(ahead)                               # its pull failed
         assert ahead.counts["failed"] == 1 and local_blobs(b, [k]) == [False]
-        next(ahead)                               # the second sample's pull
+        next(ahead)                               # the failed pull has ended: the third sample asks anew
+        next(ahead)
     b.sync()
-    assert ahead.counts["pulled"] == 1 and local_blobs(b, [k]) == [True] and calls == [k, k]
+    assert ahead.counts["pulled"] == 2 and local_blobs(b, [k]) == [True] and calls == [k, other, k], (
+        ahead.counts, calls)
 
 
 def test_a_local_budget_halves_the_window(tmp_path, tier):

@@ -59,7 +59,10 @@ class ReadAhead:
         if depth < 1 or max_bytes < 1 or workers < 1:
             raise ValueError(f"depth, max_bytes and workers must be positive, got {depth}, {max_bytes}, {workers}")
         self.depth, self.max_bytes = depth, max_bytes
+        # "pulled" / "local": entries, each counted once, by its first pull that ended well (a later epoch may pull
+        # an evicted entry again); "not_cached" / "failed": asks.
         self.counts = {"pulled": 0, "local": 0, "not_cached": 0, "failed": 0}
+        self._counted: set[str] = set()
         self._samples = iter(samples)
         self._cond = threading.Condition()
         self._window: collections.deque[_Sample] = collections.deque()   # taken, not yet passed by the reader
@@ -163,8 +166,8 @@ class ReadAhead:
             self._count("not_cached")
             return
         ident = (h.tier, key)
-        if ident in self._pulls:               # another sample of the window asked already: one pull
-            s.pulls.append(self._pulls[ident])
+        if (under_way := self._pulls.get(ident)) is not None and not under_way.done():
+            s.pulls.append(under_way)          # another sample of the window asked already: one pull
             return
         cache = h.cache
         if (budget := cache.config.max_local_bytes) is not None:    # half of it: the other half is the reader's
@@ -174,17 +177,24 @@ class ReadAhead:
                 return
             fut = self._pool.submit(self._pull, cache, key)
         self._pulls[ident] = fut
-        # Only pulls under way are shared: once one ends, a later ask pulls again (after a failure, or an eviction
-        # in a later epoch), or finds the entry local at once.
-        fut.add_done_callback(lambda f, ident=ident: self._pulls.pop(ident, None))
+        # Only pulls under way are shared (above): once one ends, a later ask pulls again (after a failure, or an
+        # eviction before a later epoch), or finds the entry local at once.  Ended ones are dropped, so the map
+        # stays the size of what is in flight.
+        fut.add_done_callback(lambda f, ident=ident: self._pulls.pop(ident, None) if self._pulls.get(ident) is f
+                              else None)
         s.pulls.append(fut)
         s.charge += m.frames.nbytes
 
     def _pull(self, cache, key: str) -> None:
         try:
-            self._count("pulled" if cache.bring_local(key) else "local")
+            pulled = cache.bring_local(key)
         except Exception as e:     # noqa: BLE001 -- never raised in this thread: the read that needs it pulls again
             self._failed(key, e)
+            return
+        with self._cond:
+            if key not in self._counted:
+                self._counted.add(key)
+                self.counts["pulled" if pulled else "local"] += 1
 
     def _count(self, what: str) -> None:
         with self._cond:
