@@ -10,6 +10,8 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.cli import main as cli
 
+from support.damage import flip_seen_by_decoder
+
 
 def test_stats_inspect_and_contact_sheet(tmp_path, videos, capsys):
     ds = tmp_path / "d.jsonl"
@@ -135,9 +137,8 @@ def test_verify_walks_the_shared_tier_and_repairs_it_from_the_local_copy(tmp_pat
     out = capsys.readouterr().out
     assert _verify_lines(out) == {key: "OK"} and "verify: 1 ok, 0 bad" in out
     obj = c.compact.key(key)                            # the shared tier's one (compact) copy of the entry
-    raw = bytearray(c.shared.get(obj))
-    raw[len(raw) // 2] ^= 0x10
-    c.shared.set_many({obj: bytes(raw)})                # only the shared copy is damaged
+    raw = flip_seen_by_decoder(c.shared.get(obj), c.manifest(key))
+    c.shared.set_many({obj: raw})                       # only the shared copy is damaged
     good = c.frames(key).clone()
     c.close()
     assert cli(["verify"] + args) == 1

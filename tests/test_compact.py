@@ -7,6 +7,7 @@ import torch
 
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
+from vidcache.digest import Digest
 from vidcache.errors import ConfigError, DigestMismatchError
 
 
@@ -51,6 +52,19 @@ def test_expand_of_an_object_decoding_to_other_frames_quarantines_and_raises(tmp
         c.compact.expand(m)
     assert c.shared.get(c.compact.key(key)) is None
     assert c.shared.get(K.quarantined(c.compact.key(key))) is not None
+
+
+def test_an_object_is_sound_only_when_it_decodes_exactly_and_its_bytes_are_its_records(tmp_path, raw_tier):
+    tier, key, frames = raw_tier
+    c = VideoCache(tmp_path / "b", shared=str(tier))
+    m = c.manifest(key)
+    assert c.compact.publish(key, frames, m)
+    obj, record = c.compact.key(key), K.frozen_digest(key, c.compact.suffix())
+    assert c.compact.sound(key, m) == c.shared.get(obj)
+    c.shared.set_many({record: str(Digest.of(b"other bytes")).encode()})
+    assert c.compact.sound(key, m) is None             # decodes exactly, but is not the object recorded
+    c.shared.delete(record)
+    assert c.compact.sound(key, m) == c.shared.get(obj)   # no record (D39): decoding exactly is the proof
 
 
 def test_a_read_only_or_raw_layout_never_publishes(tmp_path, raw_tier):

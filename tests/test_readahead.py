@@ -22,6 +22,8 @@ from vidcache.compact import CompactLayout
 from vidcache.errors import CorruptManifestError, NotCachedError
 from vidcache.store.single_flight import SingleFlight
 
+from support.damage import flip_seen_by_decoder
+
 CLIPS = ("ffv1_10_small", "mjpeg_24", "h264_30", "mpeg4_25_odd")
 
 
@@ -249,9 +251,8 @@ def test_a_corrupt_object_is_never_kept_and_the_failure_reaches_the_read(tmp_pat
     b = VideoCache(tmp_path / "b", shared=shared)
     k = ks[3]
     path = b.shared._path(CompactLayout.key(k))
-    raw = bytearray(open(path, "rb").read())
-    raw[len(raw) // 2] ^= 0x01
-    open(path, "wb").write(bytes(raw))
+    rotted = flip_seen_by_decoder(open(path, "rb").read(), b.manifest(k), bit=0x01)
+    open(path, "wb").write(rotted)
     h = vidcache.from_key(k, b)
     with vidcache.read_ahead([h]) as ahead:
         until(lambda: ahead.counts["failed"] == 1)

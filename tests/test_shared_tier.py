@@ -13,6 +13,8 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.errors import DigestMismatchError
 
+from support.damage import flip_seen_by_decoder
+
 
 # --- nodes ---------------------------------------------------------------------------------------------
 def test_second_node_reads_through_without_decoding(tmp_path, videos, count_decodes):
@@ -43,7 +45,10 @@ def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos,
     assert (a.shared.get("cas/" + m.frames.blob) is None) == (layout == "compact")   # no raw copy, compact
     blob_path = a.shared._path(store_key)
     raw = bytearray(open(blob_path, "rb").read())
-    raw[len(raw) // 2] ^= 0x01
+    if layout == "compact":
+        raw = flip_seen_by_decoder(bytes(raw), m, bit=0x01)
+    else:
+        raw[len(raw) // 2] ^= 0x01
     open(blob_path, "wb").write(bytes(raw))
     b = VideoCache(tmp_path / "b", shared=shared)
     with pytest.raises(DigestMismatchError, match=key):

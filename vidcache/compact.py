@@ -9,6 +9,7 @@ stays true:
   * an object already at the name is trusted only once it decodes to the entry's frames (D32);
   * a read decodes the object as it arrives (``store/prefetch``), checks the frames against the blob digest,
     and only then serves them and copies them into the local tier behind the read (``store/backfill``);
+  * an object whose bytes are not its recorded ones is moved aside even when it decodes exactly here;
   * a fetch cut off part-way is the tier's failure, never a corrupt object: nothing is quarantined.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from . import keys
 from .errors import ConfigError, DigestMismatchError
 from .frozen_copies import FrozenCopies
-from .integrity import compact_frames, tier_copy
+from .integrity import compact_frames, frozen_problem, tier_copy
 from .manifest import Manifest, blob_of
 from .serving import COMPACT_FORMAT
 from .store.backfill import Backfill
@@ -108,9 +109,13 @@ class CompactLayout:
         return True
 
     def sound(self, key: str, m: Manifest) -> bytes | None:
-        """The shared tier's compact object of ``key`` when it decodes to exactly ``m``'s frames, else None."""
+        """The shared tier's compact object of ``key`` when it decodes to exactly ``m``'s frames and its bytes
+        are the recorded ones (where a record was written: damage PyAV conceals is damage still), else None."""
         value = self.shared.get(self.key(key))
-        return value if value is not None and compact_frames(value, m)[0] is not None else None
+        if value is None or compact_frames(value, m)[0] is None:
+            return None
+        record = self.shared.get(keys.frozen_digest(key, self.suffix()))
+        return value if record is None or frozen_problem(value, record) is None else None
 
     # --- read -------------------------------------------------------------------------------
     def prefetch(self, key: str) -> Prefetch:
@@ -120,25 +125,40 @@ class CompactLayout:
     def expand(self, m: Manifest, value=UNFETCHED) -> "np.ndarray | None":
         """``m``'s frames from the shared tier's compact object (``value``: the ``Prefetch`` bringing it, when
         the caller began the fetch; else one is started here, so every read decodes as it downloads):
-        decoded, checked against the blob digest, and only then backfilled into the local tier.  None when the
-        tier has no compact object for it; a copy that decodes to other bytes is quarantined and raised
-        (``DigestMismatchError``), never served; a fetch that failed part-way raises the tier's error instead,
-        quarantining nothing."""
+        decoded, checked against the blob digest (and its bytes against their record), and only then
+        backfilled into the local tier.  None when the tier has no compact object for it; a copy that decodes
+        to other bytes is quarantined and raised (``DigestMismatchError``), never served; a fetch that failed
+        part-way raises the tier's error instead, quarantining nothing."""
         if self.shared is None:
             return None
         if value is UNFETCHED:
             value = self.prefetch(m.key)
         if not value.found():
             return None
+        record = self.shared.get(keys.frozen_digest(m.key, self.suffix()))   # while the object streams in
         raw, why = compact_frames(value, m)
         if why is not None:
             value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
             self.frozen.quarantine("shared", m.key, self.suffix())
             raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
+        self._check_bytes(m, value, record, raw)
         self.verified.add(m.frames.blob)
         if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on
             self.backfill.put(keys.cas(m.frames.blob), m.frames.encode(raw))
         return raw
+
+    def _check_bytes(self, m: Manifest, value: Prefetch, record: bytes | None, raw: "np.ndarray") -> None:
+        """An object that decoded to exactly ``m``'s frames but whose bytes are not the ones recorded for it
+        is damaged all the same: the damage fell where this decoder conceals it, and another decoder (SGLang's,
+        reading the object by URL) may conceal it otherwise.  The frames are exact, so the read is served;
+        the object is moved aside, and replaced from these frames when this node writes to the tier."""
+        if record is None or (why := frozen_problem(value.digest(), record)) is None:
+            return           # no record (D39: a crash between object and record; verify --repair records it)
+        log.warning("the shared tier's object %s decodes to entry %s's frames but %s: moved aside%s",
+                    self.key(m.key), m.key, why, ", replaced" if self.writes else "")
+        self.frozen.quarantine("shared", m.key, self.suffix())
+        if self.writes:
+            self.publish(m.key, as_tensor(raw, m), m)
 
     # --- convert ----------------------------------------------------------------------------
     def upgrade(self, entry_keys: list[str], manifest: Callable[[str], Manifest | None],

@@ -40,15 +40,16 @@ def blob_matches(blob: str, value) -> bool:
 
 
 def frozen_problem(value, record) -> str | None:
-    """Why a frozen file's bytes are not the ones recorded for it (None: sound).  ``record`` is the
-    ``frozen-digest/`` value of the same tier, or None for a file made before files were recorded."""
+    """Why a frozen file's bytes are not the ones recorded for it (None: sound).  ``value``: the bytes, or
+    their ``Digest`` when they were hashed as they streamed in.  ``record`` is the ``frozen-digest/`` value of
+    the same tier, or None for a file made before files were recorded."""
     if record is None:
         return "no recorded digest"
     try:
         want = Digest.parse(bytes(record).decode())
     except (ValueError, UnicodeDecodeError):
         return "its recorded digest is damaged"
-    got = Digest.of(value)
+    got = value if isinstance(value, Digest) else Digest.of(value)
     return None if got == want else f"hashes to {got}, recorded {want}"
 
 

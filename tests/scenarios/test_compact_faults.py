@@ -8,6 +8,7 @@ an upgrade killed mid-way tests/test_shared_layout.py's too.
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import time
@@ -17,6 +18,7 @@ import torch
 
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
+from vidcache.digest import Digest
 from vidcache.errors import DigestMismatchError, NotCachedError, SharedUnavailableError
 from vidcache.store.fsspec import FsspecStore
 
@@ -73,6 +75,27 @@ def test_faults_of_the_object_are_never_served_and_a_repair_restores_every_entry
         fresh = VideoCache(tmp_path / f"after{i}", shared=str(tmp_path / "tier"))
         lost += not torch.equal(fresh.frames(k), want)
     assert (served_corrupt, hangs, lost) == (0, 0, 0)
+
+
+def test_an_object_that_decodes_exactly_but_is_not_its_recorded_bytes_is_served_and_replaced(tmp_path, tier,
+                                                                                              caplog):
+    """A flipped byte can fall where PyAV conceals it: a CI run once read exact frames from such an object,
+    and the damaged object stayed in the tier.  It is damaged all the same (SGLang's decoder, reading it by
+    URL, may conceal it otherwise), so the read serves the exact frames, moves the object aside (never
+    deleted) and puts a sound one in its place.  Made here by a record of other bytes: what the read sees of
+    such damage, wherever the flip falls."""
+    a, k, other, want = tier
+    obj = a.compact.key(k)
+    before = a.shared.get(obj)
+    a.shared.set_many({K.frozen_digest(k, a.compact.suffix()): str(Digest.of(b"other bytes")).encode()})
+    b = VideoCache(tmp_path / "b", shared=str(tmp_path / "tier"))
+    assert b.verify(k) != []                                        # the tier is damaged before the read
+    with caplog.at_level(logging.WARNING, logger="vidcache"):
+        assert torch.equal(b.frames(k), want)
+    assert f"decodes to entry {k}'s frames but hashes to" in caplog.text and "moved aside, replaced" in caplog.text
+    assert b.shared.get(K.quarantined(obj)) == before               # moved aside, not lost
+    assert b.verify(k) == []                                        # the object now in place is its record's
+    assert torch.equal(VideoCache(tmp_path / "c", shared=str(tmp_path / "tier")).frames(k), want)
 
 
 def test_an_object_deleted_mid_read_is_read_whole_or_refused(tmp_path, tier, monkeypatch):

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from vidcache.digest import Digest
 from vidcache.errors import SharedTimeoutError, SharedUnavailableError
 from vidcache.store.memory import MemoryStore
 from vidcache.store.prefetch import Prefetch
@@ -72,6 +73,20 @@ def test_a_fetch_cut_off_part_way_ends_the_file_and_finish_raises_it():
     with pytest.raises(SharedUnavailableError) as e:
         f.finish()
     assert e.value is cut
+
+
+def test_the_digest_is_of_every_byte_fetched_and_never_of_a_part():
+    value = bytes(range(256)) * 64
+    store = Paced({"frozen/k.nut": value})
+    f = Prefetch(store, "frozen/k.nut")
+    store.go.set()
+    read_all(f)
+    assert f.digest() == Digest.of(value)
+    cut = Paced({"frozen/k.nut": value}, fail=SharedUnavailableError("reset"))
+    g = Prefetch(cut, "frozen/k.nut")
+    cut.go.set()
+    with pytest.raises(SharedUnavailableError):      # half the bytes came: no digest of them stands for the object
+        g.digest()
 
 
 def test_a_fetch_that_fails_before_any_byte_raises_from_found():

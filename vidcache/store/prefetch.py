@@ -11,13 +11,16 @@ What stays true:
     failure.  So a caller that finds the bytes unsound asks ``finish()`` first, and a network failure is
     never taken for a corrupt object (which would quarantine a sound copy);
   * absent and empty are told apart: ``found()`` waits for the first piece or for the end;
-  * pieces are dropped once read, so the whole value is never held twice.
+  * pieces are dropped once read, so the whole value is never held twice;
+  * the bytes are hashed as they arrive (``digest()``), so a caller can check them against a record without
+    holding them.
 """
 from __future__ import annotations
 
 import collections
 import threading
 
+from ..digest import Digest, StreamingDigest
 from .base import Store
 
 
@@ -32,6 +35,7 @@ class Prefetch:
         self._done = False
         self._found: bool | None = None
         self._error: BaseException | None = None
+        self._hash = StreamingDigest()
         threading.Thread(target=self._fetch, args=(store, key), name="vidcache-pull", daemon=True).start()
 
     def _fetch(self, store: Store, key: str) -> None:
@@ -49,6 +53,7 @@ class Prefetch:
             if self._done:                # a transfer that timed out and then woke up: not ours any more
                 return
             if piece:
+                self._hash.update(piece)
                 self._pieces.append(piece)
                 self._arrived = True
                 self._cond.notify_all()
@@ -90,3 +95,8 @@ class Prefetch:
             self._cond.wait_for(lambda: self._done)
             if self._error is not None:
                 raise self._error
+
+    def digest(self) -> Digest:
+        """The digest of every byte fetched; raises the fetch's error if it failed (so never of a part)."""
+        self.finish()
+        return self._hash.digest()
