@@ -126,14 +126,14 @@ def test_a_failed_pull_is_tried_again_when_a_later_sample_asks(tmp_path, tier, m
     shared, ks, frames = tier
     b = VideoCache(tmp_path / "b", shared=shared)
     real, calls = CompactLayout.expand, []
+    k, other = ks[0], ks[1]
 
     def flaky(self, m, value=None, **kw):
         calls.append(m.key)
-        if len(calls) == 1:
+        if calls.count(k) == 1 and m.key == k:     # k's first pull (other's may start first: two workers)
             raise SharedUnavailableError("the tier is down for a moment")
         return real(self, m, value, **kw)
     monkeypatch.setattr(CompactLayout, "expand", flaky)
-    k, other = ks[0], ks[1]
     samples = [[vidcache.from_key(x, b)] for x in (k, other, k)]
     with vidcache.read_ahead(samples, depth=1) as ahead:
         next(ahead)                               # its pull failed
@@ -141,8 +141,8 @@ def test_a_failed_pull_is_tried_again_when_a_later_sample_asks(tmp_path, tier, m
         next(ahead)                               # the failed pull has ended: the third sample asks anew
         next(ahead)
     b.sync()
-    assert ahead.counts["pulled"] == 2 and local_blobs(b, [k]) == [True] and calls == [k, other, k], (
-        ahead.counts, calls)
+    assert ahead.counts["pulled"] == 2 and local_blobs(b, [k]) == [True], ahead.counts
+    assert sorted(calls) == sorted([k, other, k]), calls
 
 
 def test_a_local_budget_halves_the_window(tmp_path, tier):

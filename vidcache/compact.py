@@ -19,7 +19,8 @@ import os
 from typing import TYPE_CHECKING, Callable
 
 from . import keys
-from .errors import ConfigError, DigestMismatchError
+from .digest import StreamingDigest
+from .errors import ConfigError, DigestMismatchError, SharedUnavailableError
 from .frozen_copies import FrozenCopies
 from .integrity import compact_frames, frozen_problem, tier_copy
 from .manifest import Manifest, blob_of
@@ -120,7 +121,7 @@ class CompactLayout:
     # --- read -------------------------------------------------------------------------------
     def prefetch(self, key: str) -> Prefetch:
         """Start fetching ``key``'s compact object now, to be decoded as it arrives by ``expand``."""
-        return Prefetch(self.shared, self.key(key))
+        return Prefetch(self.shared, self.key(key), hasher=StreamingDigest())   # for _check_bytes
 
     def expand(self, m: Manifest, value=UNFETCHED) -> "np.ndarray | None":
         """``m``'s frames from the shared tier's compact object (``value``: the ``Prefetch`` bringing it, when
@@ -152,8 +153,14 @@ class CompactLayout:
         is damaged all the same: the damage fell where this decoder conceals it, and another decoder (SGLang's,
         reading the object by URL) may conceal it otherwise.  The frames are exact, so the read is served;
         the object is moved aside, and replaced from these frames when this node writes to the tier."""
-        if record is None or (why := frozen_problem(value.digest(), record)) is None:
+        if record is None:
             return           # no record (D39: a crash between object and record; verify --repair records it)
+        try:
+            value.finish()   # all of it hashed
+        except SharedUnavailableError:
+            return           # cut off after the frames: they are exact, and a part of the bytes proves nothing
+        if (why := frozen_problem(value.hasher.digest(), record)) is None:
+            return
         log.warning("the shared tier's object %s decodes to entry %s's frames but %s: moved aside%s",
                     self.key(m.key), m.key, why, ", replaced" if self.writes else "")
         self.frozen.quarantine("shared", m.key, self.suffix())

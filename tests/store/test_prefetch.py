@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from vidcache.digest import Digest
+from vidcache.digest import Digest, StreamingDigest
 from vidcache.errors import SharedTimeoutError, SharedUnavailableError
 from vidcache.store.memory import MemoryStore
 from vidcache.store.prefetch import Prefetch
@@ -75,18 +75,20 @@ def test_a_fetch_cut_off_part_way_ends_the_file_and_finish_raises_it():
     assert e.value is cut
 
 
-def test_the_digest_is_of_every_byte_fetched_and_never_of_a_part():
+def test_the_hasher_is_fed_every_byte_in_order_and_a_cut_fetch_is_raised_before_it_is_read():
     value = bytes(range(256)) * 64
     store = Paced({"frozen/k.nut": value})
-    f = Prefetch(store, "frozen/k.nut")
+    f = Prefetch(store, "frozen/k.nut", hasher=StreamingDigest())
     store.go.set()
     read_all(f)
-    assert f.digest() == Digest.of(value)
+    f.finish()
+    assert f.hasher.digest() == Digest.of(value)
     cut = Paced({"frozen/k.nut": value}, fail=SharedUnavailableError("reset"))
-    g = Prefetch(cut, "frozen/k.nut")
+    g = Prefetch(cut, "frozen/k.nut", hasher=StreamingDigest())
     cut.go.set()
-    with pytest.raises(SharedUnavailableError):      # half the bytes came: no digest of them stands for the object
-        g.digest()
+    with pytest.raises(SharedUnavailableError):      # half the bytes came: finish() says so before any check
+        g.finish()
+    assert g.hasher.size_bytes == len(value) // 2
 
 
 def test_a_fetch_that_fails_before_any_byte_raises_from_found():

@@ -12,22 +12,21 @@ What stays true:
     never taken for a corrupt object (which would quarantine a sound copy);
   * absent and empty are told apart: ``found()`` waits for the first piece or for the end;
   * pieces are dropped once read, so the whole value is never held twice;
-  * the bytes are hashed as they arrive (``digest()``), so a caller can check them against a record without
-    holding them.
+  * a ``hasher`` (the caller's: a store knows bytes, not digests) is fed each piece as it arrives, so the
+    bytes can be checked against a record without being held.
 """
 from __future__ import annotations
 
 import collections
 import threading
 
-from ..digest import Digest, StreamingDigest
 from .base import Store
 
 
 class Prefetch:
     """``store``'s value under ``key``, arriving in a background thread; a read-only, unseekable file."""
 
-    def __init__(self, store: Store, key: str) -> None:
+    def __init__(self, store: Store, key: str, hasher=None) -> None:
         self._cond = threading.Condition()
         self._pieces: collections.deque = collections.deque()
         self._offset = 0                  # bytes of _pieces[0] already read
@@ -35,7 +34,7 @@ class Prefetch:
         self._done = False
         self._found: bool | None = None
         self._error: BaseException | None = None
-        self._hash = StreamingDigest()
+        self.hasher = hasher              # anything with update(bytes); read it once finish() returned
         threading.Thread(target=self._fetch, args=(store, key), name="vidcache-pull", daemon=True).start()
 
     def _fetch(self, store: Store, key: str) -> None:
@@ -53,7 +52,8 @@ class Prefetch:
             if self._done:                # a transfer that timed out and then woke up: not ours any more
                 return
             if piece:
-                self._hash.update(piece)
+                if self.hasher is not None:
+                    self.hasher.update(piece)
                 self._pieces.append(piece)
                 self._arrived = True
                 self._cond.notify_all()
@@ -95,8 +95,3 @@ class Prefetch:
             self._cond.wait_for(lambda: self._done)
             if self._error is not None:
                 raise self._error
-
-    def digest(self) -> Digest:
-        """The digest of every byte fetched; raises the fetch's error if it failed (so never of a part)."""
-        self.finish()
-        return self._hash.digest()
