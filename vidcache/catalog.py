@@ -4,7 +4,7 @@ digest (what a repair rebuilds from).  Read-only summaries over a ``VideoCache``
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from . import keys
 from .digest import Digest
@@ -13,8 +13,38 @@ from .loader.tmpdirs import tmp_bytes
 from .manifest import SourceRecord
 
 if TYPE_CHECKING:
-    from .cache import VideoCache
+    from .config import CacheConfig
+    from .manifest import Manifest
     from .store.base import Store
+
+
+class Cache(Protocol):
+    """What these summaries read of a ``VideoCache``: named here, so this module sits below ``cache.py`` (which
+    calls it) instead of beside it."""
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def tmp_dir(self) -> str: ...
+
+    @property
+    def config(self) -> "CacheConfig": ...
+
+    @property
+    def store(self) -> "Store": ...
+
+    @property
+    def local(self) -> "Store": ...
+
+    @property
+    def shared(self) -> "Store | None": ...
+
+    def manifest(self, key: str) -> "Manifest | None": ...
+
+    def entries(self) -> list[str]: ...
 
 
 def sources_by_digest(store: "Store") -> dict[str, list[str]]:
@@ -27,7 +57,7 @@ def sources_by_digest(store: "Store") -> dict[str, list[str]]:
     return out
 
 
-def listing(cache: "VideoCache") -> list[dict]:
+def listing(cache: Cache) -> list[dict]:
     """One record per entry: sources, family, T x H x W, fps, tokens, bytes, and the tiers that hold it."""
     local = set(cache.local.keys(keys.AC))
     shared = set(cache.shared.keys(keys.AC)) if cache.shared is not None else set()
@@ -48,14 +78,14 @@ def listing(cache: "VideoCache") -> list[dict]:
     return out
 
 
-def options_under(cache: "VideoCache", digest: Digest) -> list[dict]:
+def options_under(cache: Cache, digest: Digest) -> list[dict]:
     """The options of every entry cached for the content ``digest``."""
     prefix = f"{digest.hash}.{digest.size_bytes}."
     return [m.video_options().to_dict() for key in cache.entries()
             if key.startswith(prefix) and (m := cache.manifest(key)) is not None]
 
 
-def stats(cache: "VideoCache") -> dict:
+def stats(cache: Cache) -> dict:
     """Entries, blobs, sources, frozen files and quarantined objects of the whole cache and of each tier."""
     def count(store, ns):
         return sum(1 for _ in store.keys(ns))
