@@ -98,6 +98,27 @@ def test_an_object_that_decodes_exactly_but_is_not_its_recorded_bytes_is_served_
     assert torch.equal(VideoCache(tmp_path / "c", shared=str(tmp_path / "tier")).frames(k), want)
 
 
+def test_a_fetch_cut_off_after_the_frames_decoded_exactly_is_served_and_the_object_kept(tmp_path, tier,
+                                                                                        monkeypatch):
+    """Every byte came and the frames decoded exactly, then the transfer failed (a connection reset at the end):
+    the frames are proven, so the read is served; the bytes cannot be judged against the record, so the object,
+    sound, is left where it is (neither moved aside nor taken for damaged)."""
+    a, k, other, want = tier
+    real = FsspecStore.stream
+
+    def reset_at_the_end(self, key, sink):
+        found = real(self, key, sink)
+        if found and key.endswith(".nut"):
+            raise SharedUnavailableError("shared tier: connection reset after the last byte")
+        return found
+    monkeypatch.setattr(FsspecStore, "stream", reset_at_the_end)
+    b = VideoCache(tmp_path / "b", shared=str(tmp_path / "tier"))
+    assert torch.equal(b.frames(k), want)
+    monkeypatch.undo()
+    assert b.shared.exists_many([b.compact.key(k), K.quarantined(b.compact.key(k))]) == [True, False]
+    assert b.verify(k) == []
+
+
 def test_an_object_deleted_mid_read_is_read_whole_or_refused(tmp_path, tier, monkeypatch):
     """The object unlinked after the first half was handed over: the open file still reads whole (POSIX), so the
     read is exact; nothing half-read is kept."""
