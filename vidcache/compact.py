@@ -112,11 +112,10 @@ class CompactLayout:
     def sound(self, key: str, m: Manifest) -> bytes | None:
         """The shared tier's compact object of ``key`` when it decodes to exactly ``m``'s frames and its bytes
         are the recorded ones (where a record was written: damage PyAV conceals is damage still), else None."""
-        value = self.shared.get(self.key(key))
-        if value is None or compact_frames(value, m)[0] is None:
-            return None
-        record = self.shared.get(keys.frozen_digest(key, self.suffix()))
-        return value if record is None or frozen_problem(value, record) is None else None
+        value, record = self.frozen.read("shared", key, self.suffix())
+        if value is None or (record is not None and frozen_problem(value, record) is not None):
+            return None      # the hash first: it is cheap, the decode is not
+        return value if compact_frames(value, m)[0] is not None else None
 
     # --- read -------------------------------------------------------------------------------
     def prefetch(self, key: str) -> Prefetch:
