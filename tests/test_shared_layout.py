@@ -463,3 +463,27 @@ def test_a_compact_object_without_its_record_is_sound_to_verify_and_repair_recor
     (tier / obj).write_bytes(bytes(data))
     r = vc(["verify", "--shared"], tmp_path / "d", tier)
     assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr
+
+
+def test_cli_a_pull_that_meets_an_object_not_its_recorded_bytes_replaces_it(tmp_path, videos):
+    """CLI only, fresh node directories: the tier's object decodes exactly but its bytes are not its record's
+    (damage the decoder concealed, seen here through a record of other bytes).  A fresh node's ``pull`` serves
+    the exact frames, moves the object aside and republishes it, so ``verify --shared`` finds the tier sound."""
+    from vidcache.digest import Digest
+    tier = tmp_path / "tier"
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["mjpeg_24"]]}) + "\n")
+    r = vc(["prewarm", str(ds), "--no-progress"], tmp_path / "a", tier)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rec,) = ns(tier, "frozen-digest/")
+    (obj,) = ns(tier, "frozen/")
+    before = (tier / obj).read_bytes()
+    (tier / rec).write_text(str(Digest.of(b"other bytes")))
+    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr
+    r = vc(["pull", str(ds)], tmp_path / "c", tier)
+    assert r.returncode == 0 and "pull: 1 pulled" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
+    (moved,) = ns(tier, "quarantine/")
+    assert (tier / moved).read_bytes() == before                   # moved aside, not lost
+    r = vc(["verify", "--shared"], tmp_path / "d", tier)
+    assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
