@@ -13,7 +13,10 @@ fixed K-token response on both, and reports over every clip of the test suite (`
   equal       clips whose K x vocab logits are ``torch.equal`` on both sides
 
 Rows 1-2 ("vidcache stock", "vidcache plugin") must be exactly 0.0 with ``torch.equal`` logits on every clip: the
-script asserts it.  The other rows are whatever they are.  Rows that cannot be built on this CPU machine are
+script asserts it.  Rows 1-7 score both sides at the model's own M-RoPE positions: they isolate the inputs.  The
+last row scores the rollout at SGLang's positions (what the engine computes) and the trainer at transformers' own
+(what a trainer that is not given ``vidcache.rope_positions`` computes), with identical inputs: it is 0 on clips
+whose grid is wider than long, and not on long clips (h264_long) for Qwen2.5-VL.  The other rows are whatever they are.  Rows that cannot be built on this CPU machine are
 printed with the reason.  The magnitudes are this tiny random model's: they show which paths differ and how
 their costs rank, not what a trained 7B model loses (verl#7802's figures are that reference).
 """
@@ -36,7 +39,8 @@ QVU_TC = "trainer: qwen-vl-utils torchcodec"
 QVU_DECORD = "trainer: qwen-vl-utils decord, its thread default"
 LAYOUT = "Qwen3-VL ids: 5.24 wrapped vs 5.25 collapsed"
 OFFSET = "one-frame offset in sampling"
-ROWS = [STOCK, PLUGIN, NAIVE, QVU_TC, QVU_DECORD, LAYOUT, OFFSET]
+POSITIONS = "trainer: transformers' own M-RoPE positions (rollout: SGLang's rule)"
+ROWS = [STOCK, PLUGIN, NAIVE, QVU_TC, QVU_DECORD, LAYOUT, OFFSET, POSITIONS]
 
 # Rows this machine cannot build, and why (printed under every table).
 NOT_BUILT = [
@@ -108,6 +112,7 @@ def build_pairs(kp, peers, proc, family: str, source: str, cache) -> dict:
         QVU_TC: lambda: (plugin_rollout, kp.qvu_trainer(proc, hp, "torchcodec")),
         QVU_DECORD: lambda: (plugin_rollout, kp.qvu_trainer(proc, hp, "decord")),
         OFFSET: lambda: (kp.offset_rollout(proc, hp), plugin_trainer),
+        POSITIONS: lambda: (kp.engine_positions(plugin_rollout, "sglang"), plugin_trainer),
     }
     if family == "qwen3_vl":
         assert layout_of(proc, family) == "wrapped", "this row expects transformers 5.10-5.24 in the venv"
@@ -120,9 +125,11 @@ def build_pairs(kp, peers, proc, family: str, source: str, cache) -> dict:
     return pairs
 
 
-def score(kl, model, proc, resp, rollout, trainer_side) -> dict:
-    a = kl.response_logits(model, proc, rollout.ids, resp, rollout.tensors)
-    b = kl.response_logits(model, proc, trainer_side.ids, resp, trainer_side.tensors)
+def score(kl, kp, model, proc, family, resp, rollout, trainer_side) -> dict:
+    a = kl.response_logits(model, proc, rollout.ids, resp, rollout.tensors,
+                           kp.position_ids(proc, family, rollout, resp))
+    b = kl.response_logits(model, proc, trainer_side.ids, resp, trainer_side.tensors,
+                           kp.position_ids(proc, family, trainer_side, resp))
     return kl.kl_stats(a, b)
 
 
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> None:
                     rows.setdefault(name, []).append((clip, pair))
                     continue
                 rollout, tr = pair
-                s = score(kl, model, proc, resp, rollout, tr)
+                s = score(kl, kp, model, proc, family, resp, rollout, tr)
                 s["frames"] = kp.frames_differ(rollout.frames, tr.frames)
                 s["ids_differ"] = rollout.ids != tr.ids
                 rows.setdefault(name, []).append((clip, s))

@@ -20,6 +20,23 @@ Prints, per loop, the wait per step (p50 / p99) and the fraction of the wall tim
 (the headline: the first step is counted, and nothing can be ahead of it when read-ahead starts with the loop)
 and over the steps after the first (the steady state; Miles' data source starts reading ahead when it is built,
 before the first rollout).  The last line reads ``stall: X% with read-ahead, Y% without``.  Never asserts on time.
+
+A real step instead of the sleep (issue 43):
+
+    .venv/bin/python benchmarks/trainer_stall.py --gpu            # = --device cuda
+    .venv/bin/python benchmarks/trainer_stall.py --device cpu [--clips 32] [--camera-clips 0]
+
+Each step then hydrates its batch with ``train_inputs_batch(device=...)`` (the cache read, then HF's processor,
+on the GPU where it is exact) and runs a real training step of a small Qwen2.5-VL built from transformers' own
+classes (``vidcache.testing.kl.tiny_model``: 2 layers, hidden size 64, the real patch layout; the toy
+processor's tokenizer): forward with the batch's videos and a short prompt and answer around each, the
+language-model loss on the answer tokens, backward, one AdamW update.  The wait is the time until the batch's
+tensors are on the device.  The step's length is set as the sleep's was: ``--step-factor`` times a batch's
+first read-and-hydrate time on a fresh node, reached with ``k`` forward/backward passes per update (gradient
+accumulation; ``k`` from one pass's measured time), so without read-ahead the same share of the time waits.
+Read-ahead pulls entries, not tensors: what is left with it is at least the processor's time on local entries
+(printed as "hydrating local entries").  On the CPU the step takes the host's cores from read-ahead's pulls;
+on a GPU it leaves them free but for the launch work.
 """
 from __future__ import annotations
 
@@ -40,6 +57,8 @@ import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 
 OPTS = VideoOptions(family="qwen2_5_vl", fps=2.0)
+PROMPT = "Describe what the camera sees: "
+ANSWER = " A slow pan over a textured scene with coloured discs."
 
 
 def pct(values, q):
@@ -47,43 +66,164 @@ def pct(values, q):
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
+class Trainer:
+    """A real training step on ``device``: a small Qwen2.5-VL (transformers' classes), AdamW, and the batch's
+    tensors from ``train_inputs_batch``.  ``micro``: forward/backward passes per update (gradient accumulation)."""
+
+    def __init__(self, device: str, seed: int = 0) -> None:
+        import torch
+
+        from vidcache.testing.kl import tiny_model
+        from vidcache.testing.processors import toy_processor
+        self.torch = torch
+        self.device = torch.device(device)
+        self.proc = toy_processor("qwen2_5_vl")
+        self.model = tiny_model("qwen2_5_vl", self.proc, seed=seed).to(self.device).train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        tok = self.proc.tokenizer
+        cfg = self.model.config
+        self.prompt = tok(PROMPT, add_special_tokens=False)["input_ids"]
+        self.answer = tok(ANSWER, add_special_tokens=False)["input_ids"]
+        self.video = (cfg.vision_start_token_id, cfg.video_token_id, cfg.vision_end_token_id)
+        self.merge = cfg.vision_config.spatial_merge_size
+        self.micro = 1
+        self.losses: list[float] = []
+        self.step_times: list[float] = []
+
+    def hydrate(self, handles) -> list[dict]:
+        """Each sample's model tensors on the device (one video per sample; memo off: every read is a first)."""
+        from vidcache.handle import train_inputs_batch
+        return train_inputs_batch(self.proc, [[h] for h in handles], memo=False, device=self.device)
+
+    def batch(self, inputs: list[dict]) -> dict:
+        """Model kwargs for one padded batch: per sample, prompt + the video's tokens + answer; loss on the answer."""
+        from vidcache.processing import join_videos
+        torch = self.torch
+        start, pad, end = self.video
+        rows, labels = [], []
+        for x in inputs:
+            n = int(x["video_grid_thw"].prod(-1).sum()) // self.merge ** 2
+            ids = self.prompt + [start] + [pad] * n + [end] + self.answer
+            rows.append(ids)
+            labels.append([-100] * (len(ids) - len(self.answer)) + self.answer)
+        width = max(map(len, rows))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        lab = torch.full((len(rows), width), -100, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, (r, l) in enumerate(zip(rows, labels)):
+            ids[i, :len(r)] = torch.tensor(r)
+            lab[i, :len(l)] = torch.tensor(l)
+            mask[i, :len(r)] = 1
+        mm = torch.tensor(self.proc.create_mm_token_type_ids(ids.tolist()), dtype=torch.int32) * mask
+        d = self.device
+        return {"input_ids": ids.to(d), "attention_mask": mask.to(d), "labels": lab.to(d),
+                "mm_token_type_ids": mm.to(d), "use_cache": False, **join_videos(inputs)}
+
+    def step(self, inputs: list[dict]) -> float:
+        """``micro`` forward/backward passes and one update; returns its seconds (the loss read back, as a
+        trainer that logs it does, so the GPU's queue is drained inside the step)."""
+        t = time.perf_counter()
+        kw = self.batch(inputs)
+        self.opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(self.micro):
+            loss = self.model(**kw).loss / self.micro
+            loss.backward()
+            total += float(loss.detach())
+        self.opt.step()
+        self.losses.append(total)
+        dt = time.perf_counter() - t
+        self.step_times.append(dt)
+        return dt
+
+
 def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, step_s: float, ahead: bool,
-             depth: int = 0) -> dict:
+             depth: int = 0, trainer: "Trainer | None" = None) -> dict:
+    """One epoch on a fresh node.  Without ``trainer``: read the frames, sleep ``step_s``.  With it: hydrate the
+    batch on its device and run its step (``step_s`` unused; 0 for a calibration loop without steps)."""
     c = VideoCache(node, shared=shared, shared_storage_options=s3)
     samples = [[vidcache.from_key(k, c)] for k in ekeys]
     ra = vidcache.read_ahead(samples, depth=depth) if ahead else None
     source = iter(ra) if ra is not None else iter(samples)
     waits = []
+    first_step = step_s
     t_start = time.perf_counter()
-    for _ in range(0, len(samples), batch):
+    for i in range(0, len(samples), batch):
         t = time.perf_counter()
-        for _ in range(batch):
-            (h,) = next(source)
-            h.frames()
+        if trainer is None:
+            for _ in range(min(batch, len(samples) - i)):
+                (h,) = next(source)
+                h.frames()
+        else:
+            handles = [next(source)[0] for _ in range(min(batch, len(samples) - i))]
+            inputs = trainer.hydrate(handles)
         waits.append(time.perf_counter() - t)
-        time.sleep(step_s)                          # the training step
+        if trainer is None:
+            time.sleep(step_s)                      # the training step
+        elif step_s:
+            dt = trainer.step(inputs)               # the training step, for real
+            if i == 0:
+                first_step = dt
     wall = time.perf_counter() - t_start
     counts = dict(ra.counts) if ra is not None else None
     if ra is not None:
         ra.close()
     c.close()
     return {"waits": waits, "wall": wall, "stall": sum(waits) / wall, "counts": counts,
-            "steady": sum(waits[1:]) / (wall - waits[0] - step_s) if len(waits) > 1 else float("nan")}
+            "steady": sum(waits[1:]) / (wall - waits[0] - first_step) if len(waits) > 1 else float("nan")}
+
+
+def calibrate_trainer(trainer: Trainer, node: str, shared: str, s3: dict, ekeys: list[str], batch: int,
+                      target_s: float) -> dict:
+    """On the calibration node (its entries now local): a batch's hydration alone, one forward/backward pass,
+    and the passes per update that make a step last ``target_s``."""
+    c = VideoCache(node, shared=shared, shared_storage_options=s3)
+    trainer.micro = 1
+    try:
+        hyd, passes = [], []
+        for i in range(0, min(len(ekeys), 3 * batch), batch):
+            handles = [vidcache.from_key(k, c) for k in ekeys[i:i + batch]]
+            t = time.perf_counter()
+            inputs = trainer.hydrate(handles)
+            hyd.append(time.perf_counter() - t)
+            if i == 0:
+                trainer.step(inputs)                # a first pass warms the kernels and the allocator: not timed
+            passes.append(trainer.step(inputs))
+    finally:
+        c.close()
+    one = statistics.median(passes)
+    trainer.micro = max(1, round(target_s / one))
+    trainer.losses.clear()
+    trainer.step_times.clear()
+    return {"hydrate": statistics.mean(hyd), "pass": one}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clips", type=int, default=128, help="entries in the tier (and samples in the epoch)")
+    ap.add_argument("--camera-clips", type=int, default=4,
+                    help="of which camera-like 720p/1080p clips (at most 4; the rest are small generated clips)")
     ap.add_argument("--depth", type=int, default=8, help="samples read ahead (default: four batches of 2)")
     ap.add_argument("--batch", type=int, default=2, help="samples per step")
     ap.add_argument("--step-factor", type=float, default=1.5,
                     help="step time / a batch's first-read time without read-ahead")
+    ap.add_argument("--device", choices=("cpu", "cuda"),
+                    help="a real step (hydrate with train_inputs on DEVICE, forward/backward/update of a small "
+                         "Qwen2.5-VL) instead of the sleep")
+    ap.add_argument("--gpu", action="store_const", const="cuda", dest="device", help="the same as --device cuda")
     ap.add_argument("--thread-moto", action="store_true", help="moto in a thread of this process instead")
     ap.add_argument("--work", help="working directory (default: a temporary one, removed)")
     args = ap.parse_args()
+    trainer = None
+    if args.device is not None:
+        import torch
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("trainer_stall.py --gpu: torch sees no CUDA device (torch "
+                             f"{torch.__version__}); run it on a GPU machine or use --device cpu")
+        trainer = Trainer(args.device)
     work = args.work or tempfile.mkdtemp(prefix="vidcache-stall-")
     try:
-        cams = camera_clips(os.path.join(work, "camera"))
+        cams = camera_clips(os.path.join(work, "camera"))[:args.camera_clips] if args.camera_clips > 0 else []
         n_small = max(0, args.clips - len(cams))
         sources = (cams + test_clips(os.path.join(work, "clips"), n_small))[:args.clips]
         with moto_s3(process=not args.thread_moto) as (shared, s3):
@@ -99,18 +239,42 @@ def main() -> None:
                 src = big if (i % every == 0 and big) or not small else small
                 order.append(src.pop(0))
             ekeys = order
-            # Calibrate: a batch's first reads on a fresh node, no read-ahead, no step.
-            cal = run_loop(os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch, 0.0, ahead=False)
+            # Calibrate: a batch's first reads (and, with a trainer, its hydration) on a fresh node, no step.
+            cal = run_loop(os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch, 0.0, ahead=False,
+                           trainer=trainer)
             step_s = args.step_factor * statistics.mean(cal["waits"])
+            if trainer is not None:
+                tcal = calibrate_trainer(trainer, os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch,
+                                         step_s)
             out = {}
             for name, ahead in (("without", False), ("with", True)):
+                if trainer is not None:
+                    trainer.step_times.clear()
                 out[name] = run_loop(os.path.join(work, f"node-{name}"), shared, s3, ekeys, args.batch, step_s, ahead,
-                                     args.depth)
+                                     args.depth, trainer=trainer)
+                if trainer is not None:
+                    out[name]["step_times"] = list(trainer.step_times)
         rows = [("entries / frame bytes", f"{len(ekeys)} / {nbytes / 1e6:.0f} MB (S3 on moto, "
                  f"{'a thread' if args.thread_moto else 'its own process'})"),
-                ("batch / steps / read-ahead depth", f"{args.batch} / {len(out['with']['waits'])} / {args.depth}"),
-                ("a batch's first reads (calibration, mean)", f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
-                ("step time (simulated training)", f"{step_s * 1e3:.0f} ms")]
+                ("batch / steps / read-ahead depth", f"{args.batch} / {len(out['with']['waits'])} / {args.depth}")]
+        if trainer is None:
+            rows += [("a batch's first reads (calibration, mean)", f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
+                     ("step time (simulated training)", f"{step_s * 1e3:.0f} ms")]
+        else:
+            import torch
+            dev = (torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda"
+                   else f"cpu, {torch.get_num_threads()} threads")
+            steps = out["without"]["step_times"] + out["with"]["step_times"]
+            rows += [("training step", f"tiny Qwen2.5-VL ({sum(p.numel() for p in trainer.model.parameters())} "
+                      f"parameters, fp32) on {dev}; torch {torch.__version__}"),
+                     ("a batch's first read + hydration (calibration)",
+                      f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
+                     ("hydrating local entries (per batch)", f"{tcal['hydrate'] * 1e3:.0f} ms"),
+                     ("one forward/backward pass / passes per step", f"{tcal['pass'] * 1e3:.0f} ms / {trainer.micro}"
+                      + (" (one pass is longer than the target step)" if tcal["pass"] > step_s else "")),
+                     ("step time: target / measured p50 (p99)",
+                      f"{step_s * 1e3:.0f} / {pct(steps, .5) * 1e3:.0f} ({pct(steps, .99) * 1e3:.0f}) ms"),
+                     ("loss: first step / last step", f"{trainer.losses[0]:.4f} / {trainer.losses[-1]:.4f}")]
         for name in ("without", "with"):
             r = out[name]
             rows += [(f"{name} read-ahead: wait per step p50 / p99",
@@ -118,7 +282,8 @@ def main() -> None:
                      (f"{name} read-ahead: wall time spent waiting", f"{100 * r['stall']:.1f}% of {r['wall']:.1f} s"),
                      (f"{name} read-ahead: the same after the first step", f"{100 * r['steady']:.1f}%")]
         rows.append(("read-ahead's pulls", str(out["with"]["counts"])))
-        report(f"trainer stall on a fresh node ({os.cpu_count()} cores)", rows)
+        kind = "a real step" if trainer is not None else "a simulated step"
+        report(f"trainer stall on a fresh node, {kind} ({os.cpu_count()} cores)", rows)
         print(f"stall: {100 * out['with']['stall']:.1f}% with read-ahead, {100 * out['without']['stall']:.1f}% without")
     finally:
         if not args.work:

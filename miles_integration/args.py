@@ -14,19 +14,21 @@ resolve the same handles and references.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from dataclasses import dataclass
 
 from vidcache import VideoOptions
+from vidcache.cli import parse_size        # the CLI's sizes (20GB, 500MiB, bytes): one parser for every size flag
+from vidcache.errors import ModelTypeError
 from vidcache.options import OPTION_HELP, PATCH_SIZE
+from vidcache.rollout import models
 from vidcache.serving import MODES, STOCK_QWEN3_GRID, default_mode, stock_sglang_problems
 from vidcache.sglang.transport import TRANSPORTS
 
 TRAIN_INPUTS = ("tensors", "handles")
 FALLBACK_FAMILY = "qwen2_5_vl"
-# config.json model_type -> vidcache family (the MoE variants share their family's vision tower).
-MODEL_TYPES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl"}
+# config.json model_type -> vidcache family: the one table of model types (vidcache.rollout.models).
+MODEL_TYPES = models.FAMILY_OF_MODEL_TYPE
 
 
 OPTION_NAMES = tuple(n for n, _ in VideoOptions.flag_fields())
@@ -39,6 +41,7 @@ DEFAULTS = {
     "vidcache_transport": None,         # None: the shared tier's URLs when there is one, else file://
     "vidcache_base_url": None,
     "vidcache_train_inputs": "tensors",
+    "vidcache_positions": "sglang",     # the M-RoPE rule the trainer's model is given (train_hooks)
     "vidcache_video_key": None,         # None: --multimodal-keys' "video" entry, else "videos"
     "vidcache_require_cached": False,
     "vidcache_prepare_cache_size": 16,
@@ -78,6 +81,12 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                    help="tensors: pixel tensors filled at rollout (no Miles change); handles: a small handle "
                         "travels and train actors rebuild the tensors (needs --custom-megatron-init-path "
                         "miles_integration.train_hooks.install_train_hooks)")
+    g.add_argument("--vidcache-positions", default=DEFAULTS["vidcache_positions"],
+                   choices=("sglang", "vllm", "transformers"),
+                   help="the M-RoPE position rule the trainer's Qwen2-VL / Qwen2.5-VL model computes (installed by "
+                        "--custom-megatron-init-path miles_integration.train_hooks.install_train_hooks): the rollout "
+                        "engine's; 'transformers' leaves transformers' own, which puts text after a long video "
+                        "elsewhere than SGLang does")
     g.add_argument("--vidcache-video-key", default=None,
                    help='row key of the video list (default: the "video" entry of --multimodal-keys, else "videos")')
     g.add_argument("--vidcache-require-cached", action="store_true",
@@ -87,9 +96,9 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     g.add_argument("--vidcache-read-ahead", type=int, default=DEFAULTS["vidcache_read_ahead"], metavar="SAMPLES",
                    help="prompts ahead of the sampler whose videos the data source pulls into this node's local tier "
                         "in the background (default: two rollout batches; 0: off)")
-    g.add_argument("--vidcache-read-ahead-bytes", type=int, default=DEFAULTS["vidcache_read_ahead_bytes"],
-                   metavar="BYTES", help="frames pulled ahead and not yet sampled, at most (default: %(default)s; "
-                                         "with a local budget, at most half of it)")
+    g.add_argument("--vidcache-read-ahead-bytes", type=parse_size, default=DEFAULTS["vidcache_read_ahead_bytes"],
+                   metavar="SIZE", help="frames pulled ahead and not yet sampled, at most: 4GB, 500MiB or bytes, as "
+                                        "every vidcache size (default: 2GiB; with a local budget, at most half of it)")
     g.add_argument("--vidcache-server-read-ahead", type=int, default=DEFAULTS["vidcache_server_read_ahead"],
                    metavar="KEYS", help="plugin mode: name the next KEYS entries of the sampler's order (at most "
                    "32) in each request, so the SGLang node pulls them before its next requests ask (every node "
@@ -110,16 +119,14 @@ def _get(args, name):
     return DEFAULTS[name] if v is None else v
 
 
-def family_of_checkpoint(checkpoint: str | None) -> str | None:
-    """The vidcache family of a local HF checkpoint directory, from its config.json ``model_type``."""
-    if not checkpoint:
-        return None
-    try:
-        with open(os.path.join(checkpoint, "config.json")) as f:
-            model_type = json.load(f).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None           # a hub id or an unreadable file: nothing to infer from here
-    return MODEL_TYPES.get(model_type)
+def family_of_checkpoint(checkpoint: str | None, family: str | None = None) -> str | None:
+    """The vidcache family of a local HF checkpoint directory, derived from its processor classes and vision
+    config (``vidcache.rollout.models.derive``; ``family``: the one named, which lets an unknown model type whose
+    processing is that family's run, unverified).  None where there is nothing to read (a hub id, no
+    config.json); ``ModelTypeError`` where the checkpoint's processing is not one vidcache can vouch for."""
+    if not checkpoint or not os.path.isfile(os.path.join(checkpoint, "config.json")):
+        return None           # a hub id or a processor without its model config: nothing to infer from here
+    return models.derive(checkpoint, family).family
 
 
 def family_from_args(args) -> str:
@@ -129,7 +136,12 @@ def family_from_args(args) -> str:
     error); this refuses the mismatch at startup, naming both."""
     explicit = _get(args, "vidcache_family")
     checkpoint = getattr(args, "hf_checkpoint", None) if args is not None else None
-    inferred = family_of_checkpoint(checkpoint)
+    try:
+        inferred = family_of_checkpoint(checkpoint)
+    except ModelTypeError:
+        if explicit is None:
+            raise
+        inferred = family_of_checkpoint(checkpoint, explicit)      # an unknown model type, named: unverified
     if explicit is not None and inferred is not None and explicit != inferred:
         raise ValueError(f"--vidcache-family {explicit} contradicts --hf-checkpoint {checkpoint} (config.json "
                          f"model_type: {inferred}); drop --vidcache-family to use {inferred}")

@@ -27,6 +27,7 @@ import logging
 import random
 import re
 import threading
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -334,6 +335,32 @@ def _miles_builds(dataset_factory):
             miles_data_source.Dataset = saved
 
 
+_OPEN: "weakref.WeakSet" = weakref.WeakSet()      # data sources whose read-ahead may still run
+_OPEN_LOCK = threading.Lock()
+
+
+def _close_at_exit(ds) -> None:
+    """Stop ``ds``'s read-ahead when the interpreter exits, before its thread pools go.
+
+    A script (or a Miles run that never calls ``dispose``) ends with read-ahead scheduling pulls; at exit
+    ``concurrent.futures`` shuts every pool down from a ``threading`` exit hook, which runs before ``atexit``'s,
+    and the read-ahead thread's next ``submit`` then raised ``cannot schedule new futures after shutdown``
+    (a traceback at rc 0).  A hook of the same kind registered after ``concurrent.futures``' runs before it
+    (they run in reverse order) and closes read-ahead first, so nothing is scheduled on a closed pool."""
+    with _OPEN_LOCK:
+        if not getattr(_close_at_exit, "registered", False):
+            import concurrent.futures.thread  # noqa: F401 -- its hook first, so that ours runs before it
+            threading._register_atexit(_close_all)    # noqa: SLF001 -- the hook concurrent.futures itself uses
+            _close_at_exit.registered = True
+        _OPEN.add(ds)
+
+
+def _close_all() -> None:
+    for ds in list(_OPEN):
+        with contextlib.suppress(Exception):
+            ds.close()
+
+
 _LATEST: list = []      # the data source of this (rollout) process, for its generate function's hints
 
 
@@ -382,6 +409,7 @@ class VidcacheDataSource(RolloutDataSourceWithBuffer):
                 return
             self._ahead.close()
         shuffle = bool(getattr(self.args, "rollout_shuffle", False))
+        _close_at_exit(self)
         self._ahead = vidcache.read_ahead(self.dataset.upcoming(*at, shuffle=shuffle), depth=self.config.read_ahead,
                                           max_bytes=self.config.read_ahead_bytes)
         self._ahead_at = at

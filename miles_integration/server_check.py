@@ -17,6 +17,9 @@ from vidcache.errors import ParityError
 from .args import VidcacheConfig, _get
 
 logger = logging.getLogger(__name__)
+# The fixes a failure names, in this run's spelling (Miles' train.py flags), not the CLI's.
+MILES_FLAGS = {"allow_unverified": "--vidcache-allow-unverified-sglang",
+               "server_torchcodec": "--vidcache-server-torchcodec", "mode": "--vidcache-mode"}
 _DONE: dict[tuple, list[str] | None] = {}      # (urls, family, mode) -> None (passed) or the failure lines
 _LOCK = threading.Lock()                        # the check runs in worker threads; one at a time
 
@@ -51,6 +54,14 @@ def _checked(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
         return _DONE[k]
 
 
+def trainer_gets_engine_positions(args) -> bool:
+    """Whether Miles' trainer computes SGLang's M-RoPE positions: vidcache's train hooks are its
+    ``--custom-megatron-init-path`` and ``--vidcache-positions`` is not ``transformers`` (docs/miles.md,
+    "Positions").  Otherwise the startup check warns, naming the flag."""
+    hook = getattr(args, "custom_megatron_init_path", None) or ""
+    return hook.endswith("train_hooks.install_train_hooks") and _get(args, "vidcache_positions") != "transformers"
+
+
 def _check_all(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
     from vidcache.sglang.check import check_server
     if processor is None:
@@ -60,7 +71,8 @@ def _check_all(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
     for url in urls:
         res = check_server(url, cfg.options.family, cfg.mode, processor,
                            allow_unverified=_get(args, "vidcache_allow_unverified_sglang"),
-                           server_torchcodec=_get(args, "vidcache_server_torchcodec"), cache=cache)
+                           server_torchcodec=_get(args, "vidcache_server_torchcodec"), cache=cache,
+                           flags=MILES_FLAGS, trainer_positions=not trainer_gets_engine_positions(args))
         logger.info("vidcache: %s", "\n".join(res.lines()))
         if not res.ok:
             failed += res.lines()

@@ -25,6 +25,7 @@ import torch
 
 import vidcache
 from vidcache import VideoHandle
+from vidcache.positions import use_engine_positions
 
 logger = logging.getLogger(__name__)
 
@@ -119,10 +120,13 @@ def _passed(mms) -> int:
 
 class HydratingIterator:
     """Wraps Miles' ``DataIterator``: ``get_next`` returns micro-batches with handle entries rebuilt (the step's
-    later entries read ahead, ``read_ahead_step``)."""
+    later entries read ahead, ``read_ahead_step``).  With ``engine``, it also computes each sample's M-RoPE
+    positions by that engine's rule (``positions``, one ``[3, L]`` tensor or None per sample of the last
+    micro-batch), for ``get_batch``'s ``position_ids`` (``packed_positions``)."""
 
-    def __init__(self, inner, processor):
-        self._inner, self._processor = inner, processor
+    def __init__(self, inner, processor, engine: str | None = None):
+        self._inner, self._processor, self._engine = inner, processor, engine
+        self.positions: list | None = None
 
     def get_next(self, keys):
         read_ahead_step(self._inner)
@@ -132,29 +136,88 @@ class HydratingIterator:
             if (ahead := _STEP.get("ahead")) is not None:
                 ahead.advance(_passed(mm))       # these are read now, by hydrate_all
             batch["multimodal_train_inputs"] = hydrate_all(list(mm), self._processor)
+        self.positions = None
+        if self._engine is not None and mm is not None and batch.get("tokens") is not None:
+            self.positions = [sample_positions(self._processor, t, m, self._engine)
+                              for t, m in zip(batch["tokens"], batch["multimodal_train_inputs"])]
         return batch
 
     def __getattr__(self, name):          # rollout_data, offset, reset(), ...
         return getattr(self._inner, name)
 
 
-def wrap_get_batch(get_batch, processor_factory):
-    """A ``get_batch`` that rebuilds handle entries per micro-batch before calling the original."""
+def positions_family(processor, tensors: dict) -> str | None:
+    """The family whose M-RoPE rule the trainer's transformers gets wrong (``vidcache.positions.PATCHABLE``), from
+    what decides it: the patch size (14: Qwen2/2.5-VL) and Qwen2.5-VL's ``second_per_grid_ts``; None otherwise
+    (Qwen3-VL and its successors: transformers' positions are the engines')."""
+    patch = getattr(getattr(processor, "video_processor", processor), "patch_size", None)
+    if patch != 14:
+        return None
+    return "qwen2_5_vl" if "second_per_grid_ts" in tensors else "qwen2_vl"
+
+
+def sample_positions(processor, tokens, tensors: dict | None, engine: str):
+    """One sample's ``[3, len(tokens)]`` positions by ``engine``'s rule, or None where transformers' own agree."""
+    if not tensors or not any(k in tensors for k in ("video_grid_thw", "image_grid_thw")):
+        return None
+    family = positions_family(processor, tensors)
+    if family is None:
+        return None
+    from vidcache.positions import positions_from_tensors
+    return positions_from_tensors(processor, torch.as_tensor(tokens).tolist(), tensors, family, engine)
+
+
+def packed_positions(batch: dict, per_sample: list, qkv_format: str, slice_with_cp) -> torch.Tensor:
+    """``[4, B, T]`` position ids for transformers' Qwen-VL models: row 0 is ``get_batch``'s own ``position_ids``
+    (the per-sample text positions transformers reads packing from), rows 1-3 each sample's M-RoPE positions (a
+    text-only sample: its text positions) laid out as ``get_batch`` lays out the tokens: Miles' own
+    ``slice_with_cp`` per sample, then concatenated and padded (``thd``) or stacked (``bshd``)."""
+    import torch.nn.functional as F
+    text = batch["position_ids"]
+    rows = []
+    for toks, p in zip(batch["unconcat_tokens"], per_sample):
+        n = toks.size(0)
+        p = torch.arange(n).expand(3, -1) if p is None else p
+        rows.append(p.T.contiguous().to(text.device))           # [L, 3]: slice_with_cp works on dim 0
+    if qkv_format == "thd":
+        m = torch.cat([slice_with_cp(r, 0, "thd") for r in rows])
+        m = F.pad(m, (0, 0, 0, text.shape[-1] - m.shape[0])).T.unsqueeze(1)
+    elif qkv_format == "bshd":
+        m = torch.stack([slice_with_cp(r, 0, "bshd", batch["max_seq_lens"][0]) for r in rows]).permute(2, 0, 1)
+    else:
+        raise ValueError(f"unsupported qkv_format {qkv_format!r}")
+    return torch.cat([text.unsqueeze(0), m.to(text.dtype)])
+
+
+def wrap_get_batch(get_batch, processor_factory, engine: str | None = None):
+    """A ``get_batch`` that rebuilds handle entries per micro-batch before calling the original, and, with
+    ``engine``, replaces the ``position_ids`` it returns (Miles' FSDP path: a plain ``arange`` per sample, which
+    transformers copies onto all three M-RoPE axes) with the engine's M-RoPE positions (``packed_positions``)."""
     if getattr(get_batch, "_vidcache_wrapped", False):
         return get_batch
+    import inspect
+    signature = inspect.signature(get_batch)
 
     @functools.wraps(get_batch)
     def vidcache_get_batch(data_iterator, keys, *args, **kwargs):
+        it = data_iterator
         if "multimodal_train_inputs" in keys:
-            data_iterator = HydratingIterator(data_iterator, processor_factory())
-        return get_batch(data_iterator, keys, *args, **kwargs)
+            it = HydratingIterator(data_iterator, processor_factory(), engine)
+        batch = get_batch(it, keys, *args, **kwargs)
+        positions = getattr(it, "positions", None) if it is not data_iterator else None
+        if positions and any(p is not None for p in positions) and batch.get("position_ids") is not None:
+            bound = signature.bind(data_iterator, keys, *args, **kwargs)
+            bound.apply_defaults()
+            slicer = getattr(sys.modules[get_batch.__module__], "slice_with_cp")
+            batch["position_ids"] = packed_positions(batch, positions, bound.arguments["qkv_format"], slicer)
+        return batch
 
     vidcache_get_batch._vidcache_wrapped = True
     vidcache_get_batch.__wrapped__ = get_batch
     return vidcache_get_batch
 
 
-def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES) -> list[str]:
+def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES, engine: str | None = None) -> list[str]:
     """Point ``get_batch`` in each of ``modules`` at a hydrating wrapper (idempotent).  Returns the modules patched.
 
     ``from ..training_utils.data import get_batch`` copies the function into the importing module's globals,
@@ -173,7 +236,7 @@ def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES) -> list[str]:
                 continue
         if mod is None or not hasattr(mod, "get_batch"):
             continue
-        mod.get_batch = wrap_get_batch(mod.get_batch, processor_factory)
+        mod.get_batch = wrap_get_batch(mod.get_batch, processor_factory, engine)
         patched.append(name)
     return patched
 
@@ -181,12 +244,25 @@ def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES) -> list[str]:
 def install_train_hooks(args) -> list[str]:
     """``--custom-megatron-init-path miles_integration.train_hooks.install_train_hooks`` (called as ``f(args)``).
 
-    A no-op unless ``--vidcache-train-inputs handles``.  The processor is loaded from ``--hf-checkpoint`` on
-    first use, once per actor.  The handles arrive pinned (with their keys) and name the shared tier, so
-    the train node needs only its cache configuration, never the source videos.
+    First, whatever the train inputs: the trainer's Qwen2-VL / Qwen2.5-VL model is given the rollout engine's
+    M-RoPE rule (``--vidcache-positions``, default SGLang's; ``vidcache.positions.use_engine_positions``).
+    Miles' Megatron path passes ``position_ids=None`` and Megatron-Bridge's ``Qwen25VLModel`` always computes its
+    positions with transformers' ``Qwen2_5_VLModel.get_rope_index``, bound when the model is built (after this
+    hook runs), whose rule resumes the text after a long video elsewhere than SGLang (docs/miles.md, "Positions").
+
+    Then, unless ``--vidcache-train-inputs handles``, nothing more.  With handles, ``get_batch`` is wrapped: it
+    rebuilds the tensors, and where Miles' FSDP path asks for ``position_ids`` (a plain ``arange`` per sample,
+    which transformers copies onto all three M-RoPE axes) it gets the engine's positions instead
+    (``packed_positions``; Qwen2-VL / Qwen2.5-VL samples).  The processor is loaded from
+    ``--hf-checkpoint`` on first use, once per actor.  The handles arrive pinned (with their keys) and name the
+    shared tier, so the train node needs only its cache configuration, never the source videos.
     """
+    rule = getattr(args, "vidcache_positions", "sglang")
+    patched_rules = [] if rule == "transformers" else use_engine_positions(rule)
+    if patched_rules:
+        logger.info("vidcache: %s compute %s's M-RoPE positions", patched_rules, rule)
     if getattr(args, "vidcache_train_inputs", "tensors") != "handles":
-        return []
+        return patched_rules
     from .args import VidcacheConfig
 
     # The node's cache (--vidcache-cache / --vidcache-shared, else $VIDCACHE_DIR / $VIDCACHE_SHARED), opened
@@ -201,6 +277,6 @@ def install_train_hooks(args) -> list[str]:
             raise RuntimeError(f"--vidcache-train-inputs handles needs a processor in --hf-checkpoint {args.hf_checkpoint}")
         return p
 
-    patched = patch_get_batch(processor)
+    patched = patch_get_batch(processor, engine=None if rule == "transformers" else rule)
     logger.info("vidcache: train-side tensor rebuild from %r installed in %s", cache, patched)
-    return patched
+    return patched_rules + patched

@@ -37,6 +37,14 @@ if [[ ! -x "$PY" ]]; then
 fi
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 
+# Ray first: Miles' rollout modules import it at module level, and it is vidcache's [ray] extra (install.sh
+# --test has it; install.sh alone does not).  Said before the minutes of installs below, not after them.
+if ! "$PY" -c "import ray" >/dev/null 2>&1; then
+  log "error: ray does not import in $PY, and Miles' rollout modules need it."
+  log "Fix: $PY -m pip install -e '.[ray]'   (vidcache's ray extra; or bash scripts/install.sh --test)"
+  exit 1
+fi
+
 # ---------------------------------------------------------------- 2. packages
 # The import check used both to decide whether to install and to verify afterwards.
 probe() {

@@ -136,22 +136,18 @@ def test_zlib_encoding_round_trips(tmp_path, videos):
     c.close()
 
 
-def test_names_moved_out_of_the_cache_still_work_and_say_where_they_went(tmp_path, videos):
-    """Issue 30 kept the public API or deprecated it: each old name warns, naming its new home, and gives what
-    the new home gives."""
-    import warnings
+def test_the_names_removed_in_0_2_are_gone_and_the_changelog_says_where_they_went(tmp_path):
+    """0.2.0 dropped issue 30's deprecation shims (no deprecation cycle while early, as torchcodec): each old name is
+    an AttributeError, and CHANGELOG.md names it with its new home."""
+    import importlib
+    import os
 
-    from vidcache.compact import CompactLayout
-    c = VideoCache(tmp_path / "c", shared=str(tmp_path / "nfs"))
-    key = c.ensure(videos["ffv1_10_small"], VideoOptions()).key
-    cases = [("frozen_dir", None, c.frozen.dir), ("decoder", None, c.config.decoder),
-             ("limits", None, c.config.limits), ("compact_key", (key,), CompactLayout.key(key)),
-             ("frozen_copies", (key,), c.frozen.copies(key)), ("frozen_problems", (key,), c.frozen.problems(key)),
-             ("sources_by_digest", (), c._sources_by_digest()), ("publish_missing", (key,), False)]
-    for name, args, want in cases:
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            got = getattr(c, name) if args is None else getattr(c, name)(*args)
-        assert got == want, name
-        assert [x.category for x in w] == [DeprecationWarning] and f"VideoCache.{name} is deprecated" in str(w[0].message)
-        assert w[0].filename == __file__                     # it points at the caller's line
+    c = VideoCache(tmp_path / "c")
+    changelog = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "CHANGELOG.md")).read()
+    for name in ("frozen_bytes", "record_frozen", "quarantine_frozen", "frozen_problems", "frozen_copies",
+                 "compact_key", "publish_missing", "sources_by_digest", "frozen_dir", "decoder", "limits"):
+        assert not hasattr(c, name), name
+        assert f"`VideoCache.{name}`" in changelog, name
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("vidcache.store.fsspec_cas")
+    assert "`vidcache.store.fsspec_cas`" in changelog

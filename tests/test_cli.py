@@ -19,7 +19,7 @@ def test_stats_inspect_and_contact_sheet(tmp_path, videos, capsys):
     c = str(tmp_path / "cache")
     assert cli(["prewarm", str(ds), "--cache", c, "--no-progress", "--family", "qwen3_vl"]) == 0
     capsys.readouterr()
-    assert cli(["stats", "--cache", c]) == 0
+    assert cli(["stats", "--json", "--cache", c]) == 0
     st = json.loads(capsys.readouterr().out)
     assert st["entries"] == 1 and st["blobs"] == 1 and st["sources"] == 1 and st["quarantined"] == 0
     assert st["identity"].startswith("local-") and st["path"] == c
@@ -190,8 +190,30 @@ def test_the_printed_check_command_is_complete_and_parses(tmp_path, mode, capsys
     from vidcache.serving import STOCK_GPU_TORCHCODEC
     assert cli(["sglang-config", "--family", "qwen2_5_vl", "--mode", mode, "--cache", str(tmp_path / "c")]) == 0
     check = json.loads(capsys.readouterr().out)["check"]
-    argv = shlex.split(check.split("#")[0].replace("<host>:<port>", "127.0.0.1:30000"))
+    assert "#" not in check          # issue 40: a command, no shell comment inside the JSON value
+    argv = shlex.split(check.replace("<host>:<port>", "127.0.0.1:30000"))
     assert argv[:2] == ["vidcache", "check-server"]
     args = build_parser().parse_args(argv[1:])
     assert args.mode == mode and args.url == "http://127.0.0.1:30000"
     assert (args.server_torchcodec == STOCK_GPU_TORCHCODEC) == (mode == "stock")
+
+
+@pytest.mark.parametrize("version", ["0.5.16", "0.5.23"])
+def test_sglang_config_shell_format_is_what_bash_runs(tmp_path, version):
+    """Issue 40: `--format shell` is a bash fragment: sourced, it exports the release's env and gives SGLANG_ARGS,
+    the server args with the JSON intact; `--format miles` the same in Miles' spelling (run by bash, not parsed here)."""
+    import subprocess
+    import sys
+    from vidcache.sglang.config import mm_process_config, server_env
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "VIDCACHE_DIR": str(tmp_path / "none")}
+    show = ('eval "$(%s -m vidcache.cli sglang-config --family qwen2_5_vl --mode stock --sglang-version %s --format '
+            '%s)"; printf "%%s\\n" "$SGLANG_RUST_SERVER" "${VIDEO_MAX_PIXELS:-unset}" "${%s[@]}"')
+    out = subprocess.run(["bash", "-c", show % (sys.executable, version, "shell", "SGLANG_ARGS")], env=env,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "0" and out[1] == server_env(version).get("VIDEO_MAX_PIXELS", "unset")
+    assert out[2] == "--mm-process-config" and json.loads(out[3]) == mm_process_config(version, "qwen2_5_vl")
+    out = subprocess.run(["bash", "-c", show % (sys.executable, version, "miles", "VIDCACHE_MILES_ARGS")], env=env,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    i = out.index("--sglang-mm-process-config")
+    assert json.loads(out[i + 1]) == mm_process_config(version, "qwen2_5_vl")
+    assert out[out.index("--vidcache-server-torchcodec") + 1] == "0.16.0" and out[1] == "unset"   # not exported

@@ -66,7 +66,7 @@ def test_cli_cluster_path_on_a_new_directory_tier(tmp_path, dataset):
     assert not list(tmp_path.glob("*.failures.jsonl")) and not (dataset.parent / "train.failures.jsonl").exists()
     before = tier_files(tier)
 
-    st = json.loads(ok(vc(["stats"], node_b, tier)).stdout)
+    st = json.loads(ok(vc(["stats", "--json"], node_b, tier)).stdout)
     assert st["identity"] == ident and st["shared"]["entries"] == 2 and st["shared"]["bytes"] > 0
     assert st["local"]["entries"] == 0
     listing = json.loads(ok(vc(["ls", "--json"], node_b, tier)).stdout)
@@ -91,7 +91,7 @@ def test_cli_cluster_path_on_a_new_directory_tier(tmp_path, dataset):
     assert tier_files(tier) == before and not node_b.exists()
     r = ok(vc(["evict", key], node_a, tier))
     assert r.stdout.startswith("evicted") and tier_files(tier) == before
-    assert json.loads(ok(vc(["stats"], node_a, tier)).stdout)["local"]["entries"] == 1
+    assert json.loads(ok(vc(["stats", "--json"], node_a, tier)).stdout)["local"]["entries"] == 1
 
 
 def test_evict_from_the_shared_tier_needs_the_flag_and_confirmation(tmp_path, dataset):
@@ -207,7 +207,7 @@ def test_a_tier_that_lost_its_identity_is_refused_with_the_repair(tmp_path, data
     assert doc.returncode == 1 and "FAIL VIDCACHE_SHARED" in doc.stdout and "--restore" in doc.stdout
     assert "doctor: some checks failed" in doc.stdout
     assert ok(vc(["tier-id", "--restore", ident], node, tier)).stdout.strip() == ident
-    assert json.loads(ok(vc(["stats"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
+    assert json.loads(ok(vc(["stats", "--json"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
     failed(vc(["tier-id", "--restore", "tier-" + "0" * 32], node, tier), "config")   # never replaced
 
 
@@ -264,7 +264,7 @@ def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_t
     tier, node = "s3://cache/down", tmp_path / "node"
     ok(vc(["prewarm", str(dataset)], node, tier, env))
     listing = json.loads(ok(vc(["ls", "--json"], node, tier, env)).stdout)
-    ident = json.loads(ok(vc(["stats"], node, tier, env)).stdout)["identity"]
+    ident = json.loads(ok(vc(["stats", "--json"], node, tier, env)).stdout)["identity"]
     down = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "VIDCACHE_SHARED_TIMEOUT_S": "5"}
     for e in listing:
         up_png, down_png = tmp_path / f"up-{e['key']}.png", tmp_path / f"down-{e['key']}.png"

@@ -79,10 +79,10 @@ def test_a_local_budget_below_one_entry_warns_once(tmp_path, ds):
     r = vc(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100000"], tmp_path)   # an entry: ~1 MB
     assert r.returncode == 0 and "1 new" in r.stdout, r.stderr[-2000:]
     assert r.stderr.count("is below one entry") == 1 and "100000 bytes" in r.stderr, r.stderr[-2000:]
-    assert json.loads(vc(["stats"], tmp_path).stdout)["local"]["entries"] == 0      # what the warning says
+    assert json.loads(vc(["stats", "--json"], tmp_path).stdout)["local"]["entries"] == 0      # what the warning says
     r = vc(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100MB"], tmp_path)    # room for it: kept
     assert r.returncode == 0 and "below one entry" not in r.stderr, r.stderr[-2000:]
-    assert json.loads(vc(["stats"], tmp_path).stdout)["local"]["entries"] == 1
+    assert json.loads(vc(["stats", "--json"], tmp_path).stdout)["local"]["entries"] == 1
 
 
 def test_failed_rows_give_their_line_and_the_report_is_written_only_then(tmp_path, videos):
@@ -156,6 +156,8 @@ def test_prewarm_ray_keeps_rays_own_log_lines_out_of_the_terminal(tmp_path, ds):
     assert "1 new" in r.stdout
     foreign = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("prewarm")]
     assert foreign == [], foreign[:10]
+    # Issue 40: the seconds Ray takes to start are announced, not silent
+    assert "prewarm: starting Ray (or joining the one running on this machine): a few seconds" in r.stderr
 
 
 def test_long_commands_say_what_they_do_before_the_heavy_imports(tmp_path, ds):

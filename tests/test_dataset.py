@@ -102,7 +102,7 @@ BAD_ROWS = [
     (b'["a", "list"]\n', "JSON object"),
     (b'{"prompt": "<video>", "videos": 7}\n', "list of sources"),
     (b'{"prompt": "<video>", "videos": [7]}\n', "source string"),
-    (b'{"prompt": "<video><video>", "videos": ["a.mp4"]}\n', "placeholders"),
+    (b'{"prompt": "<video><video>", "videos": ["a.mp4"]}\n', "placeholder"),
     (b'{"prompt": [{"role": "user", "content": [{"type": "video", "video": "a.mp4", "fps": "fast"}]}]}\n',
      "per-video options"),
 ]

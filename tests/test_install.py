@@ -114,3 +114,74 @@ def test_miles_present_without_its_extras_fails_with_the_command_but_collection_
     assert r.returncode == 1, out[-3000:]
     assert "error during collection" not in out and " passed" in out and "1 failed" in out, out[-3000:]
     assert "pylatexenc_not_installed_here" in out and "scripts/setup_miles.sh" in out, out[-3000:]
+
+
+def test_the_wheel_ships_py_typed(tmp_path):
+    """Issue 40: the wheel built from a checkout (`pip wheel .`, the documented way to install vidcache, which has no
+    PyPI release) carries py.typed (PEP 561), so type checkers read vidcache's hints."""
+    import shutil
+    import zipfile
+    (tmp_path / "src").mkdir()
+    src = tmp_path / "src"          # a copy: an in-tree build would write build/ and *.egg-info into the checkout
+    for name in ("pyproject.toml", "README.md", "vidcache", "miles_integration"):
+        (shutil.copytree if os.path.isdir(os.path.join(ROOT, name)) else shutil.copy)(
+            os.path.join(ROOT, name), src / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                                    if os.path.isdir(os.path.join(ROOT, name)) else {}))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path), str(src)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    (wheel,) = tmp_path.glob("vidcache-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"vidcache/py.typed", "miles_integration/py.typed"} <= names
+
+
+def test_setup_miles_names_the_ray_extra_when_ray_is_missing(tmp_path):
+    """Issue 40: from a venv without Ray (what `scripts/install.sh` alone makes), setup_miles.sh stops at once and
+    names its fix, vidcache's [ray] extra, instead of failing on `No module named 'ray'` after its installs."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    (tmp_path / "miles" / "miles").mkdir(parents=True)
+    (tmp_path / "miles" / "miles" / "__init__.py").write_text("")
+    r = subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup_miles.sh"), str(venv / "bin" / "python"),
+                        str(tmp_path / "miles")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "ray does not import" in r.stdout and "pip install -e '.[ray]'" in r.stdout, r.stdout
+    assert "installing" not in r.stdout           # nothing was installed first
+
+
+def _run_install(tmp_path, flag, fail_torch=False):
+    """scripts/install.sh run in a copy of the scripts with a stub .venv/bin/python that records its pip calls (and
+    fails the torch pair's when asked): what the script asks pip for, without downloading anything."""
+    import shutil
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(ROOT, "scripts"), repo / "scripts")
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    log = tmp_path / "calls"
+    stub = repo / ".venv" / "bin" / "python"
+    stub.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                    + ('case "$*" in *"install --extra-index-url"*) exit 1;; esac\n' if fail_torch else "")
+                    + "cat >/dev/null 2>&1 <&0 || true\nexit 0\n")
+    stub.chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ffmpeg").write_text("#!/bin/sh\nexit 0\n")     # present: the script never runs apt-get here
+    (tmp_path / "bin" / "ffmpeg").chmod(0o755)
+    r = subprocess.run(["bash", str(repo / "scripts" / "install.sh"), *([flag] if flag else [])],
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
+    return r, (log.read_text().splitlines() if log.exists() else [])
+
+
+def test_install_cpu_asks_for_the_cpu_pair_from_pytorchs_cpu_index_with_progress(tmp_path):
+    """Issue 40: `install.sh --cpu` installs torch 2.13.0+cpu / torchvision 0.28.0+cpu from PyTorch's CPU index (PyPI's
+    x86_64 wheels are CUDA builds), with pip's download progress shown, before vidcache; when the index is out of
+    reach it stops and names TORCH_CPU_INDEX.  The default and --test paths ask for what they did."""
+    r, calls = _run_install(tmp_path / "cpu", "--cpu")
+    assert r.returncode == 0, r.stdout + r.stderr
+    pair = next(c for c in calls if "torch==" in c)
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0+cpu torchvision==0.28.0+cpu" in pair
+    assert " -q" not in pair and calls.index(pair) < next(i for i, c in enumerate(calls) if "install -e ." in c)
+    r, _ = _run_install(tmp_path / "down", "--cpu", fail_torch=True)
+    assert r.returncode == 1 and "set TORCH_CPU_INDEX" in r.stdout, r.stdout
+    _, calls = _run_install(tmp_path / "default", None)
+    assert any(c.endswith("install torch==2.14.1 torchvision==0.29.1") and " -q" not in c for c in calls), calls

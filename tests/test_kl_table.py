@@ -127,3 +127,57 @@ def test_the_benchmark_prints_both_rows_as_zero(tmp_path, monkeypatch, capsys):
     assert float(cells["vidcache stock"]) == 0.0 and float(cells["vidcache plugin"]) == 0.0
     assert float(cells["naive: SGLang decodes the source"]) > 0.0
     assert "logits torch.equal on 1/1 clips (stock) and 1/1 (plugin)" in out
+
+
+# --- positions (issue 37): equal inputs, and the engine's M-RoPE positions on both sides ------------------------
+@pytest.mark.parametrize("mode", ["stock", "plugin"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_rope_positions_are_sglangs_own(family, mode, videos, kcache, peers, models):
+    """``vidcache.rope_positions(engine="sglang")`` over the prompt equals the ``mrope_positions`` SGLang 0.5.23's own
+    processor (stock class, or vidcache's plugin) computed for the request, and over prompt + response it is that
+    continued as SGLang decodes (each later token one further, from ``mrope_position_delta``)."""
+    import vidcache
+    proc, _ = models(family)
+    h = kp.get(videos["h264_long"], family, mode, kcache)
+    rollout = kp.sglang_vidcache(peers, proc, h, mode)
+    theirs = torch.as_tensor(rollout.extra["mrope_positions"]).reshape(3, -1)
+    ours = vidcache.rope_positions(proc, rollout.ids, [h], engine="sglang", mode=mode)
+    assert torch.equal(ours, theirs)
+    resp = kp.response_ids(proc)
+    whole = vidcache.rope_positions(proc, rollout.ids + resp, [h], engine="sglang", mode=mode)
+    n = len(rollout.ids)
+    delta = int(theirs.max()) + 1 - n
+    decoded = (torch.arange(n, n + len(resp)) + delta).expand(3, -1)
+    assert torch.equal(whole, torch.cat([theirs, decoded], dim=1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_trainers_own_positions_cost_kl_on_a_long_clip_and_the_engines_cost_none(family, videos, kcache,
+                                                                                      peers, models):
+    """Identical inputs (ids and tensors ``torch.equal``), 160 s clip: the rollout scored at SGLang's positions, the
+    trainer at transformers' own.  Qwen2.5-VL: the logits differ (its text resumes elsewhere after the video);
+    given ``vidcache.rope_positions``, the trainer's logits equal the rollout's bit for bit.  Qwen3-VL: equal
+    either way (one item per frame group)."""
+    import vidcache
+    from vidcache import mrope
+    proc, model = models(family)
+    h = kp.get(videos["h264_long"], family, "plugin", kcache)
+    rollout, trainer = kp.sglang_vidcache(peers, proc, h, "plugin"), kp.trainer(proc, h, "plugin")
+    assert rollout.ids == trainer.ids
+    for k, v in trainer.tensors.items():
+        assert torch.equal(torch.as_tensor(rollout.tensors[k]), v), k
+    resp = kp.response_ids(proc)
+    engine_pos = torch.cat([torch.as_tensor(rollout.extra["mrope_positions"]).reshape(3, -1),
+                            vidcache.rope_positions(proc, rollout.ids + resp, [h])[:, len(rollout.ids):]], dim=1)
+    a = kl.response_logits(model, proc, rollout.ids, resp, rollout.tensors, engine_pos)
+    own = kl.response_logits(model, proc, trainer.ids, resp, trainer.tensors)
+    given = kl.response_logits(model, proc, trainer.ids, resp, trainer.tensors,
+                               vidcache.rope_positions(proc, trainer.ids + resp, [h], engine="sglang"))
+    assert torch.equal(a, given)
+    grid = h.manifest.tokens.video_grid_thw
+    if family == "qwen2_5_vl":
+        assert mrope.rules_differ(grid, family=family, second_per_grid=float(trainer.tensors["second_per_grid_ts"]))
+        s = kl.kl_stats(a, own)
+        assert not torch.equal(a, own) and s["mean_kl"] > 1e-4, s
+    else:
+        assert torch.equal(a, own)

@@ -18,25 +18,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "vidcache"
 
-# The floors, bottom up, as vidcache/__init__.py's docstring states them (a dotted name covers its
-# submodules: "store" is vidcache/store/ and everything in it).
-FLOORS = [
-    ("facts", ["errors", "digest", "keys", "options", "serving", "token_layout", "attest"]),
-    ("store", ["store"]),
-    ("loader", ["loader"]),
-    ("entries", ["manifest", "encode", "frozen_file", "config"]),
-    ("integrity", ["integrity"]),
-    ("policies", ["frozen_copies", "compact", "repair", "catalog"]),
-    ("cache", ["cache", "cache_moved"]),
-    ("node", ["node"]),
-    ("trainer", ["processing", "device"]),
-    ("references", ["handle", "dataset", "readahead"]),
-    ("rollout", ["sglang", "vllm"]),
-    ("jobs", ["prewarming", "cli", "doctor", "contact_sheet", "testing", ""]),   # "": the lazy facade, vidcache/__init__
-]
-# Stricter rules for the two bottom packages (their own modules are always allowed).
-STORE_MAY_IMPORT = {"vidcache.errors"}
-LOADER_MAY_IMPORT = {"vidcache.errors", "vidcache.digest", "vidcache.options"}
+# The floors, bottom up: vidcache/floors.py is their one statement (read as data, not imported: the house is
+# checked without running it).
+def _floors_module():
+    import runpy
+    return runpy.run_path(str(ROOT / "floors.py"))
+
+
+_F = _floors_module()
+FLOORS = [(name, modules) for name, modules, _ in _F["FLOORS"]]
+UNSTATED = _F["UNSTATED"]
+STORE_MAY_IMPORT = _F["STORE_MAY_IMPORT"]
+LOADER_MAY_IMPORT = _F["LOADER_MAY_IMPORT"]
 
 
 # --- reading imports -------------------------------------------------------------------------------
@@ -140,11 +133,11 @@ def internal(edges: list[Import], pkg: str) -> list[Import]:
 # --- the rules -------------------------------------------------------------------------------------
 def floor_of(module: str, pkg: str = "vidcache") -> int:
     rel = module[len(pkg) + 1:] if module != pkg else ""
-    best = None
+    best, longest = None, -1
     for i, (_, names) in enumerate(FLOORS):
-        for n in names:
-            if (n == "" and rel == "") or (n and (rel == n or rel.startswith(n + "."))):
-                best = i
+        for n in names:      # the most specific name wins: "rollout.models" (facts) within "rollout" (rollout)
+            if ((n == "" and rel == "") or (n and (rel == n or rel.startswith(n + ".")))) and len(n) > longest:
+                best, longest = i, len(n)
     if best is None:
         raise AssertionError(f"{module} is on no floor: add it to vidcache/__init__.py's docstring and to "
                              "tests/test_layers.py FLOORS")
@@ -267,7 +260,7 @@ def test_no_import_cycles(graph):
 
 
 def test_the_docstring_states_these_floors():
-    """FLOORS above is the docstring's list; a floor added there must be added here (and vice versa)."""
+    """vidcache/__init__.py's docstring lists floors.py's floors, in order, each with its modules."""
     import re
 
     import vidcache
@@ -278,8 +271,25 @@ def test_the_docstring_states_these_floors():
         if not line.startswith("  "):
             break
         stated.append([n.strip().rstrip("/") for n in re.split(r"\s{3,}", line.strip())[0].split(",")])
-    ours = [[n for n in names if n not in ("contact_sheet", "testing", "")] for _, names in FLOORS]
-    assert stated == ours, f"vidcache/__init__.py states {stated}, tests/test_layers.py has {ours}"
+    ours = [[n for n in names if n not in UNSTATED] for _, names in FLOORS]
+    assert stated == ours, f"vidcache/__init__.py states {stated}, vidcache/floors.py has {ours}"
+
+
+def test_the_readme_code_map_states_these_floors():
+    """The README's code map (| floor | modules | job |) has floors.py's floors, in order, named as there, with
+    the same modules (a package's submodules in brackets are not counted)."""
+    import re
+    readme = (ROOT.parent / "README.md").read_text()
+    rows = [ln for ln in readme[readme.index("| floor | modules | job |"):].splitlines()[2:]]
+    table = []
+    for ln in rows:
+        if not ln.startswith("| "):
+            break
+        name, modules = [c.strip() for c in ln.split("|")[1:3]]
+        top = re.sub(r"\([^)]*\)", "", modules)           # "store/ (base, ...)": the package alone
+        table.append((name, [m.rstrip("/").replace("/", ".") for m in re.findall(r"`([^`]+)`", top)]))
+    ours = [(name, [n for n in names if n not in UNSTATED]) for name, names in FLOORS]
+    assert table == ours, f"README's code map {table}, vidcache/floors.py {ours}"
 
 
 # --- the public names --------------------------------------------------------------------------------

@@ -175,15 +175,35 @@ def test_hf_dataset_and_its_directory_prewarm_with_progress(tmp_path, media, cap
 
 def test_rows_with_no_media_where_prewarm_looks_say_what_they_carry(tmp_path, media):
     """D41, CLI only on a fresh node: rows whose videos sit under a field prewarm does not read ({"messages": ...}
-    chat rows) gave "0 new, 0 hit, 0 failed" and nothing else.  Now it names where it looked and what the rows
-    carry; with the field named, the same rows build."""
+    chat rows) gave "0 new, 0 hit, 0 failed" and nothing else.  Now it fails, naming where it looked and what the
+    rows carry; with the field named, the same rows build."""
     rows = [{"messages": [{"role": "user", "content": "<video> what happens?"}], "clips": ["a.mkv"]},
             {"messages": [{"role": "user", "content": "<video> and here?"}], "clips": ["b.mkv"]}]
     ds = _jsonl(media / "chat.jsonl", rows)
     r = _cli("prewarm", str(ds), "--no-progress", cache=tmp_path / "node", cwd=tmp_path)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    assert "none of the 2 rows has a video or an image under 'videos'" in r.stderr, r.stderr
+    # issue 40: a failure (rc 1, [no_media]), as parquet and HF datasets fail: a launch script must not carry on
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "[no_media]" in r.stderr, r.stderr
+    assert "none of the 2 rows has a video or an image under 'videos' or 'images'" in r.stderr, r.stderr
     assert "clips, messages" in r.stderr
     r = _cli("prewarm", str(ds), "--no-progress", "--input-key", "messages", "--multimodal-keys", '{"video": "clips"}',
              cache=tmp_path / "node", cwd=tmp_path)
     assert r.returncode == 0 and "2 new" in r.stderr + r.stdout and "none of the" not in r.stderr, r.stdout + r.stderr
+
+
+def test_image_errors_are_classified_and_images_get_the_scheme_allowlist(tmp_path, media):
+    """D54: a refused connection was reported as ``decode`` ("not readable"), and an image could name any scheme
+    qwen-vl-utils opens.  Now a refused connection is ``unavailable``, a scheme outside the images' allowlist is
+    ``scheme_not_allowed`` (nothing opened), and a broken file is still ``decode``; the good rows land."""
+    from conftest import free_port
+    port = free_port()                                   # nothing listens there: the connection is refused
+    rows = _rows(media)[:1] + [
+        {"prompt": "<image> refused", "images": [f"http://127.0.0.1:{port}/a.png"], "videos": []},
+        {"prompt": "<image> ftp", "images": ["ftp://127.0.0.1/a.png"], "videos": []},
+        {"prompt": "<image> s3", "images": ["s3://bucket/a.png"], "videos": []},
+        {"prompt": "<image> broken", "images": ["broken.png"], "videos": []},
+    ]
+    cache = VideoCache(tmp_path / "cache")
+    s = prewarm(str(_jsonl(media / "schemes.jsonl", rows)), cache, VideoOptions(min_pixels=3136),
+                image_key="images", progress=False)
+    kinds = {f["row"]: f["kind"] for f in s.failures}
+    assert kinds == {1: "unavailable", 2: "scheme_not_allowed", 3: "scheme_not_allowed", 4: "decode"}, s.failures

@@ -49,3 +49,35 @@ def test_toy_processor_is_a_real_processor_of_the_family():
     assert type(p).__name__ == "Qwen3VLProcessor" and p.video_processor.patch_size == 16
     with pytest.raises(ValueError, match="unknown family"):
         toy_processor("qwen9")
+
+
+def test_prepare_takes_a_rows_image_placeholders_and_message_lists(tmp_path, videos):
+    """Issue 40: a Miles row as it is -- `<image>` markers with its images, or a message-list prompt (rendered by the
+    processor's chat template) -- gives what the templated text gives; otherwise the error names the fix."""
+    from PIL import Image
+
+    from vidcache.sglang.request import IMAGE_PLACEHOLDER
+    cache = vidcache.VideoCache(tmp_path / "c")
+    h = vidcache.get(videos["ffv1_10_small"], VideoOptions(), cache)
+    proc = toy_processor("qwen2_5_vl")
+    img = Image.new("RGB", (56, 56), (200, 30, 30))
+    row = vidcache.prepare(proc, "<image> then <video>: same colour?", [h], mode="stock", images=[img])
+    text = vidcache.prepare(proc, f"{IMAGE_PLACEHOLDER} then {VIDEO_PLACEHOLDER}: same colour?", [h], mode="stock",
+                            images=[img])
+    assert row.expanded_ids == text.expanded_ids and row.compact_ids == text.compact_ids
+    assert set(row.train_inputs) >= {"pixel_values", "image_grid_thw", "pixel_values_videos"}
+    assert all(torch.equal(row.train_inputs[k], text.train_inputs[k]) for k in text.train_inputs)
+    with pytest.raises(ValueError, match=r"images=\[\.\.\.\], one per placeholder"):
+        vidcache.prepare(proc, "<image> then <video>", [h], mode="stock")
+    messages = [{"role": "user", "content": [{"type": "video", "video": videos["ffv1_10_small"]},
+                                             {"type": "text", "text": "What happens?"}]}]
+    with pytest.raises(ValueError, match="no chat template.*AutoProcessor.from_pretrained"):
+        vidcache.prepare(proc, messages, [h], mode="stock")
+    proc.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for c in m['content'] %}"
+                          "{% if c['type'] == 'text' %}{{ c['text'] }}{% elif c['type'] == 'video' %}"
+                          "<|vision_start|><|video_pad|><|vision_end|>{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    chat = vidcache.prepare(proc, messages, [h], mode="stock")
+    rendered = vidcache.prepare(proc, f"<|im_start|>user\n{VIDEO_PLACEHOLDER}What happens?<|im_end|>\n"
+                                      "<|im_start|>assistant\n", [h], mode="stock")
+    assert chat.expanded_ids == rendered.expanded_ids and chat.compact_ids == rendered.compact_ids

@@ -388,3 +388,79 @@ def test_an_unsealed_manifest_is_never_kept_or_served(tmp_path, tier):
     assert b.local.get(K.ac(k)) is None and not b.local.exists_many([K.cas(blob)])[0]
     with pytest.raises(CorruptManifestError, match=k):
         h.frames()                                        # the read meets it, by its specific error
+
+
+def test_a_sample_that_is_neither_a_handle_nor_an_iterable_is_a_clear_error_not_a_hang(tmp_path, tier):
+    """D52: ``read_ahead([h0, 7, h1])`` returned one sample, then waited for ever (the ``TypeError`` killed the
+    background thread).  The samples before it are served, then ``BadRowError`` names the sample."""
+    from vidcache.errors import BadRowError
+    shared, ks, frames = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    got, err = [], []
+
+    def read():
+        try:
+            with vidcache.read_ahead([vidcache.from_key(ks[0], b), 7, vidcache.from_key(ks[1], b)]) as ahead:
+                got.extend(ahead)
+        except BadRowError as e:
+            err.append(e)
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), "read_ahead hung on a sample of 7"
+    assert [h.key for h in got] == [ks[0]] and "sample 1 is a int" in str(err[0])
+
+
+def test_a_dict_sample_pulls_its_handles(tmp_path, tier):
+    """D52: a ``dict`` sample silently pulled nothing; its values (a handle, a list of handles) are pulled."""
+    shared, ks, frames = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    samples = [{"video": vidcache.from_key(ks[0], b), "videos": [vidcache.from_key(k, b) for k in ks[1:3]],
+                "prompt": "<video>"}]
+    with vidcache.read_ahead(samples) as ahead:
+        assert list(ahead) == samples
+    assert ahead.counts["pulled"] == 3 and local_blobs(b, ks[:3]) == [True] * 3
+
+
+_EXIT_CHILD = r"""
+import sys, time
+from vidcache import VideoCache
+from vidcache.readahead import pull_soon
+node, tier, log = sys.argv[1:]
+def stuck(self, key):                 # a pull to a hung tier: each ends only at the tier's timeout
+    with open(log, "a") as f:
+        f.write(key + "\n")
+    time.sleep(1.0)
+VideoCache.bring_local = stuck
+c = VideoCache(node, shared=tier)
+print(pull_soon(c, ["k%03d" % i for i in range(40)]), flush=True)
+"""
+
+
+def test_queued_hinted_pulls_are_dropped_at_exit(tmp_path, tier):
+    """D48: ``pull_soon``'s queue ran to its end at interpreter exit (642 s at a 5 s timeout, about 2.1 h at 60 s,
+    after a vLLM server was told to stop).  Counted in pulls started, not seconds: of 40 queued, only those
+    under way when ``main`` returned (at most one per worker) run."""
+    from vidcache.readahead import WORKERS
+    shared, ks, frames = tier
+    log = tmp_path / "pulls.log"
+    r = subprocess.run([sys.executable, "-c", _EXIT_CHILD, str(tmp_path / "b"), shared, str(log)],
+                       env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True, timeout=200)
+    assert r.returncode == 0 and r.stdout.strip() == "40", r.stdout + r.stderr
+    started = log.read_text().split() if log.exists() else []
+    assert len(started) <= WORKERS, started
+
+
+def test_a_pool_shut_down_under_it_is_taken_as_its_close(tmp_path, videos):
+    """At interpreter exit concurrent.futures shuts every pool down before the read-ahead's own thread stops, and
+    refuses new work (``RuntimeError: cannot schedule new futures after shutdown``, a traceback from the thread at
+    the end of every script that never closed it); the read-ahead takes that as its close."""
+    from vidcache.readahead import ReadAhead, _Sample
+    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
+    h = vidcache.get(videos["ffv1_10_small"], VideoOptions(fps=1.0), a)
+    b = VideoCache(tmp_path / "b", shared=str(tmp_path / "tier"))
+    ra = ReadAhead(iter([]), depth=1)
+    ra._pool.shutdown(wait=True)          # what the interpreter's exit hook does first
+    ra._schedule(_Sample(0, None), vidcache.from_key(h.key, b))   # before: RuntimeError in the thread
+    assert ra._closed and ra.counts["failed"] == 0
+    ra.close()

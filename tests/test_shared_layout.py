@@ -487,3 +487,36 @@ def test_cli_a_pull_that_meets_an_object_not_its_recorded_bytes_replaces_it(tmp_
     assert (tier / moved).read_bytes() == before                   # moved aside, not lost
     r = vc(["verify", "--shared"], tmp_path / "d", tier)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
+
+
+def test_cli_verify_repair_restores_an_entry_from_an_exactly_decoding_object_in_quarantine(tmp_path, videos):
+    """CLI only, fresh node directories.  D42 left tiers whose only sound copy of an entry was the compact object
+    moved into ``quarantine/`` (its source gone, no node holding it).  ``verify --shared --repair`` now reads it back
+    when it decodes to exactly the manifest's frames, and every node reads the entry again."""
+    import shutil
+
+    from vidcache.store.fsspec import FsspecStore
+    tier = tmp_path / "tier"
+    src = tmp_path / "clip.avi"
+    shutil.copy(videos["mjpeg_24"], src)
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [str(src)]}) + "\n")
+    r = vc(["prewarm", str(ds), "--no-progress"], tmp_path / "a", tier)
+    assert r.returncode == 0, r.stdout + r.stderr
+    store = FsspecStore(str(tier))
+    (obj,) = [k for k in store.keys("frozen/")]
+    key = obj[len("frozen/"):-len(".nut")]
+    want = VideoCache(tmp_path / "a", shared=str(tier)).frames(key)
+    store.set_many({K.quarantined(obj): store.get(obj)})        # what the old byte check did: moved aside...
+    store.delete(obj)                                           # ... and deleted, record and all
+    store.delete("frozen-digest/" + obj[len("frozen/"):])
+    src.unlink()                                                # and the source is gone
+    import shutil as sh
+    sh.rmtree(tmp_path / "a")                                   # and no node holds it
+    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr    # lost on every node
+    r = vc(["verify", "--shared", "--repair"], tmp_path / "c", tier)
+    assert "Traceback" not in r.stderr, r.stderr
+    r = vc(["verify", "--shared"], tmp_path / "d", tier)
+    assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
+    assert torch.equal(VideoCache(tmp_path / "e", shared=str(tier)).frames(key), want)

@@ -198,3 +198,64 @@ def test_cli_verify_names_an_oversized_shared_object(tmp_path, videos):
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert f"BAD {key}: [oversized]" in r.stdout and f"is {8 * bound} bytes" in r.stdout
+
+
+# --- D51: the directory tier's own directories, and each entry's own bound ---------------------------------------
+def test_a_symlinked_fan_out_directory_is_not_read_through(tmp_path, videos):
+    """D51 (2): ``frozen/<xx>`` moved outside the tier and linked back was served through the link.  A tier's
+    directories are its own: the object behind the link is no object, so the read is a clean miss."""
+    from vidcache.errors import NotCachedError
+    shared = str(tmp_path / "nfs")
+    a = VideoCache(tmp_path / "a", shared=shared)
+    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    fan = os.path.dirname(a.shared._path(a.compact.key(key)))
+    os.rename(fan, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", fan)
+    b = VideoCache(tmp_path / "b", shared=shared)
+    with pytest.raises(NotCachedError):
+        b.frames(key)
+    assert b.shared.get(b.compact.key(key)) is None
+
+
+def test_a_symlinked_quarantine_directory_is_not_written_through(tmp_path, videos):
+    """D51 (1): ``quarantine/<fan-out>`` linked outside the tier, then a truncated object read by a fresh node:
+    the read was refused, and the planter's 5,000 bytes were written outside the tier by the quarantine copy."""
+    from vidcache.errors import DigestMismatchError, NotCachedError
+    shared = str(tmp_path / "nfs")
+    a = VideoCache(tmp_path / "a", shared=shared)
+    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    obj = a.shared._path(a.compact.key(key))
+    qpath = a.shared._path(K.quarantined(a.compact.key(key)))
+    outside = tmp_path / "outside_q"
+    outside.mkdir()
+    os.makedirs(os.path.dirname(os.path.dirname(qpath)), exist_ok=True)
+    os.symlink(outside, os.path.dirname(qpath))
+    os.truncate(obj, 5000)
+    b = VideoCache(tmp_path / "b", shared=shared)
+    with pytest.raises((DigestMismatchError, NotCachedError)):
+        b.frames(key)
+    assert os.listdir(outside) == []                     # nothing written where the link points
+
+
+def test_an_object_larger_than_its_entry_can_write_is_not_read_whole(tmp_path, videos, monkeypatch):
+    """D51 (3): the store's bound is any entry's (9 GiB by default), so a 2 GiB object planted for a 1.3 MB entry
+    was read whole (3.4 GB of RSS, 22.7 s) and then copied whole into ``quarantine/``.  Its manifest bounds it:
+    counted in bytes handed over by the tier: the entry's bound, plus the pieces that came before its manifest did
+    (the fetch starts beside the manifest's), never the object."""
+    from vidcache.errors import OversizedObjectError
+    from vidcache.store.fsspec import STREAM_PIECE, FsspecStore
+    shared, key = _plant_oversized(tmp_path, videos, 512 << 20)      # sparse: no disk
+    handed = []
+    real = FsspecStore.stream
+
+    def counting(self, k, sink):
+        def count(piece):
+            handed.append(len(piece))
+            sink(piece)
+        return real(self, k, count)
+    monkeypatch.setattr(FsspecStore, "stream", counting)
+    b = VideoCache(tmp_path / "b", shared=shared)
+    with pytest.raises(OversizedObjectError):
+        b.frames(key)
+    assert b.manifest(key).frames.nbytes < sum(handed) <= 32 * STREAM_PIECE, sum(handed)
+    assert not os.path.exists(os.path.join(shared, "quarantine"))   # nothing of it copied into the tier

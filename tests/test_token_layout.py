@@ -13,7 +13,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.toy_processors import TOKEN_IDS, build_processor
+from support.toy_processors import TOKEN_IDS, build_processor, token_ids
 
 from vidcache.errors import ParityError, TokenLayoutError
 from vidcache.processing import VIDEO_PLACEHOLDER, expanded_ids, layout_of, request_layout
@@ -76,6 +76,37 @@ def test_the_processor_expands_in_the_layout_it_is_probed_to(family):
     assert list(proc.tokenizer(text, add_special_tokens=False)["input_ids"]) == GOLDEN[family, native]
     if transformers.__version__ in VERIFIED_TRANSFORMERS:      # the release table says the same for the verified ones
         assert implied_layout(family, transformers.__version__) == native
+
+
+# Qwen3.5 / 3.6 / 3.8 (their own model types, Qwen3-VL's processor): the goldens above with the real ids of the
+# published checkpoints (rollout.models' table: vision_start 248053, vision_end 248054, video_pad 248057).
+MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen4_exp")
+
+
+def real_golden(model_type: str, layout: str) -> list[int]:
+    ids = token_ids(model_type)
+    vs, ve, pad = ids["<|vision_start|>"], ids["<|vision_end|>"], ids["<|video_pad|>"]
+    table = {VS: vs, VE: ve, PAD: pad, IM_START: vs - 8}       # <|im_start|> sits 8 below vision_start (Qwen's order)
+    return [table.get(t, t) for t in GOLDEN["qwen3_vl", layout]]
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_qwen3_5_model_types_have_qwen3_vl_layouts_with_their_own_ids(model_type):
+    """Both layouts, id for id, with the real special ids; the processor's own expansion is the layout the probe
+    reads, and (a verified release) the one the release table implies: 5.25 collapses these models too."""
+    assert [token_ids(model_type)[t] for t in ("<|vision_start|>", "<|vision_end|>", "<|video_pad|>")] == \
+        [248053, 248054, 248057]
+    proc = build_processor(model_type)
+    e = entry("qwen3_vl", (2, 4, 4))
+    for layout in LAYOUTS["qwen3_vl"]:
+        got = expanded_ids(proc, PROMPT, [e], mode="plugin", token_layout=layout)
+        assert got == real_golden(model_type, layout) and max(got) == 248057
+    native = layout_of(proc, "qwen3_vl")
+    from vidcache.processing import video_replacements
+    text = proc.get_text_with_replacements([PROMPT], videos_replacements=video_replacements(proc, [e], "plugin"))[0][0]
+    assert list(proc.tokenizer(text, add_special_tokens=False)["input_ids"]) == real_golden(model_type, native)
+    if transformers.__version__ in VERIFIED_TRANSFORMERS:
+        assert implied_layout("qwen3_vl", transformers.__version__) == native
 
 
 def test_request_layout_defaults(monkeypatch):

@@ -3,24 +3,24 @@
 Names are imported lazily, so ``vidcache.dataset`` (lazy datasets, no frames) can be
 used without importing torch.
 
-Floors, bottom up (each imports only from below; tests/test_layers.py keeps it so):
-  errors, digest, keys, options, serving, token_layout, attest   facts: exceptions, digests, keys, options, SGLang facts, token layouts, train-tensor digests
+Floors, bottom up (each imports only from below; vidcache/floors.py states them, tests/test_layers.py keeps them):
+  errors, digest, keys, options, serving, token_layout, attest, rollout.models   facts: exceptions, digests, keys, options, SGLang facts, token layouts, train-tensor digests, the model types served
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config   entry records; the video writer; the frozen-file format; node settings
   integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
   frozen_copies, compact, repair, catalog   the cache's policies: frozen files, compact layout, repair, listing/stats
-  cache, cache_moved              VideoCache: lookup, build, read, housekeeping; its old names, deprecated
+  cache                           VideoCache: lookup, build, read, housekeeping
   node                            the caches open in this process, and the lookup by identity
-  processing, device              the trainer side: tensors from cached frames and manifests (no handles)
-  handle, dataset, readahead      lazy references above the cache; handles hand their frames down; read-ahead
-  sglang/, vllm/                  the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader
+  processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
+  handle, dataset, readahead, positions   references above the cache; read-ahead; positions by engine rule
+  sglang/, vllm/, rollout/        the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; engine-neutral code
   prewarming, cli, doctor         the jobs
 """
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"       # pyproject.toml reads it from here
+__version__ = "0.2.0"       # pyproject.toml reads it from here
 
 _EXPORTS = {
     "VideoCache": "vidcache.cache", "open_cache": "vidcache.node", "node_cache": "vidcache.node",
@@ -28,7 +28,7 @@ _EXPORTS = {
     "VideoHandle": "vidcache.handle", "get": "vidcache.handle", "lazy": "vidcache.handle",
     "from_key": "vidcache.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
     "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
-    "train_inputs": "vidcache.handle",
+    "train_inputs": "vidcache.handle", "rope_positions": "vidcache.positions",
     "train_inputs_batch": "vidcache.handle", "LazyVideoDataset": "vidcache.dataset",
     "read_ahead": "vidcache.readahead", "ReadAhead": "vidcache.readahead",
     "prewarm": "vidcache.prewarming", "PrewarmSummary": "vidcache.prewarming",
@@ -46,6 +46,7 @@ if TYPE_CHECKING:      # the same names, for type checkers and IDEs (at run time
     from vidcache.handle import VideoHandle, from_key, get, lazy, train_inputs, train_inputs_batch
     from vidcache.keys import cache_key
     from vidcache.options import VideoOptions
+    from vidcache.positions import rope_positions
     from vidcache.prewarming import PrewarmSummary, prewarm
     from vidcache.readahead import ReadAhead, read_ahead
     from vidcache.sglang.request import PreparedRequest, prepare

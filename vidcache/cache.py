@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import catalog, keys
-from .cache_moved import MovedNames
 from .compact import UNFETCHED, CompactLayout, as_tensor
 from .config import CacheConfig, resolve_identity
 from .digest import Digest
@@ -54,7 +53,7 @@ class EnsureResult:
     frame_bytes: int
 
 
-class VideoCache(MovedNames):
+class VideoCache:
     """A node's cache: LMDB (``path``), optionally in front of the cluster's shared tier (``shared``)."""
 
     def __init__(self, path=None, *, shared: str | None = None, config: CacheConfig | None = None,
@@ -132,12 +131,14 @@ class VideoCache(MovedNames):
         return f"VideoCache({self.path!r}{shared})"
 
     def close(self) -> None:
+        self.compact.republish.drain()      # a replacement queued by a read (D42) before the stores close
         self._backfill.close()
         self.store.close()
 
     def sync(self) -> None:
         """A durability checkpoint for the local tier (LMDB runs with sync=False), after every local copy this
         process has in flight."""
+        self.compact.republish.drain()
         self._backfill.drain()
         if hasattr(self.local, "sync"):
             self.local.sync()
@@ -428,6 +429,7 @@ class VideoCache(MovedNames):
         """Check ``key`` in every tier, its frozen files included; the problems found (empty: sound).
         ``repair`` quarantines bad copies, restores them from a sound copy in another tier, or rebuilds the
         entry from its source (bad frozen files are quarantined here and remade by the serving layer)."""
+        self.compact.republish.drain()   # a replacement a read of this process queued is in the tier
         self._backfill.drain()       # what this process wrote is in the local tier
         return self._repair.verify(key, repair)
 

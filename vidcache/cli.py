@@ -41,7 +41,9 @@ def _add_option_flags(p: argparse.ArgumentParser) -> None:
     # One place for the video options' help and defaults: vidcache.options (Miles' flags use it too).
     from .options import OPTION_HELP, PATCH_SIZE, VideoOptions
     g = p.add_argument_group("video options (qwen-vl-utils semantics; defaults resolved explicitly)")
-    g.add_argument("--family", default=VideoOptions.family, choices=sorted(PATCH_SIZE), help=OPTION_HELP["family"])
+    g.add_argument("--family", choices=sorted(PATCH_SIZE),
+                   help=OPTION_HELP["family"] + f" (default: --model's, else {VideoOptions.family})")
+    g.add_argument("--model", metavar="DIR", help=MODEL_HELP)
     for name, typ in VideoOptions.flag_fields():
         g.add_argument("--" + name.replace("_", "-"), type=typ, dest=name, help=OPTION_HELP.get(name))
 
@@ -79,10 +81,27 @@ def source_arg(text: str) -> str:
     return os.path.normpath(os.path.abspath(os.path.expanduser(text)))
 
 
+MODEL_HELP = ("a checkpoint directory: the family is derived from its processor classes and vision config "
+              "(vidcache.rollout.models; an unknown model type is refused unless --family names it)")
+
+
+def _family(args) -> str | None:
+    """--family, or the family derived from --model DIR (both given: they must agree)."""
+    if not getattr(args, "model", None):
+        return args.family
+    from .rollout.models import derive
+    d = derive(args.model, args.family)
+    if not d.verified:
+        print(f"warning: {d.reason}", file=sys.stderr)
+    return d.family
+
+
 def _options(args):
     from .options import VideoOptions
-    names = ["family"] + [n for n, _ in VideoOptions.flag_fields()]
-    return VideoOptions(**{k: getattr(args, k) for k in names if getattr(args, k, None) is not None})
+    names = [n for n, _ in VideoOptions.flag_fields()]
+    kw = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    family = _family(args)
+    return VideoOptions(**kw, **({"family": family} if family else {}))
 
 
 def _mode_default_help() -> str:
@@ -132,11 +151,19 @@ def _cache(args, read_only: bool = False, **settings):
     return cache
 
 
-def _multimodal_keys(text: str | None) -> dict:
+DEFAULT_MEDIA_KEYS = {"video": "videos", "image": "images"}   # Miles' own row fields for each (its data docs)
+
+
+def _multimodal_keys(text: str | None, dataset: str | None = None) -> dict:
+    """``--multimodal-keys``; without it, ``videos`` and ``images`` (Miles rows carry both).  Of a dataset that
+    knows its columns (parquet, HF), a default key it has no column for is dropped (only a key asked for must
+    name one)."""
     from .errors import ConfigError
     if not text:
-        from .options import VIDEO_KEY
-        return {"video": VIDEO_KEY}
+        keys = dict(DEFAULT_MEDIA_KEYS)
+        if dataset is not None and (cols := _columns(dataset)) is not None:
+            keys = {k: v for k, v in keys.items() if v in cols} or {"video": DEFAULT_MEDIA_KEYS["video"]}
+        return keys
     try:
         keys = json.loads(text)
     except ValueError as e:
@@ -147,8 +174,45 @@ def _multimodal_keys(text: str | None) -> dict:
     return keys
 
 
+def _columns(dataset: str) -> list | None:
+    """The columns of a parquet file or dataset directory (None for JSON Lines, whose rows name their own)."""
+    from .dataset import is_parquet, open_rows
+    if not (os.path.isdir(dataset) or is_parquet(dataset)):
+        return None
+    return list(getattr(open_rows(dataset), "columns", None) or [])
+
+
 def _where(rec: dict) -> str:
+    if rec.get("row") is None:
+        return "dataset"
     return f"row {rec['row']}" + (f" (line {rec['line']})" if rec.get("line") is not None else "")
+
+
+SHOWN_FAILURES = 5
+
+
+def _print_failures(failures: list, report: str | None = None) -> None:
+    for f in failures[:SHOWN_FAILURES]:
+        print(f"  {_where(f)}: [{f['kind']}] {f['error']}")
+    if len(failures) > SHOWN_FAILURES:
+        print(f"  ... and {len(failures) - SHOWN_FAILURES} more" + (f" (every one in {report})" if report else ""))
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _positive_size(text: str) -> int:
+    n = parse_size(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive size, got {text!r}")
+    return n
 
 
 def cmd_prewarm(args) -> int:
@@ -162,7 +226,8 @@ def cmd_prewarm(args) -> int:
     if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
         raise ConfigError(f"dataset not found: {args.dataset}" if not os.path.exists(args.dataset)
                           else f"dataset is not a file or a dataset directory: {args.dataset}")
-    keys = _multimodal_keys(args.multimodal_keys)
+    _check_format(args.dataset)       # a video, a JSON array, a CSV: one error, before anything is written
+    keys = _multimodal_keys(args.multimodal_keys, args.dataset)
     unknown = sorted(set(keys) - {"video", "image"})
     if unknown:      # Miles' audio and other types are not read by vidcache: refuse rather than ignore them
         raise ConfigError(f"--multimodal-keys: vidcache reads the 'video' and 'image' entries, got {unknown}")
@@ -189,6 +254,10 @@ def cmd_prewarm(args) -> int:
     memory = int(args.max_worker_memory_mb * 2**20) if args.max_worker_memory_mb else default_worker_memory(
         args.workers)
     bar = args.progress or (not args.no_progress and sys.stderr.isatty())
+    if args.ray:        # Ray takes seconds to start or connect, with nothing else on the screen meanwhile
+        print("prewarm: " + (f"connecting to the Ray cluster at {args.ray_address}" if args.ray_address else
+                             "starting Ray (or joining the one running on this machine)") + ": a few seconds",
+              file=sys.stderr, flush=True)
     s = prewarm(args.dataset, cache, options, workers=args.workers, timeout_s=args.timeout, failures_path=failures,
                 input_key=args.input_key, max_worker_memory=memory, progress=bar,
                 log_every_s=None if (bar or args.no_progress) else args.log_interval,
@@ -198,38 +267,40 @@ def cmd_prewarm(args) -> int:
     print(s.line())
     if s.failed:
         print(f"failures: {failures}")
-        for f in s.failures[:5]:
-            print(f"  {_where(f)}: [{f['kind']}] {f['error']}")
+        _print_failures(s.failures, failures)
     if s.was_interrupted:
         return 130                        # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
     return 0 if (s.failed == 0 or args.allow_failures) else 1
 
 
+def _check_format(dataset: str) -> None:
+    from .dataset import check_format, is_parquet
+    if os.path.isfile(dataset) and not is_parquet(dataset):
+        check_format(dataset)
+
+
 def cmd_pull(args) -> int:
-    """Bring the entries a dataset's rows name from the shared tier into this node's local tier, in row order:
-    read-ahead (``vidcache.read_ahead``) with nobody reading behind it."""
-    from .dataset import LazyVideoDataset
+    """Bring the entries a dataset's rows name from the shared tier into this node's local tier, in row order
+    (``vidcache.prewarming.pull``); every video that is not pulled is listed with its reason."""
     from .errors import ConfigError
     from .options import VIDEO_KEY
-    from .readahead import read_ahead
+    from .prewarming import pull
     if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
         raise ConfigError(f"dataset not found: {args.dataset}")
-    keys = _multimodal_keys(args.multimodal_keys)
+    _check_format(args.dataset)
+    keys = _multimodal_keys(args.multimodal_keys, args.dataset)
     cache = _cache(args)
     if cache.shared is None:
         raise ConfigError(f"{cache!r} has no shared tier to pull from (set VIDCACHE_SHARED or pass --shared URL)")
     print(f"pull: {args.dataset} from {cache.config.shared} into {cache.path}", file=sys.stderr)
-    rows = LazyVideoDataset(args.dataset, cache, _options(args), input_key=args.input_key,
-                            video_key=keys.get("video", VIDEO_KEY), image_key=keys.get("image"), split=args.split)
-    from tqdm import tqdm
-    with read_ahead((r.handles for r in rows), depth=args.depth, max_bytes=args.max_bytes) as ahead:
-        for _ in tqdm(ahead, total=len(rows), unit="row", desc="pull", disable=not sys.stderr.isatty()):
-            pass
+    s = pull(args.dataset, cache, _options(args), input_key=args.input_key, video_key=keys.get("video", VIDEO_KEY),
+             image_key=keys.get("image"), split=args.split, depth=args.depth, max_bytes=args.max_bytes,
+             progress=sys.stderr.isatty())
     cache.sync()
-    c = ahead.counts
-    print(f"pull: {c['pulled']} pulled, {c['local']} already here, {c['not_cached']} not cached "
-          f"(`vidcache prewarm` builds them), {c['failed']} failed")
-    return 1 if c["failed"] else 0
+    print(s.line())
+    if s.failures:
+        _print_failures(s.failures)
+    return 1 if s.failed else 0
 
 
 def _path_note(options) -> str:
@@ -243,8 +314,45 @@ def _path_note(options) -> str:
 
 
 def cmd_stats(args) -> int:
-    print(json.dumps(_cache(args, read_only=True).stats(), indent=2))
+    st = _cache(args, read_only=True).stats()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(stats_table(st))
     return 0
+
+
+def stats_table(st: dict) -> str:
+    """``stats`` for a person: one row per tier.  An entry is a video under one option set; a blob its frames
+    (the shared tier's compact layout holds frozen objects instead); BYTES is what the tier takes on disk."""
+    lines = [f"cache:  {st['identity']}", f"node:   {st['path']}"]
+    sh = st.get("shared")
+    if sh:
+        lines.append(f"shared: {sh['url']}")
+    cols = ("entries", "blobs", "sources", "frozen_files", "quarantined")
+    lines += ["", f"{'TIER':<8} {'ENTRIES':>8} {'BLOBS':>8} {'SOURCES':>8} {'FROZEN':>8} {'QUARANTINED':>12} "
+                  f"{'BYTES':>10}"]
+    store = st.get("store") or {}
+    local_store = store.get("local", store) if isinstance(store.get("local"), dict) else store
+    rows = [("local", st["local"], local_store.get("used_bytes"))]
+    if sh:
+        rows.append(("shared", sh, sh.get("bytes")))
+    rows.append(("all", st, None))
+    for name, r, nbytes in rows:
+        cells = [("-" if r.get(c) is None else str(r[c])) for c in cols]
+        size = "-" if nbytes is None else _human(nbytes)
+        lines.append(f"{name:<8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8} {cells[3]:>8} {cells[4]:>12} {size:>10}")
+    extra = []
+    if local_store.get("max_bytes"):
+        extra.append(f"local budget {_human(local_store['max_bytes'])}")
+    if st.get("tmp_bytes"):
+        extra.append(f"{_human(st['tmp_bytes'])} of temp files")
+    if sh and sh.get("partial_files"):
+        extra.append(f"{sh['partial_files']} partial upload(s) in the shared tier ({_human(sh['partial_bytes'])})")
+    if extra:
+        lines += ["", "; ".join(extra)]
+    lines.append("(`vidcache stats --json` for every field)")
+    return "\n".join(lines)
 
 
 def cmd_verify(args) -> int:
@@ -327,14 +435,42 @@ def _full_key(cache, given: str) -> str:
         k.check_key(given)               # the usual "not a vidcache key" error
     if k.is_key(stem):
         return stem
-    names = set(cache.local.keys(k.AC)) | (set(cache.shared.keys(k.AC)) if cache.shared is not None else set())
-    found = sorted({e for e in (k.entry_key(n) for n in names) if e.startswith(stem)})
+    found = [e for e in _entry_keys(cache) if e.startswith(stem)]
     if len(found) == 1:
         return found[0]
     if not found:
         raise InvalidKeyError(f"no cached entry's key starts with {stem!r}")
     raise InvalidKeyError(f"{stem!r} is ambiguous: {len(found)} entries start with it ({', '.join(found[:4])}"
                           f"{', ...' if len(found) > 4 else ''}); give more of the key")
+
+
+def _entry_keys(cache) -> list[str]:
+    """Every entry key of every tier, sorted: what a prefix is completed over (and made unique against)."""
+    from . import keys as k
+    from .errors import InvalidKeyError
+    names = set(cache.local.keys(k.AC)) | (set(cache.shared.keys(k.AC)) if cache.shared is not None else set())
+    out = set()
+    for n in names:
+        with contextlib.suppress(InvalidKeyError):        # a stray name in a tier: not an entry
+            out.add(k.entry_key(n))
+    return sorted(out)
+
+
+MIN_PREFIX = 16      # hex digits `ls` shows at least (git's core.abbrev, for 128-bit digests)
+
+
+def unique_prefixes(all_keys: list[str], minimum: int = MIN_PREFIX) -> dict[str, str]:
+    """Each key's shortest prefix that no other key shares, at least ``minimum`` characters (git's rule for
+    abbreviated object names), never ending on a ``.``: what ``inspect`` and ``evict`` complete back."""
+    ks = sorted(set(all_keys))
+    out = {}
+    for i, key in enumerate(ks):
+        common = max((len(os.path.commonprefix([key, o])) for o in (ks[i - 1:i] + ks[i + 1:i + 2])), default=0)
+        n = min(len(key), max(minimum, common + 1))
+        while n < len(key) and key[n - 1] == ".":
+            n += 1
+        out[key] = key[:n]
+    return out
 
 
 def cmd_evict(args) -> int:
@@ -410,16 +546,22 @@ class _ThisNodeIfTierDown:
 
 
 def cmd_ls(args) -> int:
-    rows = _ThisNodeIfTierDown(_cache(args, read_only=True), "listing")(lambda c: c.listing())
+    rows, names = _ThisNodeIfTierDown(_cache(args, read_only=True), "listing")(
+        lambda c: (c.listing(), _entry_keys(c)))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'KEY':<18} {'FAMILY':<10} {'T x H x W':>16} {'FPS':>5} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} SOURCE")
+    # KEY: the shortest prefix unique among every key `inspect` / `evict` complete over (one clip under two option
+    # sets shares its first 32 digits: 16 alone could not tell them apart)
+    short = unique_prefixes(names + [r["key"] for r in rows])
+    width = max([16] + [len(short[r["key"]]) for r in rows]) + 2
+    print(f"{'KEY':<{width}} {'FAMILY':<10} {'T x H x W':>16} {'FPS':>5} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} "
+          "SOURCE")
     for r in rows:
         src = ", ".join(r["sources"]) or "-"
         fps = f"{r['fps']:.3g}" if r.get("fps") is not None else "-"
-        print(f"{r['key'][:16] + '..':<18} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x {r['width']:>4} "
-              f"{fps:>5} {r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
+        print(f"{short[r['key']] + '..':<{width}} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x "
+              f"{r['width']:>4} {fps:>5} {r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
     print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_human(sum(r['bytes'] for r in rows))}")
     return 0
 
@@ -484,16 +626,34 @@ def _option_flags(opts: dict) -> str:
 
 
 def cmd_sglang_config(args) -> int:
-    from .sglang.config import sglang_config
+    from .sglang.config import render, sglang_config
     path = _node_dir(args)
     # The cache (identity, largest frozen file) when this node has one or reaches a shared tier; on a fresh
     # node without either, the config alone.
     cache = _cache(args, read_only=True) if (_has_local(path) or _shared_url(args, path)) else None
-    cfg = sglang_config(args.family, args.mode, cache, args.sglang_version)
-    print(json.dumps(cfg, indent=2))
-    if args.family == "qwen3_vl" and cfg["mode"] == "stock":
+    family = _family(args)
+    if family is None:
+        from .errors import ConfigError
+        raise ConfigError("sglang-config needs --family or --model DIR (the checkpoint)")
+    cfg = sglang_config(family, args.mode, cache, args.sglang_version)
+    sys.stdout.write(render(cfg, args.format))
+    if family == "qwen3_vl" and cfg["mode"] == "stock":
         print("note: stock mode serves Qwen3-VL only on the 224 grid (VideoOptions.for_stock_sglang), which "
               "distorts aspect ratios; the default 32-grid frames need --mode plugin", file=sys.stderr)
+    return 0
+
+
+def cmd_vllm_config(args) -> int:
+    from .vllm.config import MM_PROCESSOR_KWARGS, engine_kwargs, serve_flags
+    if args.family is None:     # the loader then hands plain (uncached) files to opencv, not the model's own loader
+        print("note: without --family, plain (uncached) video files go to VLLM_VIDEO_LOADER_BACKEND (opencv), not "
+              "the model's own loader", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps({"engine_kwargs": engine_kwargs(args.family), "serve_flags": serve_flags(args.family),
+                          "mm_processor_kwargs": MM_PROCESSOR_KWARGS}, indent=2))
+    else:               # shell-quoted: pasted into a shell, the JSON reaches vLLM with its quotes
+        import shlex
+        print(f"vllm serve MODEL {shlex.join(serve_flags(args.family))}")
     return 0
 
 
@@ -510,6 +670,19 @@ def cmd_check_server(args) -> int:
                        args.server_torchcodec, cache=cache, token_layout=args.token_layout)
     print("\n".join(res.lines()))
     return 0 if res.ok else 1
+
+
+def cmd_check_trainer(args) -> int:
+    """Does this environment's transformers compute the engine's M-RoPE positions?  (No GPU, no weights.)"""
+    from .positions import trainer_rule_problem
+    bad = 0
+    from .positions import TRAINER_MODEL_TYPES
+    for family in args.family or TRAINER_MODEL_TYPES:
+        problem = trainer_rule_problem(family, args.engine)
+        print(f"OK   {family}: transformers' own positions are {args.engine}'s" if problem is None
+              else f"FAIL [positions] {family}: {problem}")
+        bad += problem is not None
+    return 1 if bad else 0
 
 
 def cmd_serve(args) -> int:
@@ -546,14 +719,12 @@ def cmd_demo(args) -> int:
 
 def cmd_tier_id(args) -> int:
     """Print the shared tier's identity; --init makes it on a new tier, --restore/--new repair a lost one."""
-    from .config import set_shared_identity, shared_identity
+    from .config import open_shared_tier, set_shared_identity, shared_identity
     from .errors import ConfigError
-    from .store.fsspec import FsspecStore
     url = _shared_url(args, _node_dir(args))
     if not url:
         raise ConfigError("no shared tier: set VIDCACHE_SHARED or pass --shared URL")
-    store = FsspecStore(url if "://" in url else os.path.abspath(url),
-                        read_only=not (args.init or args.restore or args.new))
+    store = open_shared_tier(url, read_only=not (args.init or args.restore or args.new))
     if args.restore or args.new:
         print(set_shared_identity(store, args.restore))
     else:
@@ -584,6 +755,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     add = lambda name, **kw: sub.add_parser(name, formatter_class=_Help, **kw)   # noqa: E731
     from .options import INPUT_KEY
+
+    p = add("check-trainer", help="does this environment's transformers put every token at the rollout engine's "
+                                  "M-RoPE position? (else: pass vidcache.rope_positions)")
+    p.add_argument("--family", action="append", metavar="MODEL_TYPE",
+                   help="a model type: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_5_moe, qwen4_exp (repeatable; "
+                        "default: all)")
+    p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"], help="the rollout engine")
+    p.set_defaults(fn=cmd_check_trainer)
 
     p = add("prewarm", help="decode, sample and resize every video of a dataset into the cache (images: checked)")
     p.add_argument("dataset", help="Miles' prompt file (.jsonl, or .parquet) or a Hugging Face dataset directory "
@@ -619,8 +798,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
     p.add_argument("--multimodal-keys", metavar="JSON",
                    help='Miles\' --multimodal-keys: which row fields hold the videos and images, e.g. '
-                        '\'{"video": "videos", "image": "images"}\' (default: {"video": "videos"}; images are '
-                        'checked as Miles reads them, not cached)')
+                        '\'{"video": "clips", "image": "pictures"}\' (default: {"video": "videos", "image": "images"}, '
+                        'a default without a column in a parquet/HF dataset dropped; images are checked as Miles '
+                        'reads them, not cached)')
     p.add_argument("--no-progress", action="store_true", help="neither a bar nor progress lines")
     p.add_argument("--progress", action="store_true", help="draw the bar even when stderr is not a terminal")
     p.add_argument("--log-interval", type=float, default=30.0, metavar="S",
@@ -636,9 +816,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_option_flags(p)
     p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
     p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
-    p.add_argument("--depth", type=int, default=readahead.DEPTH, help="rows pulled ahead at once")
-    p.add_argument("--max-bytes", type=parse_size, default=readahead.MAX_BYTES, metavar="SIZE",
-                   help="frames in flight at once")
+    p.add_argument("--depth", type=_positive, default=readahead.DEPTH, help="entries pulled at once, at most")
+    p.add_argument("--max-bytes", type=_positive_size, default=readahead.MAX_BYTES, metavar="SIZE",
+                   help="frames in flight at once, at most (e.g. 2GiB)")
     p.set_defaults(fn=cmd_pull)
 
     p = add("ls", help="list entries: source, family, T x H x W, tokens, bytes, tier")
@@ -646,8 +826,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON list instead of a table")
     p.set_defaults(fn=cmd_ls)
 
-    p = add("stats", help="entries, blobs and sizes of the local and the shared tier")
+    p = add("stats", help="entries, blobs and sizes of the local and the shared tier (a table; --json: every field)")
     _add_cache_flags(p)
+    p.add_argument("--json", action="store_true", help="every field as JSON instead of a table")
     p.set_defaults(fn=cmd_stats)
 
     p = add("verify", help="check manifests and re-hash frames in every tier; OK/BAD per key")
@@ -690,11 +871,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_flags(p)
     from .options import PATCH_SIZE
     from .serving import MODES
-    p.add_argument("--family", required=True, choices=sorted(PATCH_SIZE), help="model family")
+    p.add_argument("--family", choices=sorted(PATCH_SIZE), help="model family (or --model DIR)")
+    p.add_argument("--model", metavar="DIR", help=MODEL_HELP)
     p.add_argument("--mode", choices=sorted(MODES), help=_mode_default_help())
     p.add_argument("--sglang-version", metavar="VERSION", help="the SGLang release the server runs (default: the "
                    "one installed here, else the newest verified)")
+    p.add_argument("--format", choices=("json", "miles", "shell"), default="json",
+                   help="json: the whole record; miles: a bash fragment for a Miles launch script (the SGLang "
+                        "servers' env_vars as VIDCACHE_SGLANG_ENV, train.py's flags as the array "
+                        "VIDCACHE_MILES_ARGS); shell: the env exported and SGLANG_ARGS, for a server started by hand")
     p.set_defaults(fn=cmd_sglang_config)
+
+    p = add("vllm-config", help="the vLLM engine settings that reproduce the cache (docs/vllm.md)")
+    p.add_argument("--format", choices=("shell", "json"), default="shell",
+                   help="shell: the `vllm serve` flags, shell-quoted; json: engine kwargs, flags and per-request kwargs")
+    p.add_argument("--family", choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
+                   help="the served model's family: plain (uncached) video files then go to vLLM's own loader for it")
+    p.set_defaults(fn=cmd_vllm_config)
 
     p = add("tier-id", help="the shared tier's identity; --init / --restore / --new write it")
     p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
@@ -718,7 +911,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "(exit 0 only when parity is established)")
     p.add_argument("url", metavar="URL", help="the SGLang server, e.g. http://127.0.0.1:30000")
     _add_cache_flags(p)
-    p.add_argument("--family", choices=sorted(PATCH_SIZE), help="default: from the server's model_type")
+    p.add_argument("--family", choices=sorted(PATCH_SIZE), help="default: derived from --processor DIR (its "
+                   "processor classes and vision config) and the server's model_type")
     p.add_argument("--mode", choices=sorted(MODES), help=_mode_default_help())
     p.add_argument("--processor", metavar="DIR", help="the checkpoint's processor (default: the server's "
                                                       "tokenizer_path, when it exists here)")

@@ -9,18 +9,20 @@ stays true:
   * an object already at the name is trusted only once it decodes to the entry's frames (D32);
   * a read decodes the object as it arrives (``store/prefetch``), checks the frames against the blob digest,
     and only then serves them and copies them into the local tier behind the read (``store/backfill``);
-  * an object whose bytes are not its recorded ones is moved aside even when it decodes exactly here;
+  * an object whose bytes are not its recorded ones is replaced even when it decodes exactly here, by a
+    node that writes the layout, and never deleted before its replacement is in place (D42);
   * a fetch cut off part-way is the tier's failure, never a corrupt object: nothing is quarantined.
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Callable
 
 from . import keys
-from .digest import StreamingDigest
-from .errors import ConfigError, DigestMismatchError, SharedUnavailableError
+from .digest import Digest, StreamingDigest
+from .errors import ConfigError, DigestMismatchError, SharedUnavailableError, warn_once
 from .frozen_copies import FrozenCopies
 from .integrity import compact_frames, frozen_problem, tier_copy
 from .manifest import Manifest, blob_of
@@ -46,6 +48,7 @@ class CompactLayout:
         self.shared, self.local, self.frozen, self.backfill = shared, local, frozen, backfill
         self.verified = verified            # blob digests checked in this process (the cache's set)
         self.tmp_dir, self.writes = tmp_dir, writes
+        self.republish = Republish()        # replacements of damaged objects, for the writer thread (D42)
 
     @staticmethod
     def suffix() -> str:
@@ -68,8 +71,30 @@ class CompactLayout:
         every decoder SGLang may use, its digest recorded after it.  False: the tier keeps raw frames for
         this entry (a raw-layout cache, no shared tier, or a clip no frozen file holds exactly).  ``m``: the
         entry's manifest, what an object already at the name must decode to before it is trusted."""
-        if self.shared is None or not self.writes:
+        if (value := self._encode(key, frames)) is None:
             return False
+        if self._put(key, value):
+            return True
+        # Something is at the name already (another node's object, or a stock-mode frozen file of the older
+        # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
+        # then deleted the entry's only sound frames).  An unsound one is replaced in one atomic step, a copy of
+        # it kept aside: never deleted before ours is in place (D42).
+        if (there := self.sound(key, m)) is None:
+            bad = self.shared.get(self.key(key))
+            log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
+                        self.key(key), key)
+            if bad is None:                             # gone meanwhile: the name is free again
+                return self._put(key, value) or self.sound(key, m) is not None
+            return self._replace(key, value, Digest.of(bad)) or self.sound(key, m) is not None
+        if self.shared.get(keys.frozen_digest(key, self.suffix())) is None:   # D39: a crash between the object and
+            self.frozen.record("shared", key, self.suffix(), there)              # its record left none
+        return True
+
+    def _encode(self, key: str, frames: "torch.Tensor") -> bytes | None:
+        """``frames`` as the compact object's bytes, verified to decode exactly with every decoder SGLang may
+        use; None when this node does not write the layout or no frozen file holds the clip exactly."""
+        if self.shared is None or not self.writes:
+            return None
         import tempfile
 
         from .errors import FrozenFileError
@@ -82,24 +107,20 @@ class CompactLayout:
                 write_frozen(frames, path, f.name, verify=lambda p: verify_frozen(p, frames))
             except FrozenFileError as e:      # e.g. decord cannot open a 2-frame NUT: raw frames instead
                 log.info("entry %s stays raw in the shared tier: %s", key, e)
-                return False
+                return None
             with open(path, "rb") as fh:
-                value = fh.read()
-        if self._put(key, value):
-            return True
-        # Something is at the name already (another node's object, or a stock-mode frozen file of the older
-        # layout): trusted only once it decodes to these frames (D32: a bit-rotted one was trusted, and the upgrade
-        # then deleted the entry's only sound frames).  An unsound one is moved aside and ours takes its place.
-        if (there := self.sound(key, m)) is None:
-            log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
-                        self.key(key), key)
-            self.frozen.quarantine("shared", key, f.suffix)
-            if self._put(key, value):
-                return True
-            if (there := self.sound(key, m)) is None:   # a racing node's
-                return False
-        if self.shared.get(keys.frozen_digest(key, f.suffix)) is None:   # D39: a crash between the object and
-            self.frozen.record("shared", key, f.suffix, there)              # its record left none
+                return fh.read()
+
+    def _replace(self, key: str, value: bytes, bad: Digest) -> bool:
+        """Put ``value`` (verified) in place of the object at ``key``'s name, if that is still the bad one
+        (``bad``, its digest): a copy of the bad bytes goes to ``quarantine/`` first, then the new object
+        replaces the old in one atomic step (a rename on a directory, one PUT on S3), then its record.  At
+        no moment is the name empty: a reader meanwhile is served the old object, a crash at any point leaves
+        a copy that decodes to the frames (D42).  False when the object there is no longer the bad one."""
+        if not self.frozen.set_aside("shared", key, self.suffix(), bad):
+            return False                               # replaced by another node meanwhile: theirs stays
+        self.shared.set_many({self.key(key): value})
+        self.frozen.record("shared", key, self.suffix(), value)
         return True
 
     def _put(self, key: str, value: bytes) -> bool:
@@ -133,13 +154,14 @@ class CompactLayout:
             return None
         if value is UNFETCHED:
             value = self.prefetch(m.key)
+        value.limit(max_object_bytes(m))    # the store's bound is any entry's; this is this entry's (D51)
         if not value.found():
             return None
         record = self.shared.get(keys.frozen_digest(m.key, self.suffix()))   # while the object streams in
         raw, why = compact_frames(value, m)
         if why is not None:
             value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
-            self.frozen.quarantine("shared", m.key, self.suffix())
+            self.frozen.quarantine("shared", m.key, self.suffix(), bad=value.hasher.digest())
             raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
         self._check_bytes(m, value, record, raw)
         self.verified.add(m.frames.blob)
@@ -150,21 +172,33 @@ class CompactLayout:
     def _check_bytes(self, m: Manifest, value: Prefetch, record: bytes | None, raw: "np.ndarray") -> None:
         """An object that decoded to exactly ``m``'s frames but whose bytes are not the ones recorded for it
         is damaged all the same: the damage fell where this decoder conceals it, and another decoder (SGLang's,
-        reading the object by URL) may conceal it otherwise.  The frames are exact, so the read is served;
-        the object is moved aside, and replaced from these frames when this node writes to the tier."""
+        reading the object by URL) may conceal it otherwise.  The frames are exact, so the read is served.
+        The object stays where it is (it is the entry's only copy in the tier, and a sound one as far as these
+        frames go): a node that writes the compact layout queues its replacement for the writer thread, which
+        encodes the frames, verifies them, and only then swaps the objects (``_replace``); any other node
+        only reports it (D42: the object was deleted before its replacement existed, or for ever)."""
         if record is None:
             return           # no record (D39: a crash between object and record; verify --repair records it)
         try:
             value.finish()   # all of it hashed
         except SharedUnavailableError:
             return           # cut off after the frames: they are exact, and a part of the bytes proves nothing
-        if (why := frozen_problem(value.hasher.digest(), record)) is None:
+        if (why := frozen_problem(bad := value.hasher.digest(), record)) is None:
             return
-        log.warning("the shared tier's object %s decodes to entry %s's frames but %s: moved aside%s",
-                    self.key(m.key), m.key, why, ", replaced" if self.writes else "")
-        self.frozen.quarantine("shared", m.key, self.suffix())
-        if self.writes:
-            self.publish(m.key, as_tensor(raw, m), m)
+        if not self.writes:
+            warn_once(f"unsound-object:{m.key}", "vidcache: the shared tier's object %s decodes to entry %s's "
+                      "frames but %s: left in place (this node does not write the compact layout); "
+                      "`vidcache verify --shared --repair` on a compact-layout node replaces it",
+                      self.key(m.key), m.key, why)
+            return
+        log.warning("the shared tier's object %s decodes to entry %s's frames but %s: moved aside, replaced "
+                    "(queued)", self.key(m.key), m.key, why)
+        self.republish.submit(m.key, lambda: self._republish(m, raw, bad))
+
+    def _republish(self, m: Manifest, raw: "np.ndarray", bad: Digest) -> None:
+        """The writer's side of ``_check_bytes``: encode, verify, then replace the bad object (never delete)."""
+        if (value := self._encode(m.key, as_tensor(raw, m))) is not None:
+            self._replace(m.key, value, bad)
 
     # --- convert ----------------------------------------------------------------------------
     def upgrade(self, entry_keys: list[str], manifest: Callable[[str], Manifest | None],
@@ -207,6 +241,57 @@ class CompactLayout:
                 out["freed_bytes"] += sh.size(keys.cas(b)) or 0
                 sh.delete(keys.cas(b))
         return out
+
+
+def max_object_bytes(m: Manifest) -> int:
+    """The most a sound compact object of ``m`` can be: its frames uncompressed, an eighth more for a codec that
+    does not compress them, and a MiB of container (D51: a 2 GiB object for a 1.3 MB entry was read whole)."""
+    return m.frames.nbytes + m.frames.nbytes // 8 + (1 << 20)
+
+
+class Republish:
+    """Replacements of damaged shared objects, run by one writer thread per process so that a read never
+    encodes (``CompactLayout._check_bytes`` queues them; ``drain`` waits for them, as the cache's ``sync``,
+    ``close`` and ``verify`` do).  One job per entry at a time.  A process killed with jobs queued loses only
+    the jobs: the objects they would replace are still in place, and the next reader queues them again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+
+    def _state(self):
+        with self._lock:
+            if self._pid != os.getpid():      # first use, or a forked child: nothing of the parent's
+                from concurrent.futures import ThreadPoolExecutor
+                self._pid = os.getpid()
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidcache-republish")
+                self._pending: dict = {}
+            return self._pool, self._pending
+
+    def submit(self, key: str, job: Callable[[], None]) -> None:
+        pool, pending = self._state()
+        with self._lock:
+            if key in pending:
+                return
+
+            def run() -> None:
+                try:
+                    job()
+                except Exception as e:      # noqa: BLE001 -- the object stays as it was; a later read queues it again
+                    log.warning("vidcache: the shared tier's object of entry %s was not replaced: %s", key, e)
+                finally:
+                    with self._lock:
+                        pending.pop(key, None)
+            pending[key] = pool.submit(run)
+
+    def drain(self) -> None:
+        """Return once every replacement this process queued has run."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            futs = list(self._pending.values())
+        for f in futs:
+            f.result()
 
 
 def as_tensor(frames, m: Manifest) -> "torch.Tensor":

@@ -135,15 +135,8 @@ class CacheConfig:
     def shared_store(self) -> Store | None:
         if not self.shared:
             return None
-        from .store.fsspec import DEFAULT_DECODE_BUDGET, FsspecStore, default_max_object_bytes
-        url = self.shared
-        if "://" not in url:
-            url = _abs(url)         # a plain shared path, e.g. an NFS mount
-        # No entry's object is larger than the frames a decode budget allows (D33): this node's, when it allows
-        # more than the default; never less, since another node, with the default, may have written the entry.
-        budget = max(self.max_decoded_bytes or 0, DEFAULT_DECODE_BUDGET)
-        return FsspecStore(url, read_only=self.read_only, storage_options=dict(self.shared_storage_options),
-                           max_object_bytes=default_max_object_bytes(budget))
+        return open_shared_tier(self.shared, read_only=self.read_only, storage_options=self.shared_storage_options,
+                                max_decoded_bytes=self.max_decoded_bytes)
 
     def build_store(self, check) -> Store:
         """The store this configuration describes: a custom one, LMDB alone, or LMDB in front of the shared tier."""
@@ -154,6 +147,20 @@ class CacheConfig:
             return local
         from .store.tiered import TieredStore
         return TieredStore(local, shared, local_only=LOCAL_ONLY, check=check, read_only=self.read_only)
+
+
+def open_shared_tier(url: str, *, read_only: bool, storage_options: dict | None = None,
+                     max_decoded_bytes: int | None = None) -> Store:
+    """The shared tier at ``url`` (``s3://...``, or a plain path such as an NFS mount): the one way every command
+    opens it, so each gets the same storage options and object-size cap."""
+    from .store.fsspec import DEFAULT_DECODE_BUDGET, FsspecStore, default_max_object_bytes
+    if "://" not in url:
+        url = _abs(url)
+    # No entry's object is larger than the frames a decode budget allows (D33): this node's, when it allows
+    # more than the default; never less, since another node, with the default, may have written the entry.
+    budget = max(max_decoded_bytes or 0, DEFAULT_DECODE_BUDGET)
+    return FsspecStore(url, read_only=read_only, storage_options=dict(storage_options or {}),
+                       max_object_bytes=default_max_object_bytes(budget))
 
 
 # --- the node directory's small record ----------------------------------------------

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .digest import Digest
-from .errors import BadRowError, OptionsError, UnknownColumnError
+from .errors import BadRowError, DatasetFormatError, OptionsError, UnknownColumnError
 from .handle import VideoHandle, lazy
 from .keys import cache_key
 from .loader.fetch import scheme_of
@@ -207,9 +207,17 @@ def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY,
     if isinstance(prompt, str):
         # Miles' _build_messages pops one list entry per placeholder; a count that differs would fail there
         # (too few) or silently drop media (too many).
-        for token, n, key in ((VIDEO_TOKEN, len(listed), video_key), (IMAGE_TOKEN, len(listed_images), image_key)):
-            if prompt.count(token) not in (0, n):
-                raise BadRowError(f"prompt has {prompt.count(token)} {token} placeholders but {n} {key!r} entries")
+        for token, n, key, kind in ((VIDEO_TOKEN, len(listed), video_key, "video"),
+                                    (IMAGE_TOKEN, len(listed_images), image_key, "image")):
+            if prompt.count(token) in (0, n):
+                continue
+            if key is None:      # images in the row, but no key to find them under: name the fix, not "None"
+                raise BadRowError(f"prompt has {prompt.count(token)} {token} placeholder(s) but no {kind} key is "
+                                  f"configured; name the row's {kind} field: --multimodal-keys "
+                                  f"'{{\"video\": \"{video_key}\", \"{kind}\": \"<field>\"}}' (Python: {kind}_key=)")
+            raise BadRowError(f"prompt has {prompt.count(token)} {token} placeholder(s) but {n} {key!r} entries; "
+                              f"Miles takes one {key!r} entry per {token}: fix the row, or point --multimodal-keys' "
+                              f"\"{kind}\" at the field that holds them")
     return Media(videos, images)
 
 
@@ -252,8 +260,68 @@ def iter_jsonl(path: str) -> Iterator[tuple[int, dict | BadRowError]]:
 
 
 # --- prompt files: JSONL, parquet, HF datasets ------------------------------------------------------------------
+PARQUET_MAGIC = b"PAR1"
+
+
+def _head(path, n: int = 1 << 16) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
 def is_parquet(path) -> bool:
-    return isinstance(path, (str, os.PathLike)) and os.fspath(path).lower().endswith(".parquet")
+    """A ``.parquet`` path, or a file that is parquet whatever its name (its magic number)."""
+    if not isinstance(path, (str, os.PathLike)):
+        return False
+    return os.fspath(path).lower().endswith(".parquet") or (os.path.isfile(path) and _head(path, 4) == PARQUET_MAGIC)
+
+
+# Container magic numbers: a video given as the dataset is named as one, not read as 288 bad lines.
+_MAGIC = ((4, b"ftyp", "an MP4/MOV video"), (0, b"\x1aE\xdf\xa3", "a Matroska/WebM video"),
+          (0, b"RIFF", "a RIFF (AVI/WAV) file"), (0, b"\x89PNG", "a PNG image"),
+          (0, b"\xff\xd8\xff", "a JPEG image"), (0, b"GIF8", "a GIF image"), (0, b"PK\x03\x04", "a zip archive"),
+          (0, b"\x1f\x8b", "a gzip file"))
+
+
+def _binary(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def check_format(path) -> None:
+    """Refuse, up front and in one error, a file that is not JSON Lines (the format every non-parquet dataset
+    file is read as): a video or other binary file, a JSON array, a CSV.  Only the file's head is read."""
+    head = _head(path)
+    lines = [ln.strip() for ln in head.splitlines() if ln.strip()]
+    if not lines:
+        return
+    what = None
+    for off, magic, name in _MAGIC:
+        if name and head[off:off + len(magic)] == magic:
+            what = name
+            break
+    if what is None and b"\x00" in head:
+        what = "a binary file"
+    if what is not None:
+        raise DatasetFormatError(f"{path} is {what}, not a dataset: give the JSON Lines (.jsonl) or .parquet "
+                                 "file, or the dataset directory, whose rows name the videos")
+    first = lines[:2]
+    if first[0].startswith(b"["):          # a JSON Lines row is an object: this is one array of them
+        raise DatasetFormatError(f"{path} is a JSON array, not JSON Lines (one object per line); convert it: "
+                                 f"jq -c '.[]' {os.path.basename(path)} > rows.jsonl")
+    if not any(ln.startswith(b"{") for ln in first):          # one bad line at the top is a bad row, not this
+        looks = ("a CSV/TSV file" if any(c in first[0] for c in (b",", b"\t")) else
+                 "a binary file" if _binary(first[0]) else "not JSON Lines")
+        raise DatasetFormatError(f"{path} is {looks}: its first lines are not JSON objects ({first[0][:60]!r}); "
+                                 "give JSON Lines (one {\"prompt\": ..., \"videos\": [...]} object per line), "
+                                 ".parquet, or a dataset directory")
+
+
 
 
 def _pyarrow_parquet():
@@ -311,73 +379,90 @@ class _JsonlRows:
             return parse_row(f.readline())
 
 
-class _ParquetRows:
-    """A parquet prompt file read as Miles reads it (pyarrow, ``to_pylist`` rows), lazily: opening reads the
-    footer only; a row reads its row group (the smallest unit parquet decodes), and the last ``keep`` groups
-    stay decoded for the rows next to it."""
+BATCH_BYTES = 1 << 20         # a parquet batch decoded at once: rows of about this many bytes (one, if larger)
 
-    def __init__(self, path: str, keep: int = 2) -> None:
+
+def _unreadable() -> tuple:
+    import pyarrow as pa
+    return (OSError, pa.ArrowException)
+
+
+class _ParquetRows:
+    """A parquet prompt file read as Miles reads it (pyarrow, ``to_pylist`` rows), lazily and in bounded memory:
+    opening reads the footer only; rows are decoded in batches of about ``BATCH_BYTES`` (one row where rows are
+    larger: videos held as bytes), never a whole row group, and only the current batch is kept.  Reading the next
+    row continues where the last read stopped (a DataLoader's sequential order); another row restarts its row
+    group's reader and skips to it (parquet has no per-row index).  A pyarrow writer puts up to 1024 rows in one
+    page: for files of videos as bytes, write with ``write_batch_size=1`` so a row is its own page (docs/storage.md).
+    A row group that cannot be decoded is one ``BadRowError`` for its rows, never the end of the file."""
+
+    def __init__(self, path: str) -> None:
         import numpy as np
         pq = _pyarrow_parquet()
         self.path = path
-        self._pf = pq.ParquetFile(path)
+        # pre_buffer=False: column chunks are read as they are decoded, not each whole into memory first
+        self._pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
         md = self._pf.metadata
         self.columns = list(self._pf.schema_arrow.names)
         self.text_columns = _text_columns(self._pf.schema_arrow)
         self._starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
-        self._keep = max(1, keep)
-        self._groups: dict = {}
+        self._cursor: list | None = None       # [group, next row index, its row iterator]
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def _group(self, g: int):
-        t = self._groups.pop(g, None)
-        if t is None:
-            t = self._pf.read_row_group(g)
-            while len(self._groups) >= self._keep:
-                self._groups.pop(next(iter(self._groups)))
-        self._groups[g] = t          # most recent last
-        return t
+    def _batches(self, g: int):
+        """(index of its first row, record batch) over row group ``g``, about ``BATCH_BYTES`` a batch."""
+        rg = self._pf.metadata.row_group(g)
+        per_row = max(1, rg.total_byte_size // max(1, rg.num_rows))
+        start = int(self._starts[g])
+        for batch in self._pf.iter_batches(batch_size=max(1, min(65536, BATCH_BYTES // per_row)), row_groups=[g],
+                                           use_threads=False):
+            yield start, batch
+            start += batch.num_rows
+
+    def _unreadable_group(self, g: int, first: int, e: Exception) -> BadRowError:
+        return BadRowError(f"row group {g} of {self.path} (rows {first}-{int(self._starts[g + 1]) - 1}) cannot be "
+                           f"read ({type(e).__name__}: {str(e)[:200]}); its rows are skipped")
 
     def raw(self, i: int) -> dict:
         import numpy as np
         g = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return self._group(g).slice(i - int(self._starts[g]), 1).to_pylist()[0]
+        c = self._cursor                 # [group, first row of the batch, the batch, the group's batches]
+        if c is None or c[0] != g or c[1] > i:
+            c = [g, int(self._starts[g]), None, self._batches(g)]
+        self._cursor = None
+        try:
+            while c[2] is None or i >= c[1] + c[2].num_rows:     # batches before the row: decoded, not converted
+                c[1], c[2] = next(c[3])
+        except _unreadable() as e:
+            raise self._unreadable_group(g, int(self._starts[g]), e) from None
+        self._cursor = c
+        return c[2].slice(i - c[1], 1).to_pylist()[0]
+
+    def records(self) -> Iterator[tuple[int, "dict | BadRowError"]]:
+        """(row index, row) in file order; an unreadable row group is one ``BadRowError`` at its first row
+        not read, and the groups after it are still read."""
+        for g in range(len(self._starts) - 1):
+            i = int(self._starts[g])
+            try:
+                for _, batch in self._batches(g):
+                    for row in batch.to_pylist():
+                        yield i, row
+                        i += 1
+            except _unreadable() as e:
+                yield i, self._unreadable_group(g, i, e)
 
     def __iter__(self) -> Iterator[dict]:
-        for batch in self._pf.iter_batches():       # Miles' parquet_reader
-            yield from batch.to_pylist()
+        for _, row in self.records():
+            if not isinstance(row, BadRowError):
+                yield row
 
     def __getstate__(self):           # a DataLoader worker reopens the file: a ParquetFile is not shared
-        return {"path": self.path, "keep": self._keep}
+        return {"path": self.path}
 
     def __setstate__(self, st) -> None:
-        self.__init__(st["path"], st["keep"])
-
-
-def _undecoded(ds):
-    """``ds`` with HF's media features left as stored (``{"bytes", "path"}``): rows must carry what the file
-    holds, not decoded PIL images or torchcodec decoders (those would be decoded at every row read)."""
-    feats = getattr(ds, "features", None)
-    if not feats:
-        return ds
-    import datasets
-
-    def plain(f):
-        if isinstance(f, (datasets.Image, getattr(datasets, "Video", ()))) and getattr(f, "decode", False):
-            return type(f)(decode=False)
-        if isinstance(f, getattr(datasets, "List", ())):
-            return type(f)(plain(f.feature), length=f.length)
-        if isinstance(f, datasets.Sequence):
-            return datasets.Sequence(plain(f.feature), length=f.length)
-        if isinstance(f, dict):
-            return {k: plain(v) for k, v in f.items()}
-        if isinstance(f, list):
-            return [plain(v) for v in f]
-        return f
-    new = datasets.Features({k: plain(v) for k, v in feats.items()})
-    return ds if new == feats else ds.cast(new)
+        self.__init__(st["path"])
 
 
 DATA_FILES = (".parquet", ".jsonl", ".json", ".csv", ".arrow")
@@ -390,19 +475,62 @@ def _has_data_files(path: str) -> bool:
     return False
 
 
-def open_hf(dataset, split: str | None = None):
-    """A ``datasets.Dataset`` from one, from a ``DatasetDict`` (``split``, default ``train``), or from a
-    directory: ``save_to_disk``'s (``load_from_disk``) or any directory ``load_dataset`` reads."""
+def _datasets():
     try:
         import datasets
     except ImportError:
         from .errors import BackendUnavailableError
         raise BackendUnavailableError("Hugging Face datasets need the datasets package: "
                                       "pip install 'vidcache[data]'") from None
+    return datasets
+
+
+def _load_from_disk(path: str, split: str | None):
+    """``save_to_disk``'s directory, one split of it: (the dataset, a ``BadRowError`` per shard that cannot be
+    read).  Only the split asked for is opened, and a missing or damaged ``.arrow`` shard costs its rows, not the
+    dataset: the others are opened one by one (memory-mapped; nothing is written)."""
+    datasets = _datasets()
+    dd = os.path.join(path, "dataset_dict.json")
+    if os.path.isfile(dd):
+        with open(dd) as f:
+            splits = list(json.load(f).get("splits") or [])
+        name = split or ("train" if "train" in splits else (splits or [None])[0])
+        if name not in splits:
+            raise UnknownColumnError(f"the dataset has no split {name!r}; splits found: {sorted(splits)}")
+        path = os.path.join(path, name)
+    elif split is not None:
+        raise UnknownColumnError(f"split={split!r} was given, but the dataset has no splits")
+    try:
+        return datasets.load_from_disk(path), []
+    except (FileNotFoundError, *_unreadable()) as whole:
+        try:
+            with open(os.path.join(path, "state.json")) as f:
+                shards = [d["filename"] for d in json.load(f)["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise whole from None
+    parts, errors = [], []
+    for name in shards:
+        try:
+            parts.append(datasets.Dataset.from_file(os.path.join(path, name), in_memory=False))
+        except (FileNotFoundError, *_unreadable()) as e:
+            errors.append(BadRowError(f"shard {name} of {path} cannot be read ({type(e).__name__}: "
+                                      f"{str(e)[:200]}); its rows are skipped"))
+    if not parts:
+        from .errors import ConfigError
+        raise ConfigError(f"no shard of {path} can be read: " + "; ".join(map(str, errors)))
+    return (parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)), errors
+
+
+def _open_hf(dataset, split: str | None = None):
+    """(``datasets.Dataset``, per-shard errors) from one, from a ``DatasetDict`` (``split``, default ``train``),
+    or from a directory: ``save_to_disk``'s or any directory ``load_dataset`` reads."""
+    datasets = _datasets()
+    errors: list = []
     if isinstance(dataset, (str, os.PathLike)):
         path = os.fspath(dataset)
         if os.path.isfile(os.path.join(path, "state.json")) or os.path.isfile(os.path.join(path, "dataset_dict.json")):
-            dataset = datasets.load_from_disk(path)
+            dataset, errors = _load_from_disk(path, split)
+            split = None
         elif _has_data_files(path):
             dataset = datasets.load_dataset(path)     # datasets converts the files once, into its own cache
         else:
@@ -419,15 +547,25 @@ def open_hf(dataset, split: str | None = None):
         raise UnknownColumnError(f"split={split!r} was given, but the dataset has no splits")
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"expected a datasets.Dataset, got {type(dataset).__name__}")
-    return _undecoded(dataset)
+    return dataset, errors
+
+
+def open_hf(dataset, split: str | None = None):
+    """A ``datasets.Dataset`` from one, from a ``DatasetDict`` (``split``, default ``train``), or from a
+    directory: ``save_to_disk``'s (``load_from_disk``) or any directory ``load_dataset`` reads."""
+    return _open_hf(dataset, split)[0]
 
 
 class _HFRows:
     """A ``datasets.Dataset``: Arrow-backed and memory-mapped by ``datasets`` itself, so a row is read when
-    asked for."""
+    asked for.  Rows are read in the Arrow format: media features (``Image``, ``Video``) come as stored
+    (``{"bytes", "path"}``), never decoded to PIL images or decoders, and the dataset is never cast (a cast
+    rewrites every row into a copy beside the data, and fails on a read-only mount)."""
 
-    def __init__(self, ds) -> None:
+    def __init__(self, ds, errors=()) -> None:
         self.ds = ds
+        self._arrow = ds.with_format("arrow")
+        self.errors = list(errors)
         self.columns = list(ds.column_names)
         self.text_columns = _text_columns(ds.features.arrow_schema)
 
@@ -435,10 +573,22 @@ class _HFRows:
         return len(self.ds)
 
     def raw(self, i: int) -> dict:
-        return self.ds[int(i)]
+        return self._arrow[int(i)].to_pylist()[0]
+
+    def records(self) -> Iterator[tuple[int, "dict | BadRowError"]]:
+        for e in self.errors:          # a shard that could not be opened: one record each, before the rows
+            yield None, e
+        n = len(self.ds)
+        per_row = max(1, self.ds.data.nbytes // max(1, n))
+        step = max(1, min(1024, BATCH_BYTES // per_row))      # rows of videos held as bytes: a few at a time
+        for start in range(0, n, step):
+            for j, row in enumerate(self._arrow[start:min(n, start + step)].to_pylist()):
+                yield start + j, row
 
     def __iter__(self) -> Iterator[dict]:
-        return iter(self.ds)
+        for _, row in self.records():
+            if not isinstance(row, BadRowError):
+                yield row
 
 
 def is_hf_dataset(obj) -> bool:
@@ -449,12 +599,13 @@ def is_hf_dataset(obj) -> bool:
 def open_rows(dataset, split: str | None = None):
     """The row reader of a prompt file (JSONL, ``.parquet``), an HF dataset or a dataset directory."""
     if is_hf_dataset(dataset):
-        return _HFRows(open_hf(dataset, split))
+        return _HFRows(*_open_hf(dataset, split))
     path = os.path.abspath(os.fspath(dataset))
     if os.path.isdir(path):
-        return _HFRows(open_hf(path, split))
+        return _HFRows(*_open_hf(path, split))
     if is_parquet(path):
         return _ParquetRows(path)
+    check_format(path)
     return _JsonlRows(path)
 
 

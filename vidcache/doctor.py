@@ -124,9 +124,8 @@ def node_dir(path: str) -> Check:
 
 
 def shared_tier(url: str | None) -> Check:
-    from .config import shared_identity, tier_holds_objects
+    from .config import open_shared_tier, shared_identity, tier_holds_objects
     from .errors import VidcacheError
-    from .store.fsspec import FsspecStore
     if not url:
         return Check("VIDCACHE_SHARED", True, "not set: a single-node cache (other nodes cannot resolve its "
                                               "handles; set it for a cluster)")
@@ -134,7 +133,7 @@ def shared_tier(url: str | None) -> Check:
         return Check("VIDCACHE_SHARED", False, f"{url}: missing (no such directory here)",
                      "mount the shared tier there (an NFS export?), or fix VIDCACHE_SHARED")
     try:
-        store = FsspecStore(url if "://" in url else os.path.abspath(url), read_only=True)
+        store = open_shared_tier(url, read_only=True)
         try:
             return Check("VIDCACHE_SHARED", True, f"{url}: reachable, identity {shared_identity(store, False)}")
         except VidcacheError:

@@ -105,6 +105,16 @@ class UnknownColumnError(ConfigError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NoMediaError(ConfigError):
+    """No row of the dataset holds a video or an image under the keys given: the keys are wrong, not the rows."""
+    kind = "no_media"
+
+
+class DatasetFormatError(ConfigError):
+    """The dataset file is not a format vidcache reads (a video, a JSON array, a CSV given as JSON Lines)."""
+    kind = "dataset_format"
+
+
 class WorkerError(VidcacheError, RuntimeError):
     kind = "worker"
 
@@ -201,6 +211,12 @@ class TokenLayoutError(VidcacheError, ValueError):
     """Ids not in the token layout they are said to be in, or a layout name a family does not have
     (``vidcache.token_layout``)."""
     kind = "token_layout"
+
+
+class ModelTypeError(ConfigError):
+    """A checkpoint whose video processing vidcache cannot vouch for: its processor classes or geometry are not
+    its model type's, or an unknown model type (``vidcache.rollout.models``)."""
+    kind = "model_type"
 
 
 class BackendUnavailableError(VidcacheError, ImportError):

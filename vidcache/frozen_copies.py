@@ -57,9 +57,19 @@ class FrozenCopies:
         if not store.read_only:
             store.set_many({keys.frozen_digest(key, suffix): str(Digest.of(value)).encode()})
 
-    def quarantine(self, tier: str, key: str, suffix: str) -> None:
+    def set_aside(self, tier: str, key: str, suffix: str, bad: Digest) -> bool:
+        """Copy the shared object of ``key`` into ``quarantine/`` if it is still the bad one (``bad``, its
+        digest), leaving it in place; False when it is another object now (a racing node replaced it) or gone."""
+        skey = keys.frozen(key, suffix)
+        if (value := self.shared.get(skey)) is None or Digest.of(value) != bad:
+            return False
+        self.shared.set_many({keys.quarantined(skey): value})
+        return True
+
+    def quarantine(self, tier: str, key: str, suffix: str, bad: Digest | None = None) -> None:
         """Move a bad frozen copy aside (never served again) and forget its record; it is rebuilt from the
-        frames on next use."""
+        frames on next use.  ``bad``: the digest of the bytes found bad; a shared object that is other bytes now
+        (a racing node's fresh one) is left alone (D42: it was deleted)."""
         if self.read_only:
             return
         rkey = keys.frozen_digest(key, suffix)
@@ -67,6 +77,8 @@ class FrozenCopies:
             skey = keys.frozen(key, suffix)
             try:
                 if (value := self.shared.get(skey)) is not None:
+                    if bad is not None and Digest.of(value) != bad:
+                        return
                     self.shared.set_many({keys.quarantined(skey): value})
                 self.shared.delete(skey)
                 self.shared.delete(rkey)

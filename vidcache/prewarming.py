@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 
 from . import keys
 from .cache import VideoCache
+from .digest import Digest
 from .config import ENV_DIR
-from .dataset import InlineBytes, check_columns, is_hf_dataset, is_parquet, iter_jsonl, media_items, open_rows
-from .errors import (BackendUnavailableError, BadRowError, ConfigError, VidcacheError, WorkerError, WorkerMemoryError,
-                     WorkerTimeoutError)
+from .dataset import (InlineBytes, check_columns, check_format, is_hf_dataset, is_parquet, iter_jsonl, media_items,
+                      open_rows)
+from .errors import (BackendUnavailableError, BadRowError, ConfigError, NoMediaError, VidcacheError, WorkerError,
+                     WorkerMemoryError, WorkerTimeoutError)
 from .loader.fetch import scheme_of
 from .loader.tmpdirs import sweep_stale
 from .options import INPUT_KEY, VIDEO_KEY, VideoOptions
@@ -66,8 +68,48 @@ class PrewarmSummary:
 
 
 @dataclass(frozen=True)
+class _Rows:
+    """How ``plan`` read a dataset's rows: what an ``InlineRef`` reads its row again with."""
+    reader: object = field(repr=False)
+    options: VideoOptions
+    input_key: str
+    video_key: str
+    image_key: str | None
+    base_dir: str
+
+
+@dataclass(frozen=True)
+class InlineRef:
+    """A video held as bytes in a dataset (parquet ``binary``, HF ``{"bytes": ...}``), by its place and digest.
+    What ``plan`` keeps instead of the bytes (D45: planning a 1000 MiB parquet held all of it, 6.2 GiB of RSS for
+    the run): the bytes are read again, one row at a time, when the video is sent to a worker."""
+    rows: _Rows = field(repr=False)
+    row: int
+    nth: int                  # which video of the row
+    digest: Digest
+    size: int
+
+    def key(self, options: VideoOptions) -> str:
+        return keys.cache_key(self.digest, options)
+
+    def load(self) -> InlineBytes:
+        r = self.rows
+        row = r.reader.raw(self.row)
+        media = media_items(row, r.options, input_key=r.input_key, video_key=r.video_key, image_key=r.image_key,
+                            base_dir=r.base_dir)
+        src = media.videos[self.nth][0] if self.nth < len(media.videos) else None
+        if not isinstance(src, InlineBytes) or src.digest != self.digest:
+            raise BadRowError(f"row {self.row}'s video {self.nth} is no longer the bytes planned ({self}): the "
+                              "dataset changed during the run")
+        return src
+
+    def __str__(self) -> str:       # as ``InlineBytes`` shows itself: never the bytes
+        return f"<{self.size} inline bytes, {self.digest}>"
+
+
+@dataclass(frozen=True)
 class Task:
-    source: "str | InlineBytes | ImageCheck"   # a video's source or bytes, or an image to check
+    source: "str | InlineBytes | InlineRef | ImageCheck"   # a video's source or bytes, or an image to check
     options: VideoOptions
     rows: tuple[int, ...]
 
@@ -87,12 +129,15 @@ class ImageCheck:
 def _check_image(img: ImageCheck) -> dict:
     from qwen_vl_utils import fetch_image
 
-    from .errors import DecodeError, SourceNotFoundError
+    from .errors import DecodeError, SourceError
+    from .loader.fetch import check_image_source, image_failure
     try:
-        fetch_image({"image": img.source}, image_patch_size=img.patch_size)
-    except FileNotFoundError:
-        return _failed(SourceNotFoundError(f"image not found: {str(img)[:200]}"))
+        fetch_image({"image": check_image_source(img.source)}, image_patch_size=img.patch_size)
+    except SourceError as e:
+        return _failed(e)
     except Exception as e:  # noqa: BLE001  PIL, requests and qwen-vl-utils raise many types; one row's failure
+        if (why := image_failure(str(img)[:200], e)) is not None:
+            return _failed(why)
         return _failed(DecodeError(f"image is not readable by Miles' image path (qwen-vl-utils fetch_image): "
                                    f"{type(e).__name__}: {str(e)[:200]}"))
     return {"status": "image", "key": None, "bytes": 0}
@@ -126,8 +171,36 @@ def _watchdog(limit: int) -> None:
         time.sleep(0.05)
 
 
-def _init_worker(cache: VideoCache, memory_limit: int | None) -> None:
-    global _WORKER_CACHE
+_WORKER_DEADLINE_S: float | None = None
+# A worker's own limit on a row: the driver's timeout plus this grace (the driver, when alive, kills it first and
+# reports the row; this is for the driver that cannot: stopped, or gone before its death signal arrived).
+def _own_deadline(timeout_s: float | None) -> float | None:
+    return None if not timeout_s else timeout_s + min(30.0, max(2.0, 0.1 * timeout_s))
+
+
+def _die_with(parent: int) -> None:
+    """Be killed when the driver dies, however it dies (SIGKILL, an OOM kill, SIGTERM, SIGHUP): Linux's
+    ``PR_SET_PDEATHSIG`` (as the CLI's forked walks do); exit now if it died before the call (fork race)."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)     # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):         # not Linux: the worker's own deadline still ends a hung row
+        return
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _init_worker(cache: VideoCache, memory_limit: int | None, parent: int | None = None,
+                 timeout_s: float | None = None) -> None:
+    global _WORKER_CACHE, _WORKER_DEADLINE_S
+    # D44: a worker must not outlive its driver (a hung decode spun at 98% CPU for 10+ minutes after the driver
+    # was killed, since only the driver enforced the row timeout): it dies with it, and times its own rows out.
+    if parent is not None:
+        _die_with(parent)
+    _WORKER_DEADLINE_S = _own_deadline(timeout_s)
+    # SIGALRM's default action ends the process in the kernel: it needs no GIL, so a decoder hung inside C code
+    # holding it is stopped too (the driver reports a worker death for that row).
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     # Ctrl-C reaches the whole process group: the parent decides (finish in-flight rows, or stop them), and a
     # worker interrupted mid-row would only turn it into a failure.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -142,6 +215,16 @@ def _init_worker(cache: VideoCache, memory_limit: int | None) -> None:
 
 def _build_one(source: str, options: dict) -> dict:
     """Runs in a worker.  Returns a plain dict: errors are reported, not pickled."""
+    if _WORKER_DEADLINE_S:
+        signal.setitimer(signal.ITIMER_REAL, _WORKER_DEADLINE_S)
+    try:
+        return _build(source, options)
+    finally:
+        if _WORKER_DEADLINE_S:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _build(source, options: dict) -> dict:
     try:
         if isinstance(source, ImageCheck):
             return _check_image(source)
@@ -172,7 +255,7 @@ def _outcome(future, timeout_s: float, max_worker_memory: int | None) -> dict:
         return _failed(WorkerError(f"worker died with exit code {e.exitcode}"))
 
 
-def _pool(workers: int, cache: VideoCache, max_worker_memory: int | None):
+def _pool(workers: int, cache: VideoCache, max_worker_memory: int | None, timeout_s: float | None = None):
     # Imported before fork so workers inherit them: the decode pipeline (torch, decord, PyAV) is no longer
     # imported with the cache (the CLI stays fast), and an import inside a worker would count against its
     # RSS watchdog and be paid by every replacement worker.
@@ -182,7 +265,7 @@ def _pool(workers: int, cache: VideoCache, max_worker_memory: int | None):
     # fork: workers inherit the imported torch/decord instead of paying the import again.
     ctx = multiprocessing.get_context("fork" if hasattr(os, "fork") else "spawn")
     return ProcessPool(max_workers=max(1, workers), initializer=_init_worker,
-                       initargs=(cache, max_worker_memory), context=ctx)
+                       initargs=(cache, max_worker_memory, os.getpid(), timeout_s), context=ctx)
 
 
 class LocalSubmitter:
@@ -191,7 +274,7 @@ class LocalSubmitter:
     def __init__(self, cache: VideoCache, workers: int, timeout_s: float, max_worker_memory: int | None):
         self.timeout_s, self.max_worker_memory = timeout_s, max_worker_memory
         self.max_in_flight = 4 * max(1, workers)
-        self._args = (workers, cache, max_worker_memory)
+        self._args = (workers, cache, max_worker_memory, timeout_s)
         self._pool = None        # made at the first row to build: a fully cached resume never imports the decoders
 
     def submit(self, task: Task):
@@ -231,7 +314,7 @@ def _ray_build(cache: VideoCache, source: str, options: dict, timeout_s: float,
         node_dir = os.environ.get(ENV_DIR)
         if node_dir:
             cache = VideoCache.from_config(cache.config.replace(path=os.path.abspath(node_dir)))
-        _RAY_POOL = _pool(1, cache, max_worker_memory)
+        _RAY_POOL = _pool(1, cache, max_worker_memory, timeout_s)
     return _outcome(_RAY_POOL.schedule(_build_one, args=(source, options), timeout=timeout_s),
                     timeout_s, max_worker_memory)
 
@@ -286,21 +369,40 @@ def _is_file_dataset(dataset) -> bool:
     return isinstance(dataset, (str, os.PathLike)) and not os.path.isdir(dataset)
 
 
-def _rows(dataset, split: str | None = None, progress: bool = False):
+def _dataset_dir(dataset) -> str:
+    """Where a dataset's relative media paths are read from: a file's directory, a dataset directory itself, or
+    (rows given in memory) the working directory."""
+    if _is_file_dataset(dataset):
+        return os.path.dirname(os.path.abspath(dataset))
+    return os.path.abspath(dataset) if isinstance(dataset, (str, os.PathLike)) else os.getcwd()
+
+
+def _placed_rows(dataset, split, progress: bool, carried: set, desc: str = "prewarm"):
+    """``_rows`` with each row's place for its failure records (``{"row": i}``, plus its line in a JSONL file);
+    the fields of the first rows go into ``carried``, for the message when no row has media."""
+    for i, row, line in _rows(dataset, split, progress, desc=desc):
+        if len(carried) < 64 and isinstance(row, dict):
+            carried.update(map(str, row))
+        yield i, row, ({"row": i, "line": line} if line is not None else {"row": i})
+
+
+def _rows(dataset, split: str | None = None, progress: bool = False, desc: str = "prewarm"):
     """(row index, row or its BadRowError, line number or None) of a JSONL or parquet path, an HF dataset (or its
-    directory), or an iterable of rows.  ``progress``: a tqdm bar over the rows of a sized dataset."""
+    directory), or an iterable of rows.  ``progress``: a tqdm bar over the rows of a sized dataset.  A row index
+    is None for what is not one row (a shard of an HF dataset that cannot be read)."""
     if _is_file_dataset(dataset) and not is_parquet(dataset):
+        check_format(os.fspath(dataset))
         for i, row in iter_jsonl(os.fspath(dataset)):
             yield i, row, i + 1          # the index counts every line, so the line number is index + 1
         return
     if isinstance(dataset, (str, os.PathLike)) or is_hf_dataset(dataset):
         dataset = open_rows(dataset, split)
-    rows = dataset
+    records = dataset.records() if hasattr(dataset, "records") else enumerate(dataset)
     if progress and hasattr(dataset, "__len__"):
         from tqdm import tqdm
-        rows = tqdm(dataset, total=len(dataset), unit="row", desc="prewarm: reading rows", dynamic_ncols=True)
-    for i, row in enumerate(rows):
-        yield i, row if isinstance(row, dict) else BadRowError(
+        records = tqdm(records, total=len(dataset), unit="row", desc=f"{desc}: reading rows", dynamic_ncols=True)
+    for i, row in records:
+        yield i, row if isinstance(row, (dict, BadRowError)) else BadRowError(
             f"a row must be a dict, got {type(row).__name__}"), None
 
 
@@ -325,24 +427,25 @@ def plan(dataset, options: VideoOptions, input_key: str = INPUT_KEY, video_key: 
     from .options import PATCH_SIZE
     tasks: dict[tuple[str, str], tuple[object, VideoOptions, list[int]]] = {}
     bad_rows = []
-    base = (os.path.dirname(os.path.abspath(dataset)) if _is_file_dataset(dataset) else
-            os.path.abspath(dataset) if isinstance(dataset, (str, os.PathLike)) else os.getcwd())
+    base = _dataset_dir(dataset)
     patch = PATCH_SIZE[options.family]
     reader = _check_keys(dataset, input_key, video_key, image_key, split)
+    # Videos held as bytes are planned by digest and place, where the rows can be read again one at a time
+    rows_again = _Rows(reader, options, input_key, video_key, image_key, base) if hasattr(reader, "raw") else None
     n_rows, seen_keys = 0, set()
-    for i, row, line in _rows(reader, split, progress):
+    for i, row, where in _placed_rows(reader, split, progress, seen_keys):
         n_rows += 1
-        if len(seen_keys) < 64 and isinstance(row, dict):
-            seen_keys.update(map(str, row))
-        where = {"row": i, "line": line} if line is not None else {"row": i}
         try:
             if isinstance(row, BadRowError):
                 raise row
             media = media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key,
                                 base_dir=base)
-            items = [(src, opts, (str(src.digest) if isinstance(src, InlineBytes) else src, opts.digest))
-                     for src, opts in media.videos]
+            items = [(src if not (isinstance(src, InlineBytes) and rows_again is not None) else
+                      InlineRef(rows_again, i, nth, src.digest, len(src.data)),
+                      opts, (str(src.digest) if isinstance(src, InlineBytes) else src, opts.digest))
+                     for nth, (src, opts) in enumerate(media.videos)]
             items += [(ImageCheck(img, patch), options, (img, "image")) for img in media.images]
+            del media, row               # a row's bytes go now: the plan keeps digests
         except BadRowError as e:
             bad_rows.append({**where, "source": None, "kind": e.kind, "error": str(e)})
             continue
@@ -352,14 +455,31 @@ def plan(dataset, options: VideoOptions, input_key: str = INPUT_KEY, video_key: 
         for src, opts, k in items:
             t = tasks.setdefault(k, (src, opts, []))
             t[2].append(i)
-    if n_rows and not tasks and not bad_rows:
+    _release_arrow_memory()
+    if not tasks and not bad_rows:
         # Every row read, none with media under the keys asked for (D41: rows of {"messages": ...} gave "0 new,
-        # 0 hit, 0 failed" and nothing else): say where prewarm looked and what the rows carry.
-        logging.getLogger("vidcache").warning(
-            "vidcache: none of the %d rows has a video or an image under %s (the rows carry: %s); name the fields "
-            "with --multimodal-keys '{\"video\": \"<field>\"}' (Python: video_key=, image_key=)", n_rows,
-            " or ".join(repr(k) for k in (video_key, image_key) if k), ", ".join(sorted(seen_keys)) or "nothing")
+        # 0 hit, 0 failed"): the keys are wrong, for JSONL, parquet and HF alike, so the run fails and says where
+        # it looked and what the rows carry.
+        raise NoMediaError(_no_media_message(n_rows, video_key, image_key, sorted(seen_keys)))
     return [Task(s, o, tuple(r)) for s, o, r in tasks.values()], bad_rows
+
+
+def _release_arrow_memory() -> None:
+    """Hand what Arrow's allocator kept of the rows read back to the system (a parquet page of videos held as
+    bytes can be hundreds of MiB; the plan keeps none of it)."""
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        with contextlib.suppress(Exception):
+            pa.default_memory_pool().release_unused()
+
+
+def _no_media_message(n_rows: int, video_key: str, image_key: str | None, carried) -> str:
+    if not n_rows:
+        return "the dataset has no rows"
+    where = " or ".join(repr(k) for k in (video_key, image_key) if k)
+    return (f"none of the {n_rows} rows has a video or an image under {where} (the rows carry: "
+            f"{', '.join(carried) or 'nothing'}); name the fields with --multimodal-keys "
+            "'{\"video\": \"<field>\", \"image\": \"<field>\"}' (Python: video_key=, image_key=)")
 
 
 def check_failures_path(path: str | None) -> None:
@@ -426,7 +546,7 @@ def _already_sound(cache: VideoCache, task: Task) -> bool:
     if isinstance(task.source, ImageCheck):
         return False
     try:
-        if isinstance(task.source, InlineBytes):     # its key is known from its bytes: no fetch to find it
+        if isinstance(task.source, (InlineBytes, InlineRef)):     # its key is known from its bytes: no fetch
             key = task.source.key(task.options)
             key = key if cache.sound_manifest(key) is not None else None
         elif scheme_of(task.source) != "file":
@@ -481,6 +601,15 @@ def run(tasks: list[Task], cache: VideoCache, submitter, summary: PrewarmSummary
     try:
         while True:
             while not stop.requested and len(pending) < submitter.max_in_flight and (t := next(it, None)) is not None:
+                if isinstance(t.source, InlineRef):      # its bytes, read again now: only rows in flight hold theirs
+                    try:
+                        t = Task(t.source.load(), t.options, t.rows)
+                    except VidcacheError as e:
+                        summary.failed += 1
+                        failures.extend({"row": r, "source": str(t.source), "kind": e.kind, "error": str(e)}
+                                        for r in t.rows)
+                        bar.update(1)
+                        continue
                 pending[submitter.submit(t)] = t
             if not pending:
                 break
@@ -607,4 +736,137 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     return summary
 
 
-__all__ = ["prewarm", "plan", "run", "PrewarmSummary", "LocalSubmitter", "RaySubmitter"]
+# --- pull: a dataset's entries from the shared tier into this node's local tier (``vidcache pull``) ---------------
+PULL_WORKERS = 2              # pulls at once (each overlaps its download and its decode already)
+
+
+@dataclass
+class PullSummary:
+    pulled: int = 0           # entries brought into the local tier
+    local: int = 0            # entries this node held already
+    by_record: int = 0        # of those two, found through the tier's source record (the source not reachable here)
+    not_cached: int = 0       # videos no tier holds yet (`vidcache prewarm` builds them)
+    failed: int = 0           # videos that could not be pulled, and malformed rows
+    failures: list = field(default_factory=list)   # every not-cached video and every failure, with its reason
+
+    def line(self) -> str:
+        rec = (f" ({self.by_record} found by the shared tier's source record: their sources are not reachable "
+               "here)") if self.by_record else ""
+        return (f"pull: {self.pulled} pulled, {self.local} already here{rec}, {self.not_cached} not cached "
+                f"(`vidcache prewarm` builds them), {self.failed} failed")
+
+
+def _pull_key(cache: VideoCache, src, opts: VideoOptions) -> tuple[str | None, bool, VidcacheError | None]:
+    """(the entry's key or None, found by record, why not) for one video of a row.  A source is first
+    looked up as every read does (its validators must match its record).  Where the source cannot be reached
+    from this node, the tier's own record of it names its content: enough to copy that entry here (a pull never
+    serves: a read still checks the source, or reads by key as ``from_key`` does)."""
+    from .errors import SourceError
+    from .manifest import SourceRecord
+    if isinstance(src, InlineBytes):
+        key = src.key(opts)
+        return (key, False, None) if cache.contains([key])[0] else (None, False, None)
+    try:
+        return cache.find(src, opts), False, None
+    except SourceError as e:
+        raw = cache.store.get(keys.src(src))
+        rec = None if raw is None else SourceRecord.from_json(raw)
+        if rec is None:
+            return None, False, e
+        key = keys.cache_key(rec.digest, opts)
+        return (key, True, None) if cache.contains([key])[0] else (None, True, e)
+
+
+def pull(dataset, cache: VideoCache, options: VideoOptions, *, input_key: str = INPUT_KEY,
+         video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None,
+         depth: int = 64, max_bytes: int = 2 << 30, progress: bool = False) -> PullSummary:
+    """Bring the entries ``dataset``'s rows name from the shared tier into ``cache``'s local tier, in row order,
+    with at most ``depth`` pulls and ``max_bytes`` of frames in flight.  Every row is its own fate (a malformed
+    row, an unreachable source or a corrupt copy is one record in ``failures``, with its reason); a video no
+    tier holds yet is counted ``not_cached``.  Never builds, never fetches a video (one stat or HEAD a source)."""
+    if depth < 1 or max_bytes < 1:
+        raise ConfigError(f"depth and max_bytes must be positive, got {depth} and {max_bytes}")
+    reader = _check_keys(dataset, input_key, video_key, image_key, split)
+    base = _dataset_dir(dataset)
+    s = PullSummary()
+    seen: set = set()
+    pending: dict = {}               # future -> (record, frame bytes)
+    in_flight = [0]
+    n_rows = n_media = 0
+    carried: set = set()
+
+    def settle(block: bool) -> None:
+        done, _ = concurrent.futures.wait(list(pending), timeout=None if block else 0,
+                                          return_when=concurrent.futures.FIRST_COMPLETED)
+        for fut in done:
+            rec, nbytes = pending.pop(fut)
+            in_flight[0] -= nbytes
+            try:
+                pulled = fut.result()
+            except VidcacheError as e:
+                s.failed += 1
+                s.failures.append({**rec, "kind": e.kind, "error": str(e)})
+                continue
+            except Exception as e:  # noqa: BLE001  one video's failure, never the run's
+                s.failed += 1
+                s.failures.append({**rec, "kind": "internal", "error": f"{type(e).__name__}: {e}"})
+                continue
+            if pulled:
+                s.pulled += 1
+            else:
+                s.local += 1
+
+    pool = concurrent.futures.ThreadPoolExecutor(PULL_WORKERS, thread_name_prefix="vidcache-pull")
+    try:
+        for i, row, where in _placed_rows(reader, split, progress, carried, desc="pull"):
+            n_rows += 1
+            try:
+                if isinstance(row, BadRowError):
+                    raise row
+                media = media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key,
+                                    base_dir=base)
+            except BadRowError as e:
+                s.failed += 1
+                s.failures.append({**where, "source": None, "kind": e.kind, "error": str(e)})
+                continue
+            n_media += bool(media.videos or media.images)
+            for src, opts in media.videos:
+                ident = (str(src.digest) if isinstance(src, InlineBytes) else src, opts.digest)
+                if ident in seen:
+                    continue
+                seen.add(ident)
+                rec = {**where, "source": str(src)}
+                try:
+                    key, by_record, why = _pull_key(cache, src, opts)
+                    m = cache.manifest(key) if key is not None else None
+                except VidcacheError as e:
+                    s.failed += 1
+                    s.failures.append({**rec, "kind": e.kind, "error": str(e)})
+                    continue
+                if m is None:
+                    if why is not None:          # nothing to look it up by: the source is the only way to it
+                        s.failed += 1
+                        s.failures.append({**rec, "kind": why.kind, "error": f"{why}; and no tier records what "
+                                           "this source holds, so its entry cannot be found without it"})
+                    else:
+                        s.not_cached += 1
+                        s.failures.append({**rec, "kind": "not_cached", "error": "not cached yet: no tier holds "
+                                           "it under these options (`vidcache prewarm` builds it)"})
+                    continue
+                s.by_record += by_record
+                while pending and (len(pending) >= depth or in_flight[0] + m.frames.nbytes > max_bytes):
+                    settle(block=True)
+                pending[pool.submit(cache.bring_local, key)] = ({**rec, "key": key}, m.frames.nbytes)
+                in_flight[0] += m.frames.nbytes
+            if pending:
+                settle(block=False)
+        while pending:
+            settle(block=True)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    if n_rows and not n_media and not s.failed:
+        raise NoMediaError(_no_media_message(n_rows, video_key, image_key, sorted(carried)))
+    return s
+
+
+__all__ = ["prewarm", "plan", "run", "pull", "PrewarmSummary", "PullSummary", "LocalSubmitter", "RaySubmitter"]

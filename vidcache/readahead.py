@@ -30,9 +30,9 @@ import contextlib
 import logging
 import threading
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from typing import Iterable
+from typing import Iterable, Mapping
 
-from .errors import NotCachedError
+from .errors import BadRowError, NotCachedError
 from .handle import VideoHandle
 
 log = logging.getLogger("vidcache")
@@ -137,12 +137,19 @@ class ReadAhead:
                     self._end = e
                     self._cond.notify_all()
                 return
+            try:
+                handles = _handles(item)
+            except BadRowError as e:          # raised to the reader at this sample's place, never a dead thread
+                with self._cond:
+                    self._end = BadRowError(f"read_ahead: sample {self._taken} {e}")
+                    self._cond.notify_all()
+                return
             with self._cond:
                 s = _Sample(self._taken, item)
                 self._taken += 1
                 if s.index < self._read:        # the reader passed it before it came: nothing to pull
                     continue
-            for h in _handles(item):
+            for h in handles:
                 self._schedule(s, h)
             with self._cond:
                 if s.index < self._read:        # passed while its pulls were being started
@@ -175,7 +182,11 @@ class ReadAhead:
         with self._cond:           # close() marks itself under this lock before it shuts the pool down
             if self._closed:
                 return
-            fut = self._pool.submit(self._pull, cache, key)
+            try:
+                fut = self._pool.submit(self._pull, cache, key)
+            except RuntimeError:   # the interpreter is exiting: concurrent.futures refuses new work; so do we
+                self._closed = True
+                return
         self._pulls[ident] = fut
         # Only pulls under way are shared (above): once one ends, a later ask pulls again (after a failure, or an
         # eviction before a later epoch), or finds the entry local at once.  Ended ones are dropped, so the map
@@ -221,9 +232,27 @@ class ReadAhead:
 
 
 def _handles(item) -> list[VideoHandle]:
+    """The handles a sample names: itself, the values of a dict (``{"video": h}``, ``{"videos": [h, ...]}``),
+    or the members of a list; ``BadRowError`` for a sample that is none of these (D52: the ``TypeError`` killed
+    the background thread and the reader waited for ever; a dict pulled nothing)."""
     if isinstance(item, VideoHandle):
         return [item]
-    return [h for h in (item or ()) if isinstance(h, VideoHandle)]
+    if isinstance(item, Mapping):
+        item = list(item.values())
+    elif item is None or isinstance(item, (str, bytes)):
+        return []
+    try:
+        members = list(item)
+    except TypeError:
+        raise BadRowError(f"is a {type(item).__name__}: expected a VideoHandle, a list of them, or a dict "
+                          "holding them") from None
+    out = []
+    for m in members:
+        if isinstance(m, VideoHandle):
+            out.append(m)
+        elif isinstance(m, (list, tuple)):    # {"videos": [h0, h1]}
+            out += [h for h in m if isinstance(h, VideoHandle)]
+    return out
 
 
 def read_ahead(samples: Iterable, *, depth: int = DEPTH, max_bytes: int = MAX_BYTES,
@@ -235,35 +264,79 @@ def read_ahead(samples: Iterable, *, depth: int = DEPTH, max_bytes: int = MAX_BY
 
 # --- a server's hints: entries its clients will ask for soon (``vidcache.sglang.ref``'s ``ahead``) -----------------
 MAX_SOON = 256                # hinted pulls waiting at once, per process; more are dropped (a hint, not a promise)
-_SOON: dict = {}              # pid -> (pool, the (identity, key) pairs queued or under way)
+_SOON: dict = {}              # pid -> _SoonPool
 _SOON_LOCK = threading.Lock()
+
+
+class _SoonPool:
+    """``WORKERS`` threads pulling hinted keys.  Not a ThreadPoolExecutor: at interpreter exit that runs every
+    queued item before its threads join (D48: 256 queued pulls to a hung tier kept a stopped server alive
+    642 s at a 5 s timeout, about 2.1 h at 60 s).  Here, exit drops the queue (a hint, not a promise) and waits
+    only for the pulls under way, each bounded by the tier's timeout."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(_SOON_LOCK)
+        self.queue: collections.deque = collections.deque()
+        self.pending: set = set()               # the (identity, key) pairs queued or under way
+        self.stopped = False
+        try:
+            threading._register_atexit(self.stop)        # run before the non-daemon threads are joined
+        except RuntimeError:                             # the interpreter is exiting already: no pulls
+            self.stopped = True
+        self.threads = [threading.Thread(target=self._work, name="vidcache-pull-soon")
+                        for _ in range(0 if self.stopped else WORKERS)]
+        for t in self.threads:
+            t.start()
+
+    def stop(self) -> int:
+        """Drop the queued pulls (the number dropped); the ones under way finish."""
+        with self.cond:
+            self.stopped = True
+            dropped = len(self.queue)
+            for _, _, ident in self.queue:
+                self.pending.discard(ident)
+            self.queue.clear()
+            self.cond.notify_all()
+        return dropped
+
+    def _work(self) -> None:
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: self.queue or self.stopped)
+                if self.stopped:
+                    return
+                cache, key, ident = self.queue.popleft()
+            try:
+                cache.bring_local(key)
+            except Exception as e:     # noqa: BLE001 -- a hint: the request that needs the entry meets the failure
+                log.info("vidcache: pulling %s ahead of its request failed (%s: %s)", key, type(e).__name__, e)
+            finally:
+                with self.cond:
+                    self.pending.discard(ident)
 
 
 def pull_soon(cache, keys: Iterable[str]) -> int:
     """Pull ``keys`` into ``cache``'s local tier in the background (``VideoCache.bring_local``: checked, one pull
     per key per node), once each; the number queued.  For a server told its next requests' entries: a failure
-    is logged, never raised (the request that needs the entry meets it), and at most ``MAX_SOON`` wait."""
+    is logged, never raised (the request that needs the entry meets it), and at most ``MAX_SOON`` wait.  At
+    exit the pulls not started are dropped (``_SoonPool``)."""
     import os
     if cache.shared is None or cache.read_only:
         return 0
+    ident = cache.identity
     with _SOON_LOCK:
-        if os.getpid() not in _SOON:      # a forked server worker starts with a pool of its own
-            _SOON.clear()
-            _SOON[os.getpid()] = (ThreadPoolExecutor(WORKERS, thread_name_prefix="vidcache-pull-soon"), set())
-        pool, pending = _SOON[os.getpid()]
-        todo = [k for k in dict.fromkeys(keys) if (cache.identity, k) not in pending][:MAX_SOON - len(pending)]
-        pending.update((cache.identity, k) for k in todo)
-    for k in todo:
-        pool.submit(_pull_soon, cache, k, pending)
-    return len(todo)
-
-
-def _pull_soon(cache, key: str, pending: set) -> None:
-    try:
-        cache.bring_local(key)
-    except Exception as e:     # noqa: BLE001 -- a hint: the request that needs the entry meets the failure
-        log.info("vidcache: pulling %s ahead of its request failed (%s: %s)", key, type(e).__name__, e)
-    finally:
+        pool = _SOON.get(os.getpid())
+    if pool is None or pool.stopped:         # a forked server worker starts with a pool of its own
+        new = _SoonPool()
         with _SOON_LOCK:
-            pending.discard((cache.identity, key))
-
+            _SOON.clear()
+            pool = _SOON[os.getpid()] = new
+    with pool.cond:
+        if pool.stopped:
+            return 0
+        todo = [k for k in dict.fromkeys(keys) if (ident, k) not in pool.pending][:MAX_SOON - len(pool.pending)]
+        for k in todo:
+            pool.pending.add((ident, k))
+            pool.queue.append((cache, k, (ident, k)))
+        pool.cond.notify_all()
+    return len(todo)

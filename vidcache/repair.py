@@ -69,6 +69,7 @@ class Repair:
     def repair(self, key: str) -> None:
         good = None                            # (manifest bytes, raw frame bytes, manifest) of a sound copy
         options = None
+        found = None                           # (manifest bytes, manifest) of a sound manifest
         for name, tier in self.tiers:
             c = self.copy(name, tier, key)
             if c.raw is not None and c.manifest is None:
@@ -76,6 +77,7 @@ class Repair:
             if c.manifest is None:
                 continue
             options = c.manifest.video_options()
+            found = found or (c.raw, c.manifest)
             if c.problem is None:
                 good = good or (c.raw, c.frames, c.manifest)
             elif c.compact:
@@ -83,6 +85,8 @@ class Repair:
             elif c.blob is not None:
                 self.quarantine(keys.cas(c.manifest.frames.blob))
         self.forget(key)
+        if good is None and found is not None:
+            good = self._from_quarantine(key, *found)
         if good is not None:
             self.restore(key, *good)
             return
@@ -103,6 +107,16 @@ class Repair:
                 tier.set_many({blob_key: m.frames.encode(frames)})
             if not tier.exists_many([keys.ac(key)])[0]:
                 tier.set_many({keys.ac(key): manifest_raw})
+
+    def _from_quarantine(self, key: str, manifest_raw: bytes, m: Manifest):
+        """A copy of ``key``'s frames from the shared tier's ``quarantine/``, when the compact object moved
+        there decodes to exactly ``m``'s frames (the blob digest proves them; D42: an object that decoded
+        exactly was moved aside and deleted, and nothing read it back once the source was gone)."""
+        shared = next((t for name, t in self.tiers if name == "shared"), None)
+        if shared is None or (value := shared.get(keys.quarantined(self.compact.key(key)))) is None:
+            return None
+        frames, _ = compact_frames(value, m)
+        return None if frames is None else (manifest_raw, frames, m)
 
     def _quarantined_options(self, key: str) -> VideoOptions | None:
         # A quarantined manifest still records the options it was built with.

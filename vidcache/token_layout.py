@@ -55,16 +55,22 @@ def env_layout(family: str, environ=None) -> str | None:
     raw = (environ if environ is not None else os.environ).get(ENV_LAYOUT, "").strip()
     if not raw:
         return None
+    found = None
     for part in raw.split(","):
         fam, sep, name = part.strip().rpartition(":")
+        fam, name = fam.strip(), name.strip()
         if not sep:                      # a bare name applies to every family that has it
-            if name in LAYOUTS.get(family, ()):
-                return name
             if not any(name in v for v in LAYOUTS.values()):
                 raise TokenLayoutError(f"${ENV_LAYOUT}={raw!r}: no family has a token layout {name!r}")
-        elif fam == family:
-            return check_layout(family, name)
-    return None
+            pick = name if name in LAYOUTS.get(family, ()) else None
+        elif fam not in LAYOUTS:         # a misspelt family would drop the pin silently (D54)
+            raise TokenLayoutError(f"${ENV_LAYOUT}={raw!r}: unknown family {fam!r}; families: {sorted(LAYOUTS)}")
+        else:
+            pick = check_layout(family, name) if fam == family else None
+        if pick is not None and found is not None and pick != found:
+            raise TokenLayoutError(f"${ENV_LAYOUT}={raw!r} pins {family} to both {found!r} and {pick!r}")
+        found = found or pick
+    return found
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:

@@ -93,9 +93,80 @@ def test_an_object_that_decodes_exactly_but_is_not_its_recorded_bytes_is_served_
     with caplog.at_level(logging.WARNING, logger="vidcache"):
         assert torch.equal(b.frames(k), want)
     assert f"decodes to entry {k}'s frames but hashes to" in caplog.text and "moved aside, replaced" in caplog.text
+    b.sync()                                                        # the replacement runs on the writer thread
     assert b.shared.get(K.quarantined(obj)) == before               # moved aside, not lost
     assert b.verify(k) == []                                        # the object now in place is its record's
     assert torch.equal(VideoCache(tmp_path / "c", shared=str(tmp_path / "tier")).frames(k), want)
+
+
+_REPUBLISH_CHILD = r"""
+import os, sys, time
+from vidcache import VideoCache
+from vidcache import frozen_file
+node, tier, key, flag = sys.argv[1:]
+real = frozen_file.write_frozen
+def slow(*args, **kwargs):
+    out = real(*args, **kwargs)             # the re-encode done and verified: the swap is next
+    open(flag, "w").close()
+    time.sleep(600)                         # killed here (and anywhere before)
+    return out
+frozen_file.write_frozen = slow
+c = VideoCache(node, shared=tier)
+c.frames(key)
+c.sync()
+"""
+
+
+def _damage_record(a, k) -> None:
+    """A record of other bytes: what a read sees of damage its decoder concealed (or junk appended)."""
+    a.shared.set_many({K.frozen_digest(k, a.compact.suffix()): str(Digest.of(b"other bytes")).encode()})
+
+
+def test_a_reader_killed_during_the_republish_of_an_exactly_decoding_object_loses_nothing(tmp_path, tier):
+    """D42: the reader moved the object aside and deleted it, then spent seconds re-encoding; a kill -9 then left
+    the tier without the entry (5/10), and readers meanwhile got ``NotCachedError`` (16/16).  Now the old object
+    stays in place until a verified replacement takes it over in one step: kill -9 during the republish, and
+    both a reader meanwhile and a fresh node afterwards read the exact frames."""
+    import signal
+    import subprocess
+    import sys
+    a, k, other, want = tier
+    _damage_record(a, k)
+    before = a.shared.get(a.compact.key(k))
+    flag = tmp_path / "encoded"
+    child = subprocess.Popen([sys.executable, "-c", _REPUBLISH_CHILD, str(tmp_path / "killed"),
+                              str(tmp_path / "tier"), k, str(flag)], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        deadline = time.monotonic() + 300
+        while not flag.exists():
+            assert child.poll() is None and time.monotonic() < deadline, "the reader never reached the republish"
+            time.sleep(0.05)
+        meanwhile = VideoCache(tmp_path / "meanwhile", shared=str(tmp_path / "tier"))
+        assert torch.equal(meanwhile.frames(k), want)        # a reader during the republish: served
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert a.shared.get(a.compact.key(k)) == before          # the old object, still in place
+    fresh = VideoCache(tmp_path / "after", shared=str(tmp_path / "tier"))
+    assert torch.equal(fresh.frames(k), want)                # and the entry readable on every node
+    fresh.sync()
+    assert fresh.verify(k) == []                             # this reader (compact layout) replaced it
+
+
+def test_a_raw_layout_node_leaves_an_exactly_decoding_object_in_place_and_reports_it(tmp_path, tier, caplog):
+    """D42 (a): a writable node with ``shared_layout="raw"`` moved the object aside and never republished (2/2):
+    the entry was gone for every node.  It does not write the compact layout, so it leaves the object and says so."""
+    a, k, other, want = tier
+    _damage_record(a, k)
+    before = a.shared.get(a.compact.key(k))
+    raw = VideoCache(tmp_path / "raw", shared=str(tmp_path / "tier"), shared_layout="raw")
+    with caplog.at_level(logging.WARNING, logger="vidcache"):
+        assert torch.equal(raw.frames(k), want)
+    raw.sync()
+    assert a.shared.get(a.compact.key(k)) == before          # neither deleted nor replaced
+    assert not a.shared.exists_many([K.quarantined(a.compact.key(k))])[0]
+    assert "left in place" in caplog.text and k in caplog.text
+    assert torch.equal(VideoCache(tmp_path / "fresh", shared=str(tmp_path / "tier")).frames(k), want)
 
 
 def test_a_fetch_cut_off_after_the_frames_decoded_exactly_is_served_and_the_object_kept(tmp_path, tier,

@@ -1,5 +1,6 @@
 """miles_integration pieces that need no Miles checkout: flags, handle<->metadata, train-side rebuild."""
 import argparse
+import importlib
 import copy
 import json
 import pickle
@@ -279,23 +280,64 @@ def test_get_batch_is_patched_in_every_by_name_importer(cache, videos, q25, monk
     assert isinstance(HydratingIterator(it, q25).rollout_data, dict)
 
 
-def test_install_train_hooks_opens_the_configured_cache(tmp_path, monkeypatch, node_env):
+@pytest.fixture
+def restore_rope_index(monkeypatch):
+    """install_train_hooks gives transformers' classes the engine's M-RoPE rule: put the originals back after."""
+    from vidcache.positions import PATCHABLE
+    for module, name in PATCHABLE.values():
+        cls = getattr(importlib.import_module(module), name)
+        monkeypatch.setattr(cls, "get_rope_index", cls.get_rope_index)
+    return [f"{m}.{n}" for m, n in PATCHABLE.values()]
+
+
+def test_install_train_hooks_opens_the_configured_cache(tmp_path, monkeypatch, node_env, restore_rope_index):
     """With handles, the hook opens the train node's cache from Miles' args (flags here; the environment
     otherwise) at init, so handles naming that cache resolve to it; the node's own cache is another one."""
     from miles_integration import train_hooks
     from vidcache.node import cache_for
 
     factories = []
-    monkeypatch.setattr(train_hooks, "patch_get_batch", lambda factory: factories.append(factory) or ["fake"])
+    monkeypatch.setattr(train_hooks, "patch_get_batch", lambda factory, engine=None: factories.append(factory) or ["fake"])
     ns = argparse.Namespace(vidcache_train_inputs="handles", vidcache_cache=str(tmp_path / "train"),
                             vidcache_shared=str(tmp_path / "tier"), hf_checkpoint=str(tmp_path / "no-ckpt"))
-    assert install_train_hooks(ns) == ["fake"] and len(factories) == 1
+    assert install_train_hooks(ns) == restore_rope_index + ["fake"] and len(factories) == 1
     c = VidcacheConfig.from_args(ns).open_cache()
     assert c.path == str(tmp_path / "train") and c.identity.startswith("tier-")
     assert cache_for(c.identity) is c
     assert vidcache.node_cache().identity != c.identity                  # not the env's (node_env: no tier)
 
 
-def test_install_train_hooks_is_a_noop_for_tensors():
-    assert install_train_hooks(argparse.Namespace(vidcache_train_inputs="tensors")) == []
-    assert install_train_hooks(argparse.Namespace()) == []
+def test_install_train_hooks_only_sets_the_position_rule_for_tensors(restore_rope_index):
+    assert install_train_hooks(argparse.Namespace(vidcache_train_inputs="tensors")) == restore_rope_index
+    assert install_train_hooks(argparse.Namespace()) == restore_rope_index
+    assert install_train_hooks(argparse.Namespace(vidcache_positions="transformers")) == []
+
+
+def test_install_train_hooks_gives_megatron_bridges_model_sglangs_positions(restore_rope_index):
+    """Megatron-Bridge's Qwen25VLModel binds transformers' ``Qwen2_5_VLModel.get_rope_index`` when it is built
+    (``types.MethodType``, after Miles' init hook) and ignores ``position_ids``: after install_train_hooks, what
+    it binds computes SGLang's rule; before, transformers' (the canary check names it)."""
+    import types
+
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+
+    from vidcache.positions import _CANARY_IDS, _canary, trainer_rule_problem
+    assert "Qwen2_5_VLModel.get_rope_index puts" in trainer_rule_problem("qwen2_5_vl", "sglang")
+    install_train_hooks(argparse.Namespace(vidcache_train_inputs="tensors"))
+    assert trainer_rule_problem("qwen2_5_vl", "sglang") is None and trainer_rule_problem("qwen2_vl") is None
+    # As Bridge builds it: a module whose config carries the vision config and the token ids.
+    from transformers import Qwen2_5_VLConfig
+    bridge = types.SimpleNamespace(config=Qwen2_5_VLConfig(vision_config={"spatial_merge_size": 2,
+                                                                          "tokens_per_second": 2}, **_CANARY_IDS))
+    bridge.get_rope_index = types.MethodType(Qwen2_5_VLModel.get_rope_index, bridge)
+    ids = torch.tensor([_canary("qwen2_5_vl")] * 2)
+    mm = (ids == _CANARY_IDS["video_token_id"]).int() * 2
+    grids = torch.tensor([[24, 20, 20], [6, 12, 16]] * 2)
+    spg = torch.tensor([1.0, 0.5] * 2)
+    pos, delta = bridge.get_rope_index(ids, mm, None, grids, second_per_grid_ts=spg)
+    from vidcache import mrope
+    want = mrope.positions(ids[0], rule="sglang", family="qwen2_5_vl", merge=2, tokens_per_second=2,
+                           image_token_id=_CANARY_IDS["image_token_id"], video_token_id=_CANARY_IDS["video_token_id"],
+                           video_grid_thw=grids[:2], second_per_grid_ts=spg[:2])
+    assert torch.equal(pos[:, 0], want) and torch.equal(pos[:, 1], want)
+    assert delta.tolist() == [[int(want.max()) + 1 - ids.shape[1]]] * 2

@@ -12,7 +12,6 @@ hydrates the rollout node's handle tensor after the sources are deleted.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import copy
 import functools
@@ -45,8 +44,8 @@ from miles.utils.async_utils import run  # noqa: E402
 from miles.utils.http_utils import find_available_port  # noqa: E402
 from miles.utils.misc import function_registry, load_function  # noqa: E402
 from miles.utils.types import Sample  # noqa: E402
-from starlette.requests import Request  # noqa: E402  (module level: FastAPI resolves route annotations here)
-from support.miles_smoke_example import make_miles_args, make_mock_server_cls  # noqa: E402
+from support.miles_smoke_example import make_miles_args  # noqa: E402
+from support.sglang_standin import SGLangStandIn, gen_logprob, prefill_logprob  # noqa: E402
 from support.toy_processors import build_processor, save_checkpoint  # noqa: E402
 
 import vidcache  # noqa: E402
@@ -88,107 +87,6 @@ TOOL_SPECS = [{"type": "function", "function": {"name": "count_frames", "descrip
 TOOL_CALL = '<tool_call>\n{"name": "count_frames", "arguments": {}}\n</tool_call>'
 
 
-def gen_logprob(pos: int, tid: int) -> float:
-    return -((pos * 31 + tid) % 97) / 97.0 - 0.01
-
-
-def prefill_logprob(pos: int, tid: int) -> float:
-    return gen_logprob(pos, tid) - 0.5          # differs from generation: proves the prefill values were used
-
-
-# --------------------------------------------------------------------------------------------------
-# SGLang stand-in
-# --------------------------------------------------------------------------------------------------
-class SGLangStandIn(make_mock_server_cls()):
-    """/generate runs SGLang's real processor on the request and answers with SGLang's response shape."""
-
-    def __init__(self, *a, peer, **kw):
-        self.peer = peer
-        self.log: list[dict] = []           # {"payload", "expanded", "peer"} per /generate
-        self.flushes = 0
-        self.abort_after: int | None = None   # answer the next request with an abort after this many tokens
-        self.tamper: str | None = None        # "ids" | "length": corrupt the prompt report (divergence guard)
-        self.reply = lambda text: "The square is \\boxed{red}."
-        self._pool = concurrent.futures.ThreadPoolExecutor(1)   # run_peer uses asyncio.run: not on uvicorn's loop
-        self.ckpt = kw.get("model_name")                          # /model_info's tokenizer_path
-        super().__init__(*a, process_fn=lambda s: None, **kw)
-
-    def _setup_routes(self):
-        import importlib.metadata as md
-
-        from fastapi.responses import JSONResponse
-
-        @self.app.post("/flush_cache")
-        async def flush_cache():
-            self.flushes += 1
-            return JSONResponse(content={"status": "ok"})
-
-        # SGLang's own endpoints that `vidcache check-server` reads (registered first: they win over the mock's).
-        self.server_info = {"version": md.version("sglang"), "mm_process_config": mm_process_config(),
-                            "device": "cpu"}
-
-        @self.app.get("/server_info")
-        async def server_info():
-            return JSONResponse(content=self.server_info)
-
-        @self.app.get("/model_info")
-        async def model_info():
-            return JSONResponse(content={"model_type": FAMILY, "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-                                         "tokenizer_path": self.ckpt, "is_generation": True})
-
-        @self.app.get("/list_workers")
-        async def list_workers():
-            return JSONResponse(content={"urls": [self.url]})
-
-        @self.app.post("/generate")
-        async def generate(request: Request):
-            payload = await request.json()
-            try:
-                return JSONResponse(content=self._compute_generate_response(payload))
-            except ValueError as e:             # SGLang: a processor ValueError is the client's error (400)
-                return JSONResponse(status_code=400, content={"error": {"message": str(e)}})
-
-        super()._setup_routes()
-
-    def _compute_generate_response(self, payload: dict) -> dict:
-        ids = list(payload["input_ids"])
-        if payload.get("video_data"):
-            out = self._pool.submit(sglang_peer.run_peer, self.peer, ids, payload["video_data"]).result()
-            expanded = list(out["input_ids"])
-        else:
-            out, expanded = None, ids
-        self.log.append({"payload": payload, "expanded": expanded, "peer": out})
-        sp = payload["sampling_params"]
-        meta = {"prompt_tokens": len(expanded), "cached_tokens": 0, "weight_version": "w0"}
-        resp = {"meta_info": meta}
-        if payload.get("return_prompt_token_ids"):
-            resp["prompt_token_ids"] = list(expanded)          # top level, as SGLang's tokenizer manager does
-        if self.tamper == "ids":
-            resp["prompt_token_ids"] = expanded[:-1]
-        elif self.tamper == "length":
-            resp.pop("prompt_token_ids", None)
-            meta["prompt_tokens"] = len(expanded) + 1
-        if sp.get("max_new_tokens") == 0 and "logprob_start_len" in payload:      # prefill scoring
-            start = payload["logprob_start_len"]
-            meta["input_token_logprobs"] = [(None if p == start else prefill_logprob(p, expanded[p]), expanded[p], None)
-                                            for p in range(start, len(expanded))]
-            meta.update(finish_reason={"type": "length", "length": 0}, completion_tokens=0, output_token_logprobs=[])
-            resp["text"] = ""
-            return resp
-        text = self.reply(self.tokenizer.decode(expanded))
-        out_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        finish = {"type": "stop"}
-        if self.abort_after is not None:
-            out_ids, finish, self.abort_after = out_ids[: self.abort_after], {"type": "abort"}, None
-        elif len(out_ids) > sp["max_new_tokens"]:
-            out_ids = out_ids[: sp["max_new_tokens"]]
-            finish = {"type": "length", "length": len(out_ids)}
-        meta.update(finish_reason=finish, completion_tokens=len(out_ids),
-                    output_token_logprobs=[(gen_logprob(len(expanded) + i, t), t) for i, t in enumerate(out_ids)])
-        resp["text"] = self.tokenizer.decode(out_ids)
-        return resp
-
-
 # --------------------------------------------------------------------------------------------------
 # fixtures (module scope: one Miles/SGLang import, one server)
 # --------------------------------------------------------------------------------------------------
@@ -220,7 +118,7 @@ def env(tmp_path_factory):
     vidcache.VideoCache(cache_dir).ensure(str(root / "videos" / "a.mp4"),
                                           VideoOptions(family=FAMILY, fps=1.0, min_pixels=3136, max_pixels=50176))
     peer = sglang_peer.build_peer(FAMILY, build_processor(FAMILY), video_config=mm_process_config()["video"])
-    server = SGLangStandIn(model_name=str(ckpt), host="127.0.0.1", port=find_available_port(32000), peer=peer)
+    server = SGLangStandIn(family=FAMILY, model_name=str(ckpt), host="127.0.0.1", port=find_available_port(32000), peer=peer)
     server.start()
 
     async def reward(args, sample, **kw):
@@ -542,6 +440,41 @@ def test_a_server_with_another_config_stops_the_first_rollout(env, monkeypatch):
     args.vidcache_check_servers = False             # --no-vidcache-check-servers: the operator's explicit choice
     s = call_generate(env, fresh_sample(env, 0, args), state=GenerateState(args))
     assert s.status == Sample.Status.COMPLETED
+
+
+def test_the_startup_check_names_miles_flags_and_the_generated_flags_pass_it(env, monkeypatch):
+    """Issue 40: on a GPU server in stock mode the startup check stops the run naming the flag a Miles user types
+    (--vidcache-server-torchcodec, --vidcache-allow-unverified-sglang, --vidcache-mode), never the CLI's; with the
+    flags `vidcache sglang-config --format miles` prints, the same servers pass."""
+    import re
+    import shlex
+
+    import miles_integration.server_check as sc
+    from miles_integration.args import add_vidcache_arguments
+    from vidcache.sglang.config import format_miles, sglang_config
+    monkeypatch.setattr(sc, "_DONE", {})
+    monkeypatch.setitem(env.server.server_info, "device", "cuda")
+    monkeypatch.setitem(env.server.server_info, "version", "0.5.1")
+    monkeypatch.setitem(env.server.server_info, "mm_process_config", mm_process_config("0.5.1", FAMILY))
+    args = env.args(vidcache_mode="stock")
+    with pytest.raises(ParityError) as ei:
+        run(ensure_servers_checked(args, env.state.processor))
+    text = str(ei.value)
+    assert "--vidcache-server-torchcodec 0.16.0" in text and "--vidcache-mode plugin" in text, text
+    assert "--vidcache-allow-unverified-sglang 0.5.1" in text, text
+    assert not re.search(r"(?<!vidcache)-(server-torchcodec|allow-unverified-sglang)", text), text
+    # The flags the command prints for that release (bash: the fragment a launch script sources) pass the check.
+    fragment = format_miles(sglang_config(FAMILY, "stock", sglang_version="0.5.1"))
+    argv = shlex.split(re.search(r"VIDCACHE_MILES_ARGS=\((.*?)\n\)", fragment, re.S).group(1), comments=True)
+    parser = add_vidcache_arguments(argparse.ArgumentParser())
+    parser.add_argument("--sglang-mm-process-config", type=json.loads)
+    flags, rest = parser.parse_known_args(argv)
+    assert rest == [] and flags.sglang_mm_process_config == mm_process_config("0.5.1", FAMILY)
+    for k, v in vars(flags).items():
+        if k.startswith("vidcache_") and k != "vidcache_family" and v is not None:
+            setattr(args, k, v)
+    monkeypatch.setattr(sc, "_DONE", {})
+    run(ensure_servers_checked(args, env.state.processor))
 
 
 def test_partial_rollout_resume_does_not_rerun_the_processor(env, monkeypatch):

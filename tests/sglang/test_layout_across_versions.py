@@ -25,7 +25,7 @@ if not sp.peer_installed():
     pytest.skip("SGLang peer not installed: run scripts/setup_peer_env.sh", allow_module_level=True)
 sp.require_peer()
 
-from support.toy_processors import build_processor  # noqa: E402
+from support.toy_processors import build_processor, save_checkpoint  # noqa: E402
 
 pytestmark = pytest.mark.peer
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,22 +76,29 @@ class Server:
         self.log.close()
 
 
-@pytest.fixture
-def ckpt(tmp_path):
+def _ckpt(tmp_path, model_type="qwen3_vl"):
+    """qwen3_vl: the processor alone (check-server is told --family); Qwen3.5 (its real ids): a checkpoint with its
+    config.json, from which check-server derives the family itself (no --family)."""
     d = tmp_path / "ckpt"
-    build_processor("qwen3_vl").save_pretrained(d)
+    if model_type == "qwen3_vl":
+        build_processor("qwen3_vl").save_pretrained(d)
+    else:
+        save_checkpoint(model_type, d)
     return d
 
 
-def _check(url, tmp_path, transformers, *args):
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", "check-server", url, "--family", "qwen3_vl", *args],
+def _check(url, tmp_path, transformers, *args, model_type="qwen3_vl"):
+    family = ["--family", "qwen3_vl"] if model_type == "qwen3_vl" else []
+    return subprocess.run([sys.executable, "-m", "vidcache.cli", "check-server", url, *family, *args],
                           capture_output=True, text=True, timeout=600, env=_env(tmp_path, "trainer-node", transformers))
 
 
-def test_stock_mode_names_the_layout_and_both_releases(tmp_path, ckpt):
-    srv = Server(tmp_path, "qwen3_vl", "stock", ckpt, "5.19.0")
+@pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen3_5"])
+def test_stock_mode_names_the_layout_and_both_releases(tmp_path, model_type):
+    ckpt = _ckpt(tmp_path, model_type)
+    srv = Server(tmp_path, model_type, "stock", ckpt, "5.19.0")
     try:
-        r = _check(srv.url, tmp_path, "5.25.0", "--mode", "stock", "--processor", str(ckpt))
+        r = _check(srv.url, tmp_path, "5.25.0", "--mode", "stock", "--processor", str(ckpt), model_type=model_type)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
         fails = [ln for ln in r.stdout.splitlines() if ln.startswith("FAIL")]
         assert len(fails) == 1 and fails[0].startswith("FAIL [layout] token layout differs"), r.stdout
@@ -99,18 +106,21 @@ def test_stock_mode_names_the_layout_and_both_releases(tmp_path, ckpt):
         for part in ("'collapsed'", "'wrapped'", "transformers 5.25.0", "5.19.0 (implied by SGLang 0.5.23's pin)",
                      "the server's ids carry the extra", "--token-layout wrapped"):
             assert part in line, (part, line)
-        r = _check(srv.url, tmp_path, "5.25.0", "--mode", "stock", "--processor", str(ckpt), "--token-layout", "wrapped")
+        r = _check(srv.url, tmp_path, "5.25.0", "--mode", "stock", "--processor", str(ckpt), "--token-layout", "wrapped",
+                   model_type=model_type)
         assert r.returncode == 0 and "parity established" in r.stdout, r.stdout + r.stderr
         assert "token layout 'wrapped'" in r.stdout
     finally:
         srv.close()
 
 
-@pytest.mark.parametrize("trainer,server", [("5.25.0", "5.19.0"), ("5.19.0", "5.25.0")])
-def test_plugin_mode_expands_in_the_requests_layout(tmp_path, ckpt, videos, trainer, server):
-    srv = Server(tmp_path, "qwen3_vl", "plugin", ckpt, server)
+@pytest.mark.parametrize("model_type,trainer,server", [("qwen3_vl", "5.25.0", "5.19.0"), ("qwen3_vl", "5.19.0", "5.25.0"),
+                                                        ("qwen3_5", "5.25.0", "5.19.0")])
+def test_plugin_mode_expands_in_the_requests_layout(tmp_path, videos, model_type, trainer, server):
+    ckpt = _ckpt(tmp_path, model_type)
+    srv = Server(tmp_path, model_type, "plugin", ckpt, server)
     try:
-        r = _check(srv.url, tmp_path, trainer, "--mode", "plugin", "--processor", str(ckpt))
+        r = _check(srv.url, tmp_path, trainer, "--mode", "plugin", "--processor", str(ckpt), model_type=model_type)
         assert r.returncode == 0 and "parity established" in r.stdout, r.stdout + r.stderr
         assert "token layout 'collapsed'" in r.stdout
         clips = [str(videos[n]) for n in ("h264_ntsc", "mjpeg_24", "ffv1_10_small")]

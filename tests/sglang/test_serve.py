@@ -103,6 +103,19 @@ def frozen_dir(cache):
     return os.path.join(cache.path, "frozen")
 
 
+def fetch_from(srv, address: str, path: str, timeout: float) -> bytes:
+    """GET ``path`` from another client address (another loopback IP): its body, once the status is 200."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=timeout,
+                                      source_address=(address, 0))
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        assert r.status == 200, r.status
+        return r.read()
+    finally:
+        conn.close()
+
+
 def file_bytes(path):
     with open(path, "rb") as f:
         return f.read()
@@ -482,14 +495,7 @@ def test_one_address_with_slow_readers_leaves_workers_for_another(cache, monkeyp
             while not any(got):            # a slow reader is in a worker, being sent its file
                 assert time.monotonic() < deadline, "no slow reader was ever served"
                 time.sleep(0.05)
-            other = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=15,
-                                               source_address=("127.0.0.2", 0))
-            try:
-                other.request("GET", f"/frozen/{cache.key1}.mkv")
-                r = other.getresponse()
-                assert r.status == 200 and r.read() == file_bytes(path)
-            finally:
-                other.close()
+            assert fetch_from(srv, "127.0.0.2", f"/frozen/{cache.key1}.mkv", timeout=15) == file_bytes(path)
             # Served while the slow reads went on: neither had its file, both still connected.
             assert all(t.is_alive() for t in threads) and max(got) < size
             # The slow address's second request was held, not refused: it starts once the first hangs up.
@@ -502,5 +508,41 @@ def test_one_address_with_slow_readers_leaves_workers_for_another(cache, monkeyp
             assert read_until_closed(slow[1 - first], 20).startswith(b"HTTP/1.0 200 ")
         finally:
             stop.set()
+            for s in slow:
+                s.close()
+
+
+def test_two_addresses_with_slow_readers_leave_workers_for_a_third(cache, monkeypatch):
+    """D50 (D34 residual): each address could occupy half the pool, so two addresses of slow readers held every
+    worker and a third waited 35.7 s.  An address now gets at most half of what the others leave free: with 4
+    workers and 4 slow GETs from each of two addresses, a third address is served while they all still read."""
+    path = local_frozen_path(cache, cache.key1, "ffv1")
+    real_get_request = server.FrozenFileServer.get_request
+
+    def small_send_buffer(self):       # the server waits on a slow reader, as on a network
+        conn, addr = real_get_request(self)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        return conn, addr
+    monkeypatch.setattr(server.FrozenFileServer, "get_request", small_send_buffer)
+    assert os.path.getsize(path) > 64 << 10            # larger than every buffer between: the sends block
+    slow = []
+    with serving(cache, workers=4, timeout_s=60, header_timeout_s=60, min_rate=1) as (srv, _):
+        try:
+            for host in ("127.0.0.1", "127.0.0.3"):
+                for _ in range(4):                     # never read: each holds a worker for as long as it lives
+                    s = socket.socket()
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                    s.bind((host, 0))
+                    s.connect(srv.server_address[:2])
+                    s.sendall(f"GET /frozen/{cache.key1}.mkv HTTP/1.0\r\n\r\n".encode())
+                    slow.append(s)
+                deadline = time.monotonic() + 20
+                while srv._in_workers.get(host, 0) == 0 or sum(len(q) for q in srv._held.values()) + sum(
+                        srv._in_workers.values()) < len(slow):
+                    assert time.monotonic() < deadline, "the slow requests never reached the server"
+                    time.sleep(0.05)
+            assert fetch_from(srv, "127.0.0.2", f"/frozen/{cache.key1}.mkv", timeout=20) == file_bytes(path)
+            assert sum(srv._in_workers.get(h, 0) for h in ("127.0.0.1", "127.0.0.3")) < 4   # a worker was left
+        finally:
             for s in slow:
                 s.close()

@@ -42,6 +42,12 @@ from vidcache.serving import stock_pixel_bounds  # noqa: E402
 pytestmark = pytest.mark.peer
 
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# Qwen3-VL-MoE and Qwen3.5 / 3.6 / 3.8: Qwen3-VL's processing under their own model type (SGLang branches on it),
+# architecture (the plugin must take it over) and special-token ids (248053... for Qwen3.5).
+# Each runs on the SGLang releases the table says serve it (verified): 0.5.16 does not know them.
+from vidcache.rollout.models import MODEL_TYPES as TABLE  # noqa: E402
+MODEL_TYPES = tuple(t for t in ("qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen4_exp")
+                    if md.version("sglang") in TABLE[t].engines.get("SGLang", ()))
 MODES = ("stock", "plugin")
 PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}Describe the video.<|im_end|>\n<|im_start|>assistant\n"
 TIGHT = {"min_pixels": 3136, "max_pixels": 50176}
@@ -93,7 +99,7 @@ def plugin_classes():
     importlib.import_module(PLUGIN_PACKAGE + ".qwen_vl")     # a broken plugin raises here, with its own error
     import_processors(PLUGIN_PACKAGE, overwrite=True)
     by_arch = {model.__name__: proc for model, proc in PROCESSOR_MAPPING.items()}
-    out = {f: by_arch[sp._ARCH[f]] for f in FAMILIES}
+    out = {f: by_arch[sp._ARCH[f]] for f in FAMILIES + MODEL_TYPES}
     for cls in out.values():
         assert cls.__module__ == PLUGIN_PACKAGE + ".qwen_vl", cls
     return out
@@ -101,19 +107,20 @@ def plugin_classes():
 
 @pytest.fixture(scope="module")
 def train_processors():
-    return {f: build_processor(f) for f in FAMILIES}
+    return {f: build_processor(f) for f in FAMILIES + MODEL_TYPES}
 
 
 @pytest.fixture(scope="module")
 def peers(plugin_classes):
-    """(family, mode) -> SGLang processor configured as `vidcache sglang-config` says, built lazily."""
+    """(family or model type, mode) -> SGLang processor configured as `vidcache sglang-config` says, built
+    lazily."""
     made = {}
 
     def get(family, mode):
         if (family, mode) not in made:
             made[family, mode] = sp.build_peer(
                 family, build_processor(family, sglang_size_override=True),    # what a server loads
-                video_config=sglang_config(family, mode)["mm_process_config"]["video"],
+                video_config=sglang_config(sp.FAMILY_OF_MODEL_TYPE[family], mode)["mm_process_config"]["video"],
                 processor_cls=plugin_classes[family] if mode == "plugin" else None)
         return made[family, mode]
     return get
@@ -147,12 +154,13 @@ def assert_parity(out, prep, handle, family, mode):
     prep.check(_meta_info(out))                          # the divergence guard agrees
 
 
-def run_case(source, opts, mode, pcache, train_processors, peers, ids_too=True):
+def run_case(source, opts, mode, pcache, train_processors, peers, ids_too=True, model_type=None):
     family = opts.family
+    served = model_type or family          # the model type the trainer's processor and the server are for
     h = vidcache.get(source, opts, pcache)
     frames = h.frames()
-    prep = prepare(train_processors[family], PROMPT, [h], mode=mode)
-    peer = peers(family, mode)
+    prep = prepare(train_processors[served], PROMPT, [h], mode=mode)
+    peer = peers(served, mode)
     out = sp.run_peer(peer, PROMPT, prep.video_data)
     assert_parity(out, prep, h, family, mode)
     # What reached process_mm_data is the cached frames themselves: nothing re-sampled or resized.
@@ -171,7 +179,7 @@ def run_case(source, opts, mode, pcache, train_processors, peers, ids_too=True):
         # Plugin: the same reference (its only transport).  Stock: the data: transport, in the other
         # frozen format (FFV1 instead of UT Video).
         other = {"transport": "data"} if mode == "plugin" else {"transport": "data", "frozen_format": "ffv1"}
-        uris = prepare(train_processors[family], PROMPT, [h], mode=mode, **other).video_data
+        uris = prepare(train_processors[served], PROMPT, [h], mode=mode, **other).video_data
         assert (uris == prep.video_data) == (mode == "plugin")
         out2 = sp.run_peer(peer, prep.compact_ids, uris)
         assert out2["input_ids"] == prep.expanded_ids
@@ -189,6 +197,32 @@ def test_sglang_reproduces_the_cache(case, family, mode, videos, pcache, train_p
     h, _, _ = run_case(videos[CASES[case][0]], opts, mode, pcache, train_processors, peers)
     grid = 224 if (family, mode) == ("qwen3_vl", "stock") else 32 if family == "qwen3_vl" else 28
     assert h.manifest.options["size_factor"] == grid and h.frames().shape[2] % grid == h.frames().shape[3] % grid == 0
+
+
+# Every clip of CASES would cost ~1 min per model type: qwen3_5 (the Qwen3.5 line) takes two, the others one.
+MT_MATRIX = [(c, t, m) for t in MODEL_TYPES for c in ("default-h264-29.97", "tight-hevc-25")[:2 if t == "qwen3_5" else 1]
+             for m in MODES]
+
+
+@pytest.mark.parametrize("case,model_type,mode", MT_MATRIX, ids=[f"{t}-{m}-{c}" for c, t, m in MT_MATRIX])
+def test_sglang_reproduces_the_cache_for_qwen3_5_model_types(case, model_type, mode, videos, pcache,
+                                                             train_processors, peers):
+    """Qwen3.5 / 3.6 / 3.8 read Qwen3-VL's entries (one family, one cache key) and SGLang's own processor, run
+    as their model type through their architecture's (plugin) class, reproduces the trainer's tensors and ids,
+    with the real special-token ids in both."""
+    from vidcache.processing import layout_of
+    opts = _options(case, "qwen3_vl", mode)
+    h, prep, out = run_case(videos[CASES[case][0]], opts, mode, pcache, train_processors, peers,
+                            model_type=model_type)
+    assert h.key == vidcache.get(videos[CASES[case][0]], opts, pcache).key and h.manifest.family == "qwen3_vl"
+    t, gh, gw = prep.train_inputs["video_grid_thw"][0].tolist()
+    ids = prep.expanded_ids
+    vs, ve, _, pad = TABLE[model_type].token_ids                              # the real ids: 248053... for Qwen3.5
+    assert ids.count(pad) == t * gh * gw // 4 and len(set(ids) & {151656, 248057}) == 1    # video_pad, merge 2x2
+    # plugin: the model's own ('collapsed') layout; stock: this transformers' (5.24: 'wrapped', one pair more)
+    layout = "collapsed" if mode == "plugin" else layout_of(train_processors[model_type], "qwen3_vl")
+    assert ids.count(vs) == ids.count(ve) == t + (layout == "wrapped")
+    assert peers(model_type, mode).model_type == model_type
 
 
 # conftest's shapes but 720p, kept out for time: it is checked against qwen-vl-utils in test_qwen3_defaults.

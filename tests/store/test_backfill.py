@@ -136,7 +136,7 @@ def test_a_reader_that_exits_without_closing_leaves_its_local_copy_committed(tmp
     out = run(["-m", "vidcache.cli", "verify", key], b, shared=None)
     assert "verify: 1 ok, 0 bad" in out, out
     os.rename(tmp_path / "tier-gone", tier)
-    st = json.loads(run(["-m", "vidcache.cli", "stats"], b))
+    st = json.loads(run(["-m", "vidcache.cli", "stats", "--json"], b))
     assert st["local"] == {"entries": 1, "blobs": 1}, st                  # the frames, not only the manifest
     assert json.loads(run(["-m", "vidcache.cli", "ls", "--json"], b))[0]["frames"] == int(shape.strip("()\n").split(",")[0])
 

@@ -39,9 +39,26 @@ class TestLMDBStore(PicklableStoreContract):
         assert store.stats()["map_size"] > 1 << 20
 
     def test_read_is_zero_copy(self, store):
+        """The view's bytes lie inside the process's memory map of the LMDB data file (/proc/self/maps): a copy
+        into Python's heap, however read-only, lies elsewhere and fails this."""
+        from pathlib import Path
+
+        from vidcache.store.lmdb_env import DATA_FILE
         store.set_many({"cas/z": b"abc" * 1000})
+        data = str((Path(store.path) / DATA_FILE).resolve())
         with store.read("cas/z") as v:
-            assert isinstance(v, memoryview) and v.readonly
+            assert isinstance(v, memoryview) and v.readonly and bytes(v) == b"abc" * 1000
+            addr = _address(v)
+            maps = [ln.split() for ln in Path("/proc/self/maps").read_text().splitlines()]
+            inside = [m for m in maps if len(m) >= 6 and m[5] == data
+                      and int(m[0].split("-")[0], 16) <= addr < int(m[0].split("-")[1], 16)]
+            assert inside, f"the view at {addr:#x} is not in a mapping of {data}"
+
+
+def _address(view: memoryview) -> int:
+    """The address of a (read-only) buffer's first byte, through NumPy's array interface (no copy)."""
+    import numpy as np
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
 
 
 def _child_reads(path, q):

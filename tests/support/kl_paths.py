@@ -70,6 +70,23 @@ class Side:
     frames: torch.Tensor | None = None
     note: str = ""
     extra: dict = field(default_factory=dict)
+    # The M-RoPE rule the side's model runs: None, the model's own (transformers'); "sglang" / "vllm": that
+    # engine's positions over the whole sequence (vidcache.rope_positions' rule), as the engine or a trainer that
+    # is given them computes.
+    positions: str | None = None
+
+
+def position_ids(processor, family: str, side: Side, response: list[int]):
+    """The side's positions over prompt + response, or None for the model's own."""
+    if side.positions is None:
+        return None
+    from vidcache.positions import positions_from_tensors
+    return positions_from_tensors(processor, side.ids + list(response), side.tensors, family, side.positions)
+
+
+def engine_positions(side: Side, engine: str = "sglang") -> Side:
+    """The same side, scored at ``engine``'s positions."""
+    return Side(side.ids, side.tensors, side.frames, side.note, side.extra, engine)
 
 
 def response_ids(processor) -> list[int]:
@@ -129,7 +146,8 @@ def _sglang_side(out: dict, note: str = "") -> Side:
     frames = out["frames"][0] if out["frames"] else None
     if frames is not None and hasattr(frames, "frames"):       # the plugin's loaded item (VidcacheVideo)
         frames = frames.frames
-    return Side(list(out["input_ids"]), t, frames, note, {"video_metadata": out.get("video_metadata")})
+    return Side(list(out["input_ids"]), t, frames, note, {"video_metadata": out.get("video_metadata"),
+                                                          "mrope_positions": out.get("mrope_positions")})
 
 
 def sglang_vidcache(peers: Peers, processor, handle, mode: str) -> Side:

@@ -44,12 +44,10 @@ from typing import Any, Sequence
 PEER_SGLANG_VERSIONS = ("0.5.16", "0.5.23")
 PINNED_SGLANG_VERSION = PEER_SGLANG_VERSIONS[-1]
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+# The peer also runs as any model type of vidcache's table (``hf_config.model_type``: SGLang branches on it).
+from vidcache.rollout.models import FAMILY_OF_MODEL_TYPE, MODEL_TYPES  # noqa: E402
 
-_ARCH = {
-    "qwen2_vl": "Qwen2VLForConditionalGeneration",
-    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
-    "qwen3_vl": "Qwen3VLForConditionalGeneration",
-}
+_ARCH = {name: m.architectures[0] for name, m in MODEL_TYPES.items()}
 # vision_config.tokens_per_second of the published checkpoints (only Qwen2.5-VL has it).
 _TOKENS_PER_SECOND = {"qwen2_vl": None, "qwen2_5_vl": 2, "qwen3_vl": None}
 
@@ -167,12 +165,13 @@ class _Record:
 
 def build_hf_config(family: str, tokenizer) -> SimpleNamespace:
     """The few hf_config fields QwenVLImageProcessor reads, with token ids taken from ``tokenizer``."""
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    if family not in FAMILY_OF_MODEL_TYPE:
+        raise ValueError(f"unknown family or model type {family!r}; expected one of {sorted(FAMILY_OF_MODEL_TYPE)}")
+    model_type, family = family, FAMILY_OF_MODEL_TYPE[family]
     tid = tokenizer.convert_tokens_to_ids
     return SimpleNamespace(
-        model_type=family,
-        architectures=[_ARCH[family]],
+        model_type=model_type,
+        architectures=[_ARCH[model_type]],
         vision_start_token_id=tid("<|vision_start|>"),
         vision_end_token_id=tid("<|vision_end|>"),
         image_token_id=tid("<|image_pad|>"),
@@ -192,7 +191,8 @@ def build_peer(
 ):
     """A ready-to-run SGLang ``QwenVLImageProcessor`` (or ``processor_cls``, e.g. a plugin subclass).
 
-    family: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl" (becomes ``hf_config.model_type``).
+    family: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl", or a model type of ``vidcache.rollout.models.MODEL_TYPES``
+        (e.g. "qwen3_5"; becomes ``hf_config.model_type``, on which SGLang's processor branches).
     hf_processor: the HF processor SGLang would load (see tests/support/toy_processors.build_processor). For qwen2_vl a
         real server also forces size={shortest_edge: 3136, longest_edge: 1003520} on it when loading
         (``build_processor(..., sglang_size_override=True)``).
@@ -210,8 +210,9 @@ def build_peer(
 
     obj = cls.__new__(cls)
     # --- QwenVLImageProcessor.__init__ (pre-super part)
-    obj.model_type = family
-    obj.uses_media_artifacts_without_cache = family in ("qwen3_vl", "qwen3_vl_moe")
+    obj.model_type = hf_config.model_type
+    # As SGLang 0.5.23's __init__ sets it (qwen_vl.py:353): for Qwen3-VL's own model types only.
+    obj.uses_media_artifacts_without_cache = hf_config.model_type in ("qwen3_vl", "qwen3_vl_moe")
     # --- BaseMultimodalProcessor.__init__
     obj.hf_config = hf_config
     obj._processor = hf_processor
@@ -278,7 +279,8 @@ def build_peer(
         return ret
 
     obj.process_mm_data = _recording_process_mm_data
-    obj._peer_family = family
+    obj._peer_family = FAMILY_OF_MODEL_TYPE[family]
+    obj._peer_model_type = hf_config.model_type
     return obj
 
 
@@ -420,9 +422,9 @@ class PeerServer:
         self.requests: list[dict] = []
         self.server_info = {"version": version or md.version("sglang"), "mm_process_config": mm_process_config,
                             "device": device, "disable_fast_image_processor": True}
-        family = peer._peer_family
+        model_type = peer._peer_model_type
         self.model_info = {"model_path": tokenizer_path, "tokenizer_path": tokenizer_path, "is_generation": True,
-                           "model_type": family, "architectures": [_ARCH[family]]}
+                           "model_type": model_type, "architectures": [_ARCH[model_type]]}
         lock = threading.Lock()            # one request at a time through the peer (asyncio.run per call)
         owner = self
 

@@ -129,7 +129,8 @@ def _serve(argv) -> int:
     ap.add_argument("--mm-device-do-normalize", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--media-io-kwargs", type=json.loads, default=None)
     ap.add_argument("--mm-processor-kwargs", type=json.loads, default=None)
-    a = ap.parse_args(argv)
+    ap.add_argument("--trust-request-mm-kwargs", action="store_true")   # accepted; the real server's gate is
+    a = ap.parse_args(argv)                                             # tested in test_real_server.py
     name = a.served_model_name or a.model
     mc = model_config(a.model, a.mm_device_do_normalize, a.media_io_kwargs, a.mm_processor_kwargs)
     proc = MULTIMODAL_REGISTRY.create_processor(mc)
@@ -213,7 +214,10 @@ QWEN_CHAT_TEMPLATE = (
     "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 _CONFIG = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration"),
            "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"),
-           "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration")}
+           "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration"),
+           # Qwen3.5 / 3.6 / 3.8: vLLM 0.34 registers their architectures with Qwen3-VL's multimodal processor
+           "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+           "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration")}
 
 
 def write_checkpoint(family: str, path, processor=None, **video_processor_changes) -> str:
@@ -233,7 +237,9 @@ def write_checkpoint(family: str, path, processor=None, **video_processor_change
                                   ("vision_end_token_id", "<|vision_end|>"),
                                   ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"))}
     cls_name, arch = _CONFIG[family]
-    text = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+    from vidcache.rollout.models import FAMILY_OF_MODEL_TYPE, MODEL_TYPES
+    model_type, family = family, FAMILY_OF_MODEL_TYPE[family]
+    text = {"vocab_size": 512 if model_type == family else MODEL_TYPES[model_type].vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": MAX_MODEL_LEN,
             "bos_token_id": tid("<|endoftext|>"), "eos_token_id": tid("<|im_end|>")}
     vp = proc.video_processor

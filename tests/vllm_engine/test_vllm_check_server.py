@@ -72,18 +72,19 @@ def ckpt(tmp_path):
 
 def test_passes_against_a_server_started_as_documented(tmp_path, ckpt):
     assert not (tmp_path / "cli-node").exists()
-    with Server(tmp_path, ckpt("qwen2_5_vl"), serve_flags()) as srv:
+    with Server(tmp_path, ckpt("qwen2_5_vl"), serve_flags("qwen2_5_vl")) as srv:
         r = cli(tmp_path, srv.url)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert r.stdout.startswith("OK ") and "parity established" in r.stdout, r.stdout
+        assert any(ln.startswith("OK ") and "parity established" in ln for ln in r.stdout.splitlines()), r.stdout
+        assert any(ln.startswith("WARN [positions]") and "than vllm" in ln for ln in r.stdout.splitlines()), r.stdout
         assert "engine settings match" in r.stdout and "canary ids match" in r.stdout
         r = cli(tmp_path, srv.url, "--family", "qwen2_5_vl")              # the same, told the family
         assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_vllms_default_normalisation_is_named(tmp_path, ckpt):
-    flags = [f for f in serve_flags() if f != "--no-mm-device-do-normalize"]
-    assert len(flags) == len(serve_flags()) - 1
+    flags = [f for f in serve_flags("qwen2_5_vl") if f != "--no-mm-device-do-normalize"]
+    assert len(flags) == len(serve_flags("qwen2_5_vl")) - 1
     with Server(tmp_path, ckpt("qwen2_5_vl"), flags) as srv:
         r = cli(tmp_path, srv.url)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
@@ -92,7 +93,8 @@ def test_vllms_default_normalisation_is_named(tmp_path, ckpt):
 
 
 def test_a_server_without_the_loader_is_named(tmp_path, ckpt):
-    with Server(tmp_path, ckpt("qwen2_5_vl"), ["--no-mm-device-do-normalize"], dev_mode=False) as srv:
+    with Server(tmp_path, ckpt("qwen2_5_vl"), ["--trust-request-mm-kwargs", "--no-mm-device-do-normalize"],
+                dev_mode=False) as srv:
         r = cli(tmp_path, srv.url)
         assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
         assert [f.split("]")[0] for f in fails(r)] == ["FAIL [loader"], r.stdout
@@ -100,12 +102,15 @@ def test_a_server_without_the_loader_is_named(tmp_path, ckpt):
         assert "mm_device_do_normalize is NOT checked" in r.stdout          # no dev mode: said, not assumed
 
 
-def test_qwen3_chat_ids_are_vllms_wrapped_layout(tmp_path, ckpt):
+@pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen3_5"])
+def test_qwen3_chat_ids_are_vllms_wrapped_layout(tmp_path, ckpt, model_type):
     """vLLM 0.34.0 (transformers 5.22.2) keeps the chat template's pair around a Qwen3-VL video: a trainer in the
-    model's own layout ('collapsed') is told so by name, and passes when it follows vLLM ('wrapped')."""
-    with Server(tmp_path, ckpt("qwen3_vl"), serve_flags()) as srv:
+    model's own layout ('collapsed') is told so by name, and passes when it follows vLLM ('wrapped').  Qwen3.5 (its
+    own config, architecture and special ids) the same way, its family derived from the served checkpoint."""
+    with Server(tmp_path, ckpt(model_type), serve_flags("qwen3_vl")) as srv:     # Qwen3.5: the qwen3_vl family
         r = cli(tmp_path, srv.url)
         assert r.returncode == 1, r.stdout + r.stderr
+        assert ", qwen3_vl, " in r.stdout.splitlines()[0], r.stdout
         assert [f.split("]")[0] for f in fails(r)] == ["FAIL [layout"], r.stdout
         assert "'wrapped'" in fails(r)[0] and "5.22.2" in fails(r)[0]
         r = cli(tmp_path, srv.url, "--token-layout", "wrapped")

@@ -52,6 +52,7 @@ def fetched(tmp_path_factory, videos):
             "path_field": _raw({**good, "path": "/etc/passwd"}),
             "nested": _raw('{"vidcache_ref": 4, "tier": "t", "key": [[[[[["x"]]]]]]}'),
             "not_json": _raw("{this is not json"),
+            "bom": _raw("\ufeff" + json.dumps(good)),   # D54: went to the fallback decoder
             "huge": _raw({**good, "pad": "x" * MAX_REF_CHARS}),
             "attested": ref_uri(tier, key, attest={"pixel_values_videos": "0" * 32}),
             "file": "data:video/mp4;base64," + base64.b64encode(open(videos["mpeg4_25_odd"], "rb").read()).decode(),
@@ -75,7 +76,7 @@ def test_a_reference_gives_the_cached_frames_and_original_metadata(fetched):
 @pytest.mark.parametrize("name,error", [
     ("other_tier", "TierMismatchError"), ("absent_key", "NotCachedError"), ("path_key", "InvalidKeyError"),
     ("path_field", "InvalidKeyError"), ("nested", "InvalidKeyError"), ("not_json", "InvalidKeyError"),
-    ("huge", "InvalidKeyError"), ("attested", "InvalidKeyError")])
+    ("huge", "InvalidKeyError"), ("attested", "InvalidKeyError"), ("bom", "InvalidKeyError")])
 def test_forged_references_are_refused(fetched, name, error):
     got = fetched[0][name]
     assert got.get("error") == error, got

@@ -87,6 +87,34 @@ def _checked(source, limits: FetchLimits) -> tuple[str, str]:
     return scheme, source
 
 
+# What Miles' image path (qwen-vl-utils ``fetch_image``) reads: local files, http(s), data URIs; not s3.
+IMAGE_SCHEMES = ("file", "http", "https", "data")
+
+
+def check_image_source(source, limits: FetchLimits = FetchLimits(schemes=IMAGE_SCHEMES)) -> str:
+    """An image reference of a row, refused as a video source would be (D54: images had no allowlist): not a
+    string, empty, a control character, or a scheme outside ``IMAGE_SCHEMES`` (and the cache's own allowlist).
+    Returns it, its scheme lower-cased."""
+    return _checked(source, FetchLimits(schemes=tuple(s for s in limits.schemes if s in IMAGE_SCHEMES)))[1]
+
+
+def image_failure(label: str, e: BaseException) -> SourceError | None:
+    """The source error an image read failed with, by its causes (D54: a refused connection was reported as a
+    ``decode``, "not readable"); None when it is the image's bytes (a decode failure, the caller's to report)."""
+    chain = _chain(e)
+    if any(isinstance(x, SourceError) for x in chain):
+        return next(x for x in chain if isinstance(x, SourceError))
+    if any(isinstance(x, FileNotFoundError) for x in chain) or getattr(
+            getattr(e, "response", None), "status_code", None) in (404, 410):
+        return SourceNotFoundError(f"image not found: {label}")
+    if any(isinstance(x, (TimeoutError, asyncio.TimeoutError)) for x in chain) or "Timeout" in type(e).__name__:
+        return FetchTimeoutError(f"timed out reading image {label}")
+    if any(isinstance(x, (ConnectionError, PermissionError)) for x in chain) or type(e).__name__ in (
+            "ConnectionError", "HTTPError", "SSLError", "URLError"):
+        return SourceUnavailableError(f"cannot read image {label}: {type(e).__name__}: {str(e)[:200]}")
+    return None
+
+
 def _local_path(source: str) -> str:
     """The path of a source fsspec opens locally: ``file:`` URIs percent-decoded, plain paths verbatim."""
     if not source.startswith("file:"):

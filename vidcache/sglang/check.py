@@ -25,9 +25,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ..errors import ParityError
+from ..errors import ModelTypeError, ParityError
 from ..options import PATCH_SIZE, VideoOptions
+from ..positions import position_warning
 from ..processing import VIDEO_PLACEHOLDER, layout_of, request_layout
+from ..rollout import models
 from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode,
                        stock_pixel_bounds)
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
@@ -37,10 +39,14 @@ from .ref import REF_PREFIX, ref_uri
 from .request import ATTESTATION_MARK, check_prompt_ids, prepare
 from .transport import ENV_SERVER_PATH
 
-# SGLang's model_type -> vidcache family (the MoE variant shares Qwen3-VL's processor).
-FAMILY_OF_MODEL_TYPE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl",
-                        "qwen3_vl_moe": "qwen3_vl"}
+# SGLang's model_type -> vidcache family: the one table of model types (vidcache.rollout.models).
+FAMILY_OF_MODEL_TYPE = models.FAMILY_OF_MODEL_TYPE
 CANARY_PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}vidcache canary.<|im_end|>\n<|im_start|>assistant\n"
+# The caller's spelling of the settings a failure tells the operator to change: the CLI's by default; Miles'
+# startup check (miles_integration/server_check.py) passes its --vidcache-* flags, so the fix named is the one
+# its user can type.
+CLI_FLAGS = {"allow_unverified": "--allow-unverified-sglang", "server_torchcodec": "--server-torchcodec",
+             "mode": "--mode"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class ServerCheck:
     warnings: list[str] = field(default_factory=list)
     token_layout: str | None = None        # the layout the trainer's ids (and the plugin's references) are in
     engine: str = "SGLang"                 # or "vLLM" (vidcache.vllm.check)
+    mode_flag: str = "--mode"              # the caller's spelling (CLI_FLAGS)
 
     @property
     def ok(self) -> bool:
@@ -74,13 +81,32 @@ class ServerCheck:
         if self.ok:
             # Stock mode sees ids and the server's self-reported config only (D38): the line says so.
             limit = ("; stock mode: the pixels are NOT checked (the server's own processor settings and decoder "
-                     "are taken on trust; --mode plugin attests them)" if self.mode == "stock" else "")
-            return warn + [f"OK   {head}: parity established ({'; '.join(self.passed)}{limit})"]
-        return warn + [f"{head}: parity NOT established"] + [c.line() for c in self.causes]
+                     f"are taken on trust; {self.mode_flag} plugin attests them)" if self.mode == "stock" else "")
+            return [f"OK   {head}: parity established ({'; '.join(self.passed)}{limit})"] + warn
+        # The verdict first, then why, then what is only worth knowing (a warning never fails the check).
+        return [f"{head}: parity NOT established"] + [c.line() for c in self.causes] + warn
 
     def raise_for_causes(self) -> None:
         if self.causes:
             raise ParityError("\n".join(self.lines()))
+
+
+# The largest reply a check reads: /server_info and /generate answer in kilobytes, so a server (or proxy) that
+# streams on is cut off here rather than growing the checking process, on a trainer node, until it is killed
+# (D53: 3.1 GB after 5 s).
+MAX_REPLY_BYTES = 32 << 20
+
+
+class ReplyTooLargeError(ParityError, ValueError):
+    """A server's reply was larger than any a check expects (``MAX_REPLY_BYTES``): not read further."""
+
+
+def _read_bounded(r, url: str) -> bytes:
+    body = r.read(MAX_REPLY_BYTES + 1)
+    if len(body) > MAX_REPLY_BYTES:
+        raise ReplyTooLargeError(f"{url} replied with more than {MAX_REPLY_BYTES} bytes; not read further "
+                                 "(is a proxy in front of the server?)")
+    return body
 
 
 def _http(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
@@ -88,9 +114,9 @@ def _http(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read() or b"{}")
+            return r.status, json.loads(_read_bounded(r, url) or b"{}")
     except urllib.error.HTTPError as e:
-        body = e.read()
+        body = _read_bounded(e, url)
         try:
             return e.code, json.loads(body)
         except ValueError:
@@ -160,7 +186,8 @@ def server_processor_dir(res: "ServerCheck", path, what: str) -> str | None:
     return None
 
 
-def check_version(res: "ServerCheck", engine: str, version: str, verified, allow_unverified: str | None) -> None:
+def check_version(res: "ServerCheck", engine: str, version: str, verified, allow_unverified: str | None,
+                  flag: str | None = None) -> None:
     """The version verdict, for every engine: verified, unverified but named by the operator, or a cause."""
     if version in verified:
         res.passed.append(f"version {version} verified")
@@ -169,20 +196,25 @@ def check_version(res: "ServerCheck", engine: str, version: str, verified, allow
     else:
         res.causes.append(Cause("version", f"{engine} {version} is not verified; vidcache is verified with "
                                            f"{', '.join(verified)} (to run anyway, name it: "
-                                           f"--allow-unverified-{engine.lower()} {version})"))
+                                           f"{flag or '--allow-unverified-' + engine.lower()} {version})"))
 
 
 def check_server(url: str, family: str | None = None, mode: str | None = None, processor=None,
                  allow_unverified: str | None = None, server_torchcodec: str | None = None,
-                 cache=None, timeout: float = 120.0, token_layout: str | None = None) -> ServerCheck:
+                 cache=None, timeout: float = 120.0, token_layout: str | None = None,
+                 flags: dict[str, str] | None = None, trainer_positions: bool = True) -> ServerCheck:
     """Run every check against the SGLang server at ``url``; never raises for a failed check (see
     ``ServerCheck.causes``).  ``processor``: an HF processor or a directory (default: the server's
     ``tokenizer_path`` when it exists here).  ``allow_unverified``: the exact SGLang version to accept
     although it is not in ``VERIFIED_SGLANG_VERSIONS``.  ``server_torchcodec``: the torchcodec version
     installed on a GPU server (stock mode; nothing over HTTP reports it).  ``token_layout``: the layout the
-    trainer's ids are in (``processing.request_layout``'s default otherwise)."""
+    trainer's ids are in (``processing.request_layout``'s default otherwise).  ``flags``: the caller's names for
+    ``CLI_FLAGS``' settings, used in the fixes the failures name.  ``trainer_positions``: warn when this
+    environment's transformers computes other M-RoPE positions than SGLang (``vidcache.positions``); off where
+    the trainer is given SGLang's (Miles with vidcache's train hooks)."""
+    flags = {**CLI_FLAGS, **(flags or {})}
     url = url.rstrip("/")
-    res = ServerCheck(url)
+    res = ServerCheck(url, mode_flag=flags["mode"])
     try:
         _, info = _http(url + "/server_info", timeout=timeout)
         _, model = _http(url + "/model_info", timeout=timeout)
@@ -192,16 +224,34 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
 
     # --- version
     res.version = version = str(info.get("version"))
-    check_version(res, "SGLang", version, VERIFIED_SGLANG_VERSIONS, allow_unverified)
+    check_version(res, "SGLang", version, VERIFIED_SGLANG_VERSIONS, allow_unverified, flags["allow_unverified"])
 
-    # --- model and family
+    # --- model and family: from the checkpoint's processing (--processor DIR) and the server's model_type
     model_type = model.get("model_type")
     served = FAMILY_OF_MODEL_TYPE.get(model_type)
+    ckpt = processor if isinstance(processor, (str, os.PathLike)) else None
+    if processor is None and isinstance(model.get("tokenizer_path"), str) and os.path.isdir(model["tokenizer_path"]):
+        ckpt = model["tokenizer_path"]
+    if ckpt is not None:
+        try:
+            derived = models.derive(ckpt, family, model_type=model_type)
+        except ModelTypeError as e:
+            res.causes.append(Cause("model", str(e)))
+            return res
+        if not derived.verified:
+            res.warnings.append(derived.reason)
+        if derived.model_type != model_type:
+            res.causes.append(Cause("model", f"the server runs model_type {model_type!r} "
+                                             f"({model.get('architectures')}), the checkpoint {ckpt} is "
+                                             f"{derived.model_type!r}: pass the --processor of the served model"))
+            return res
+        family = derived.family
     if family is None:
         family = served
     if family is None:
-        res.causes.append(Cause("model", f"the server's model_type {model_type!r} is not a Qwen-VL family vidcache "
-                                         f"serves ({', '.join(sorted(FAMILY_OF_MODEL_TYPE))})"))
+        res.causes.append(Cause("model", f"the server's model_type {model_type!r} is not one vidcache serves "
+                                         f"({', '.join(FAMILY_OF_MODEL_TYPE)}); pass --processor DIR (the "
+                                         "checkpoint) to derive its family from its processor and vision config"))
         return res
     if family not in PATCH_SIZE:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
@@ -233,8 +283,8 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
                                                   f"exactly only with torchcodec=={STOCK_GPU_TORCHCODEC} (SGLang "
                                                   "0.5.23's pin 0.17.0 decodes them on CUDA with errors up to 2), "
                                                   "and no endpoint reports it: install it on the server and pass "
-                                                  f"--server-torchcodec {STOCK_GPU_TORCHCODEC}, or use --mode "
-                                                  "plugin (which does not decode)"))
+                                                  f"{flags['server_torchcodec']} {STOCK_GPU_TORCHCODEC}, or use "
+                                                  f"{flags['mode']} plugin (which does not decode)"))
 
     # --- the canary
     if processor is None and (processor := server_processor_dir(res, model.get("tokenizer_path"),
@@ -242,7 +292,7 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
         return res
     if isinstance(processor, (str, os.PathLike)):
         processor = _load_processor(str(processor))
-    _canary(res, url, processor, family, mode, cache, timeout, info, token_layout)
+    _canary(res, url, processor, family, mode, cache, timeout, info, token_layout, trainer_positions)
     return res
 
 
@@ -301,13 +351,15 @@ def _send(url: str, prep, timeout: float) -> tuple[int, dict]:
 
 
 def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache, timeout: float,
-            info: dict, token_layout: str | None) -> None:
+            info: dict, token_layout: str | None, trainer_positions: bool = True) -> None:
     h = canary_handle(family, mode, cache, str(info.get("version")))
     sides = layout_sides(processor, family, mode, info, token_layout)
     res.token_layout = sides["request"]
     warn = unverified_warning(family, sides["trainer_transformers"])
     if warn:
         res.warnings.append(warn)
+    if trainer_positions and (warn := position_warning(family, "sglang")) is not None:
+        res.warnings.append(warn)          # the trainer's own rule, not the server's: a warning, never a failure
     prep = prepare(processor, CANARY_PROMPT, [h], mode=mode, attest="values", token_layout=sides["request"])
     status, body = _send(url, prep, timeout)
     if status != 200:

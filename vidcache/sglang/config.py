@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 
 from ..config import ENV_DIR
 from ..options import PATCH_SIZE
@@ -97,9 +98,10 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
         "notes": [],
         "server_requirements": [],
         "sglang": sglang_report(),
+        # A command, nothing else (no shell comment: it is a JSON value that may be run as it is).  The flag
+        # states that the GPU servers have that torchcodec installed (server_requirements; a CPU server ignores it).
         "check": "vidcache check-server http://<host>:<port> --mode " + mode + (
-            f" --server-torchcodec {STOCK_GPU_TORCHCODEC}  # the flag: a GPU server with it installed"
-            if mode == "stock" else ""),
+            f" --server-torchcodec {STOCK_GPU_TORCHCODEC}" if mode == "stock" else ""),
         "token_layout": token_layout_record(family, mode, target),
     }
     if target not in VERIFIED_SGLANG_VERSIONS:
@@ -174,3 +176,82 @@ def largest_frozen_bytes(cache) -> int:
         if m is not None:
             sizes.append(m.frames.nbytes)
     return max(sizes, default=0)
+
+
+# --- the same configuration as shell text: what `vidcache sglang-config --format miles|shell` prints --------------
+FORMATS = ("json", "miles", "shell")
+NODE_ENV = (ENV_DIR, "VIDCACHE_SHARED")     # each node's own settings (docs/miles.md section 1), not the servers'
+
+
+def _command(cfg: dict) -> str:
+    """The ``vidcache sglang-config`` call that prints ``cfg`` (no cache path: it differs per node)."""
+    return (f"vidcache sglang-config --family {cfg['family']} --mode {cfg['mode']} "
+            f"--sglang-version {cfg['sglang_version']}")
+
+
+def miles_args(cfg: dict) -> list[str]:
+    """``cfg`` as Miles' ``train.py`` flags: the ``--vidcache-*`` flags that select the same family and mode, and
+    every SGLang server argument in Miles' spelling (``--sglang-<field>``: Miles forwards them to ``ServerArgs``).
+    Stock mode states the GPU servers' torchcodec (the startup check asks for it; a CPU server ignores it)."""
+    out = ["--vidcache-family", cfg["family"], "--vidcache-mode", cfg["mode"]]
+    for a in cfg["server_args"]:
+        out.append("--sglang-" + a[2:] if a.startswith("--") else a)
+    if cfg["mode"] == "stock":
+        out += ["--vidcache-server-torchcodec", STOCK_GPU_TORCHCODEC]
+    if cfg["sglang_version"] not in VERIFIED_SGLANG_VERSIONS:
+        out += ["--vidcache-allow-unverified-sglang", cfg["sglang_version"]]
+    return out
+
+
+def miles_env(cfg: dict) -> dict[str, str]:
+    """The SGLang servers' environment for the Ray job's ``env_vars`` (Miles starts them as actors of the job),
+    without the node settings ``NODE_ENV``, which every node sets to its own values."""
+    return {k: v for k, v in cfg["env"].items() if k not in NODE_ENV}
+
+
+def _array(name: str, argv: list[str]) -> list[str]:
+    """A bash array, one flag (with its value) per line."""
+    lines, i = [f"{name}=("], 0
+    while i < len(argv):
+        take = 2 if i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
+        lines.append("  " + shlex.join(argv[i:i + take]))
+        i += take
+    return lines + [")"]
+
+
+def format_miles(cfg: dict) -> str:
+    """A bash fragment to ``source`` in a Miles launch script: ``VIDCACHE_SGLANG_ENV`` (a JSON object to merge into
+    ``--runtime-env-json``'s ``env_vars``) and the array ``VIDCACHE_MILES_ARGS`` (train.py's flags)."""
+    env = json.dumps(miles_env(cfg), separators=(",", ":"))
+    head = [f"# {_command(cfg)} --format miles", f"# SGLang {cfg['sglang_version']}, {cfg['family']}, "
+            f"{cfg['mode']} mode; the Ray job's env_vars for the SGLang servers (merge into --runtime-env-json):"]
+    if cfg["mode"] == "plugin":
+        head.append(f"# plugin mode: every node also needs its own {' and '.join(NODE_ENV)} (docs/miles.md section 1)")
+    return "\n".join(head + [f"VIDCACHE_SGLANG_ENV={shlex.quote(env)}", "# train.py's flags:"]
+                     + _array("VIDCACHE_MILES_ARGS", miles_args(cfg)) + _notes(cfg)) + "\n"
+
+
+def format_shell(cfg: dict) -> str:
+    """A bash fragment for an SGLang server started by hand: the environment exported and ``SGLANG_ARGS``."""
+    lines = [f"# {_command(cfg)} --format shell"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in cfg["env"].items()]
+    lines += _array("SGLANG_ARGS", list(cfg["server_args"]))
+    lines += ['# python3 -m sglang.launch_server --model-path MODEL "${SGLANG_ARGS[@]}"',
+              f"# then: {cfg['check']}"]
+    return "\n".join(lines + _notes(cfg)) + "\n"
+
+
+def _notes(cfg: dict) -> list[str]:
+    out = [f"# requires on GPU servers: {r}" for r in cfg["server_requirements"]]
+    return out + [f"# note: {n}" for n in cfg["notes"]]
+
+
+def render(cfg: dict, fmt: str = "json") -> str:
+    """``cfg`` (``sglang_config``'s) printed as ``fmt``: ``json``, ``miles`` or ``shell``."""
+    if fmt == "json":
+        return json.dumps(cfg, indent=2) + "\n"
+    if fmt == "miles":
+        return format_miles(cfg)
+    if fmt == "shell":
+        return format_shell(cfg)
+    raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")

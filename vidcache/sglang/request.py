@@ -1,6 +1,8 @@
 """``prepare``: everything a rollout client sends SGLang for one prompt, and the divergence guard."""
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -76,18 +78,50 @@ class PreparedRequest:
         check_prompt_ids(self.expanded_ids, response)
 
 
-def video_prompt(prompt: str, n_videos: int) -> str:
-    """``prompt`` with one ``VIDEO_PLACEHOLDER`` per video: a dataset row's own ``<video>`` markers (as Miles
-    rows and ``vidcache prewarm`` datasets write them) are replaced in order; a chat-templated prompt that
-    already holds the placeholders is returned as it is."""
-    from ..dataset import VIDEO_TOKEN
-    n, m = prompt.count(VIDEO_PLACEHOLDER), prompt.count(VIDEO_TOKEN)
-    if n == n_videos and (m == 0 or n > 0):
+def _one_placeholder_each(prompt: str, n: int, placeholder: str, marker: str, what: str, fix: str) -> str:
+    """``prompt`` with one ``placeholder`` per item: a dataset row's own ``marker``s (``<video>`` / ``<image>``, as
+    Miles rows write them) are replaced in order; a chat-templated prompt that already holds the placeholders is
+    returned as it is."""
+    have, marked = prompt.count(placeholder), prompt.count(marker)
+    if have == n and (marked == 0 or have > 0):
         return prompt
-    if n == 0 and m == n_videos:
-        return prompt.replace(VIDEO_TOKEN, VIDEO_PLACEHOLDER)
-    raise ValueError(f"prompt has {n} {VIDEO_PLACEHOLDER!r} and {m} {VIDEO_TOKEN!r} placeholder(s) but "
-                     f"{n_videos} video(s) were given: put one of either per video, in order")
+    if have == 0 and marked == n:
+        return prompt.replace(marker, placeholder)
+    raise ValueError(f"prompt has {have} {placeholder!r} and {marked} {marker!r} placeholder(s) but {n} {what}(s) "
+                     f"were given: {fix}")
+
+
+def video_prompt(prompt: str, n_videos: int) -> str:
+    """``prompt`` with one ``VIDEO_PLACEHOLDER`` per video (``vidcache prewarm`` datasets' ``<video>`` too)."""
+    from ..dataset import VIDEO_TOKEN
+    return _one_placeholder_each(prompt, n_videos, VIDEO_PLACEHOLDER, VIDEO_TOKEN, "video",
+                                 "put one of either per video, in order")
+
+
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+def image_prompt(prompt: str, n_images: int) -> str:
+    """``prompt`` with one ``IMAGE_PLACEHOLDER`` per image (a Miles row's ``<image>`` markers too)."""
+    from ..dataset import IMAGE_TOKEN
+    return _one_placeholder_each(prompt, n_images, IMAGE_PLACEHOLDER, IMAGE_TOKEN, "image",
+                                 "pass the row's images as images=[...], one per placeholder, in order")
+
+
+def prompt_text(processor, prompt, n_videos: int, n_images: int = 0) -> str:
+    """The text ``prepare`` tokenizes: a message list (Miles' and the OpenAI chat form, video and image items
+    included) rendered by the processor's chat template, as SGLang's chat endpoint and Miles' data source do;
+    then a row's own ``<image>`` / ``<video>`` markers replaced by the model's placeholders."""
+    if isinstance(prompt, (list, tuple)):
+        if not (getattr(processor, "chat_template", None) or getattr(processor.tokenizer, "chat_template", None)):
+            raise ValueError("prompt is a message list, and this processor has no chat template to render it: load "
+                             "the checkpoint's processor (AutoProcessor.from_pretrained), set processor.chat_template, "
+                             "or pass the text the template gives (one <|vision_start|><|video_pad|><|vision_end|> "
+                             "per video)")
+        prompt = processor.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
+    elif not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+    return video_prompt(image_prompt(prompt, n_images), n_videos)
 
 
 def _keys_of(ahead) -> list[str]:
@@ -102,15 +136,32 @@ def _keys_of(ahead) -> list[str]:
     return out
 
 
-def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: str | None = None,
+@functools.lru_cache(maxsize=8)
+def _load_checkpoint_processor(path: str, mtime: float):
+    from transformers import AutoProcessor
+    return AutoProcessor.from_pretrained(path)
+
+
+def checkpoint_processor(path):
+    """The processor of a checkpoint directory, once its video processing is one vidcache vouches for
+    (``rollout.models.derive``: an unknown model type or a processor unlike its model type's is refused)."""
+    from ..rollout.models import derive
+    path = os.path.abspath(os.fspath(path))
+    derive(path)
+    return _load_checkpoint_processor(path, os.path.getmtime(path))
+
+
+def prepare(processor, prompt: str | list[dict], handles, mode: str = "plugin", transport: str | None = None,
             base_url: str | None = None, frozen_format: str | None = None,
             url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True,
             token_layout: str | None = None, images=None, ahead=None) -> PreparedRequest:
-    """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.
+    """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.  ``processor``: an HF
+    processor, or a checkpoint directory (``checkpoint_processor``: its family derived and checked first).
 
     ``prompt`` is the text with one ``<|vision_start|><|video_pad|><|vision_end|>`` per handle, in order
-    (apply the chat template first, as SGLang's chat endpoint would), or a dataset row's prompt with one
-    ``<video>`` per handle (``video_prompt`` replaces them).  ``transport``: see ``vidcache.sglang.transport`` (default: the shared
+    (the chat template applied, as SGLang's chat endpoint would), a dataset row's prompt with one ``<video>``
+    per handle and one ``<image>`` per image (replaced in order), or a list of chat messages, which the
+    processor's chat template renders first (``prompt_text``).  ``transport``: see ``vidcache.sglang.transport`` (default: the shared
     tier's URLs when the cache has one).  ``attest`` (plugin mode): put into each reference a digest
     of this video's train tensors, which the plugin checks against its own processor output (on by
     default; ``"values"`` also sends small videos' rows, so a mismatch reports the largest difference).
@@ -126,10 +177,12 @@ def prepare(processor, prompt: str, handles, mode: str = "plugin", transport: st
     (``vidcache.readahead.pull_soon``), so its next requests' first reads are local.
     """
     handles = list(handles)
-    prompt = video_prompt(prompt, len(handles))
+    if isinstance(processor, (str, os.PathLike)):
+        processor = checkpoint_processor(processor)
+    images = list(images or [])
+    prompt = prompt_text(processor, prompt, len(handles), len(images))
     tok = processor.tokenizer
     compact = tok(prompt, add_special_tokens=False)["input_ids"]
-    images = list(images or [])
     if handles:
         videos = [h.frames() for h in handles]      # builds a lazy handle's entry first, if it must
         kw = processor_kwargs(processor, [h.manifest for h in handles], mode)

@@ -14,8 +14,8 @@ thread reads the heads of all connections; a head must be complete ``header_time
 after the connection was made, with no silence longer than ``timeout_s``.  A response
 body must go out at ``min_rate`` bytes/s on average (after ``timeout_s`` of grace), one
 client address holds at most ``max_per_client`` connections and at most
-``max_workers_per_client`` workers (by default half the pool, so one address's slow readers
-cannot hold them all), and a first-time freeze locks only its own file, so readers of
+``max_workers_per_client`` workers and at most half of what the other addresses leave free
+(so neither one address's slow readers nor two addresses' can hold them all), and a first-time freeze locks only its own file, so readers of
 existing files never wait for it.
 """
 from __future__ import annotations
@@ -245,11 +245,19 @@ class FrozenFileServer(http.server.HTTPServer):
         connection cap already bounds how many one address can have held."""
         with self._per_client_guard:
             busy = self._in_workers.get(addr[0], 0)
-            if busy >= self.max_workers_per_client:
+            if busy >= self._share(busy):
                 self._held.setdefault(addr[0], collections.deque()).append((conn, addr, head))
                 return
             self._in_workers[addr[0]] = busy + 1
         self._pool.submit(self._work, conn, addr, head)
+
+    def _share(self, busy: int) -> int:
+        """The workers an address holding ``busy`` of them may occupy: at most half of what the other addresses
+        leave free (and ``max_workers_per_client``), at least one.  A fixed half let two addresses fill the pool
+        (D50: 8 slow readers from each of two made a third wait 35.7 s); halving what is left means filling it
+        takes an address per halving (5 for 16 workers), and the first comers keep what they hold."""
+        others = sum(self._in_workers.values()) - busy
+        return min(self.max_workers_per_client, max(1, (self.workers - others) // 2))
 
     def _work(self, conn, addr, head: bytes) -> None:
         # Then the address's held requests, in this same worker: its share of the pool is not exceeded,

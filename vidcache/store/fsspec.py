@@ -49,21 +49,44 @@ def _s3_stack():
     return aiohttp, boto, S3_RETRYABLE_ERRORS
 
 
-def _open_object(path: str):
-    """A directory tier's object, opened only if it is a regular file of the tier itself: a symlink planted at an
-    object's name is not followed (D33: every node that read it copied the link's target, a file of its own, into
-    the tier's quarantine/), and counts as no object, like a directory at the name."""
+def _open_object(root: str, path: str):
+    """A directory tier's object, opened only if it is a regular file of the tier itself, reached through the tier's
+    own directories: no symlink is followed, at the object's name (D33) or at its namespace or fan-out directory
+    (D51: a planted ``frozen/xx`` link was read through; every node that read it copied the link's target, a
+    file of its own, into the tier's quarantine/).  Each component is opened relative to the last (``dir_fd``),
+    so a link swapped in meanwhile is not followed either.  A link, or a directory at the name, counts as no
+    object."""
+    parts = os.path.relpath(path, root).split(os.sep)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))   # the root itself may be a link
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        for part in parts[:-1]:
+            sub = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        obj = os.open(parts[-1], flags, dir_fd=fd)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            log.warning("not following the symlink at %s: a tier's objects are its own files", path)
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            log.warning("not following the symlink at %s: a tier's objects and directories are its own", path)
             raise FileNotFoundError(errno.ENOENT, "a symlink, not an object", path) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    finally:
         os.close(fd)
+    if not stat.S_ISREG(os.fstat(obj).st_mode):
+        os.close(obj)
         raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
-    return os.fdopen(fd, "rb")
+    return os.fdopen(obj, "rb")
+
+
+def _own_dirs(root: str, path: str) -> None:
+    """Before a write or delete under ``path``: its namespace and fan-out directories must be the tier's own, not
+    symlinks (D51: ``publish`` made, linked and renamed through a planted one, writing outside the tier)."""
+    d = os.path.dirname(path)
+    while len(d) > len(root) and d.startswith(root):
+        if os.path.islink(d):
+            raise PermissionDeniedError(f"shared tier {root}: {d} is a symlink; a tier's directories are its own, so "
+                                        "nothing is written through it (remove the link)")
+        d = os.path.dirname(d)
 
 
 def _s3_errors():
@@ -297,7 +320,7 @@ class FsspecStore(Store):
         try:
             if self._local:
                 def read() -> bytes:
-                    with _open_object(path) as fh:
+                    with _open_object(self.root, path) as fh:
                         self._check_size(key, os.fstat(fh.fileno()).st_size)   # the file opened, not the name
                         return fh.read()
                 return self._call(f"get {key}", read)
@@ -346,7 +369,7 @@ class FsspecStore(Store):
             run = functools.partial(fsspec.asyn.sync, self.fs.loop, pump)
         elif self._local:
             def run() -> None:
-                with _open_object(path) as fh:
+                with _open_object(self.root, path) as fh:
                     self._check_size(key, os.fstat(fh.fileno()).st_size)
                     while chunk := fh.read(STREAM_PIECE):
                         sink(chunk)
@@ -388,6 +411,7 @@ class FsspecStore(Store):
     def _put(self, key: str, value: bytes, exclusive: bool) -> bool:
         path, what = self._path(key), f"put {key}"
         if self._local:
+            _own_dirs(self.root, path)
             return self._call(what, publish_bytes, path, bytes(value), exclusive=exclusive)
         if exclusive and self._call(what, self.fs.exists, path):   # cheap early out; the PUT below decides
             return False
@@ -412,6 +436,8 @@ class FsspecStore(Store):
 
     def delete(self, key: str) -> None:
         self._check_writable()
+        if self._local:
+            _own_dirs(self.root, self._path(key))
         try:
             self._call(f"delete {key}", self.fs.rm_file, self._path(key))
         except FileNotFoundError:

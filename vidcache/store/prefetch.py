@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import threading
 
+from ..errors import OversizedObjectError
 from .base import Store
 
 
@@ -35,6 +36,7 @@ class Prefetch:
         self._found: bool | None = None
         self._error: BaseException | None = None
         self.hasher = hasher              # anything with update(bytes); read it once finish() returned
+        self.key, self._got, self._limit = key, 0, None
         threading.Thread(target=self._fetch, args=(store, key), name="vidcache-pull", daemon=True).start()
 
     def _fetch(self, store: Store, key: str) -> None:
@@ -52,11 +54,21 @@ class Prefetch:
             if self._done:                # a transfer that timed out and then woke up: not ours any more
                 return
             if piece:
+                self._got += len(piece)
+                if self._limit is not None and self._got > self._limit:
+                    raise OversizedObjectError(f"{self.key} is more than {self._limit} bytes, more than its entry "
+                                               "can write; not read further")
                 if self.hasher is not None:
                     self.hasher.update(piece)
                 self._pieces.append(piece)
                 self._arrived = True
                 self._cond.notify_all()
+
+    def limit(self, n: int) -> None:
+        """Stop the fetch, with ``OversizedObjectError``, once more than ``n`` bytes came (the caller learnt
+        the bound after the fetch began: a compact object's, from its manifest, D51)."""
+        with self._cond:
+            self._limit = n
 
     def found(self) -> bool:
         """True once the value's first bytes arrive (or it ends empty), False when the store has no such key;

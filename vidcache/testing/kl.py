@@ -74,12 +74,14 @@ def tiny_model(family: str, processor, seed: int = 0):
 
 @torch.no_grad()
 def response_logits(model, processor, prompt_ids: list[int], response_ids: list[int],
-                    tensors: dict) -> torch.Tensor:
+                    tensors: dict, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 logits ``K x vocab`` that predict each of the K response tokens after ``prompt_ids``.
 
     ``tensors``: ``pixel_values_videos``, ``video_grid_thw`` and (Qwen2.5-VL) ``second_per_grid_ts`` as one side
     has them.  The model computes its own M-RoPE positions from the ids and the grid (``mm_token_type_ids`` from
-    the processor's own ``create_mm_token_type_ids``), so a side's ids, grid and timing all reach the logits.
+    the processor's own ``create_mm_token_type_ids``), so a side's ids, grid and timing all reach the logits,
+    unless ``position_ids`` (``[3, len(prompt + response)]``, e.g. ``vidcache.rope_positions``) are given: then
+    the model is given those, as a trainer that feeds the rollout engine's positions does.
     """
     ids = list(prompt_ids) + list(response_ids)
     input_ids = torch.tensor([ids], dtype=torch.long)
@@ -89,6 +91,8 @@ def response_logits(model, processor, prompt_ids: list[int], response_ids: list[
     if spg is not None and "second_per_grid_ts" in _forward_args(model):
         kw["second_per_grid_ts"] = torch.as_tensor(spg, dtype=torch.float32).reshape(-1)
     mm = torch.tensor(processor.create_mm_token_type_ids([ids]), dtype=torch.int32)
+    if position_ids is not None:
+        kw["position_ids"] = torch.as_tensor(position_ids, dtype=torch.long).reshape(3, 1, len(ids))
     out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), mm_token_type_ids=mm,
                 use_cache=False, **kw)
     start = len(prompt_ids) - 1          # logits at position i predict token i + 1

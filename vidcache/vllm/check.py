@@ -21,24 +21,21 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import ParityError
+from ..errors import ModelTypeError, ParityError
 from ..options import PATCH_SIZE
+from ..positions import position_warning
 from ..processing import layout_of, request_layout
-from ..sglang.check import (FAMILY_OF_MODEL_TYPE, Cause, ServerCheck, _error_message, _http, _load_processor,
+from ..rollout import models as model_types
+from ..sglang.check import (Cause, ServerCheck, _error_message, _http, _load_processor,
                             canary_handle, check_version, server_processor_dir)
 from ..token_layout import LAYOUTS, implied_layout, layout_difference
-from .config import ENGINE_KWARGS, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags, settings_problems
+from .config import (ENGINE_KWARGS, REQUEST_GATE_FLAG, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags,
+                     settings_problems)
 from .request import chat_expected_ids, chat_request, check_prompt_ids
 
 CANARY_TEXT = "vidcache canary."
 
 
-def _family_of(processor_dir: str) -> str | None:
-    try:
-        with open(os.path.join(processor_dir, "config.json")) as f:
-            return FAMILY_OF_MODEL_TYPE.get(json.load(f).get("model_type"))
-    except (OSError, ValueError):
-        return None
 
 
 def check_server(url: str, family: str | None = None, processor=None, allow_unverified: str | None = None,
@@ -63,29 +60,38 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
     if processor is None and (processor := server_processor_dir(res, card.get("root"),
                                                                 "the served model's root")) is None:
         return res
-    if family is None and isinstance(processor, (str, os.PathLike)):
-        family = _family_of(str(processor))
+    if isinstance(processor, (str, os.PathLike)):
+        try:      # the family from what decides the checkpoint's video processing (vidcache.rollout.models)
+            derived = model_types.derive(processor, family)
+        except ModelTypeError as e:
+            res.causes.append(Cause("model", str(e)))
+            return res
+        if not derived.verified:
+            res.warnings.append(derived.reason)
+        family = derived.family
     if family is None:
-        res.causes.append(Cause("model", "the checkpoint's config.json names no Qwen-VL family vidcache serves: pass "
-                                         f"--family ({', '.join(sorted(PATCH_SIZE))})"))
+        res.causes.append(Cause("model", "no checkpoint directory to derive the family from: pass --processor DIR "
+                                         f"or --family ({', '.join(sorted(PATCH_SIZE))})"))
         return res
     if family not in PATCH_SIZE:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
     res.family = family
+    if (warn := position_warning(family, "vllm")) is not None:
+        res.warnings.append(warn)          # the trainer's own rule (this environment's transformers): a warning
 
     # --- the engine settings, where the server reports them (dev mode only)
     status, info = _http(url + "/server_info?config_format=json", timeout=timeout)
     mc = ((info.get("vllm_config") or {}).get("model_config")) if status == 200 else None
     if isinstance(mc, dict):
-        problems = settings_problems(mc)
+        problems = settings_problems(mc, family)
         for p in problems:
-            res.causes.append(Cause("config", f"{p}. Start the server with {' '.join(serve_flags())}"))
+            res.causes.append(Cause("config", f"{p}. Start the server with {' '.join(serve_flags(family))}"))
         if not problems:
             res.passed.append("engine settings match (mm_device_do_normalize off, vidcache loader)")
     else:
         res.warnings.append("the server does not report its config (/server_info needs VLLM_SERVER_DEV_MODE=1): "
                             "mm_device_do_normalize is NOT checked; it must be off "
-                            f"({' '.join(serve_flags())}), or vLLM normalises on the GPU with other rounding")
+                            f"({' '.join(serve_flags(family))}), or vLLM normalises on the GPU with other rounding")
 
     if isinstance(processor, (str, os.PathLike)):
         processor = _load_processor(str(processor))
@@ -106,7 +112,13 @@ def _canary(res, url, model, processor, family, cache, timeout, version, token_l
                          timeout=timeout)
     if status != 200:
         msg = _error_message(body)
-        if "vidcache" in msg and ("reference" in msg or "cache" in msg):
+        if REQUEST_GATE_FLAG in msg or "Per-request mm_processor_kwargs" in msg:
+            # vLLM refused the request before any video was loaded: the loader was never asked
+            res.causes.append(Cause("request", f"the server refuses per-request mm_processor_kwargs (vidcache's "
+                                               "frames-are-final settings): start it with "
+                                               f"{REQUEST_GATE_FLAG} ({' '.join(serve_flags(res.family))}). vLLM said "
+                                               f"(HTTP {status}): {msg[:300]}"))
+        elif "vidcache" in msg and ("reference" in msg or "cache" in msg):
             res.causes.append(Cause("loader", f"vidcache's loader could not resolve the canary: {msg[:500]}"))
         else:
             res.causes.append(Cause("loader", "vidcache's loader is not selected: vLLM decoded the canary's "

@@ -8,10 +8,12 @@ Two shapes, one source of truth (the handles):
 * ``chat_request``: an OpenAI ``/v1/chat/completions`` body whose videos are vidcache references, resolved inside
   the server by ``vidcache.vllm.loader``.
 
-Either way ``multi_modal_uuids`` / the part's ``uuid`` is the entry's cache key.  The key is the source's content
-digest plus the options digest, so it names these exact frames: vLLM's multimodal cache trusts a uuid and never
-hashes the pixels behind it (a cached uuid with other frames comes back as the cached tensors), which is sound only
-because the key cannot name other content.
+``multi_modal_uuids`` (token prompts only) is the entry's cache key.  vLLM's multimodal processor cache trusts a
+uuid and never hashes the pixels behind it: a cached uuid with other frames comes back as the cached tensors
+(shown on the real engine, tests/vllm_engine/test_real_offline.py).  In-process that is sound, since only the
+trainer's code builds requests and a vidcache key names these exact frames.  A chat request carries NO ``uuid``:
+on a server any client may send any uuid, and one that sent a vidcache key with other pixels would poison that key
+for every later request (issue 41); without one, vLLM hashes the frames the loader returned.
 
 Token layout (``vidcache.token_layout``).  vLLM 0.34.0 with transformers 5.10-5.22 (its pin is < 5.23) expands only
 the bare ``<|video_pad|>`` of a Qwen3-VL prompt and keeps the prompt's own ``<|vision_start|>...<|vision_end|>``
@@ -134,13 +136,13 @@ def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = Non
 
 def chat_request(model: str, text: str, handles, max_tokens: int = 0) -> dict:
     """An OpenAI ``/v1/chat/completions`` body: one user message, the handles' references (their cache's identity
-    and key, resolved inside the server by ``vidcache.vllm.loader``) then ``text``; ``uuid`` = the key;
-    ``return_token_ids`` so the guard can compare ``prompt_token_ids``; the frames-are-final processor kwargs."""
+    and key, resolved inside the server by ``vidcache.vllm.loader``) then ``text``; no ``uuid`` (another client's
+    uuid could name other pixels: the module's docstring); ``return_token_ids`` so the guard can compare
+    ``prompt_token_ids``; the frames-are-final processor kwargs."""
     from ..sglang.ref import ref_uri
     parts = []
     for h in handles:
-        key = h.resolve()
-        parts.append({"type": "video_url", "video_url": {"url": ref_uri(h.tier, key)}, "uuid": key})
+        parts.append({"type": "video_url", "video_url": {"url": ref_uri(h.tier, h.resolve())}})
     parts.append({"type": "text", "text": text})
     return {"model": model, "messages": [{"role": "user", "content": parts}], "max_tokens": max_tokens,
             "temperature": 0, "return_token_ids": True, "mm_processor_kwargs": dict(MM_PROCESSOR_KWARGS)}

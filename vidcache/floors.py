@@ -1,0 +1,36 @@
+"""The import floors, bottom up: the one statement of them.  Each module imports only from its own floor or
+below (``tests/test_layers.py`` checks every import against this table; it also checks that the package docstring
+of ``vidcache/__init__.py`` and the README's code map say the same).  A dotted name covers its submodules:
+``store`` is ``vidcache/store/`` and everything in it; the most specific name wins (``rollout.models`` sits on
+the facts floor, the rest of ``rollout/`` on the rollout floor).  Data only: nothing here is imported at run time.
+"""
+from __future__ import annotations
+
+# (floor, modules, what the floor is for)
+FLOORS: list[tuple[str, list[str], str]] = [
+    ("facts", ["errors", "digest", "keys", "options", "serving", "token_layout", "attest", "rollout.models"],
+     "exceptions, digests, keys, options, SGLang facts, token layouts, train-tensor digests, the model types served"),
+    ("store", ["store"], "bytes under keys (LMDB, fsspec, tiers); imports only errors"),
+    ("loader", ["loader"], "the pure pipeline: source bytes -> canonical frames"),
+    ("entries", ["manifest", "encode", "frozen_file", "config"],
+     "entry records; the video writer; the frozen-file format; node settings"),
+    ("integrity", ["integrity"], "is this copy sound? (blobs, manifests, frozen files): one answer for every path"),
+    ("policies", ["frozen_copies", "compact", "repair", "catalog"],
+     "the cache's policies: frozen files, compact layout, repair, listing/stats"),
+    ("cache", ["cache"], "VideoCache: lookup, build, read, housekeeping"),
+    ("node", ["node"], "the caches open in this process, and the lookup by identity"),
+    ("trainer", ["processing", "device", "mrope"],
+     "the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules"),
+    ("references", ["handle", "dataset", "readahead", "positions"],
+     "references above the cache; read-ahead; positions by engine rule"),
+    ("rollout", ["sglang", "vllm", "rollout"],
+     "the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; engine-neutral code"),
+    ("jobs", ["prewarming", "cli", "doctor", "floors", "contact_sheet", "testing", ""],
+     "the jobs"),                                      # "": the lazy facade, vidcache/__init__
+]
+# Modules on a floor that the docstring and the README leave out (helpers, not parts of the house).
+UNSTATED = ("floors", "contact_sheet", "testing", "")
+
+# Stricter rules for the two bottom packages (their own modules are always allowed).
+STORE_MAY_IMPORT = {"vidcache.errors"}
+LOADER_MAY_IMPORT = {"vidcache.errors", "vidcache.digest", "vidcache.options"}

@@ -1,0 +1,261 @@
+"""The model types vidcache serves, as one table of data, and a checkpoint's family derived from what decides
+its video processing.
+
+A *family* (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``) is a way of processing video: the transformers processor
+and video processor classes, and the vision geometry (patch, merge and temporal patch size).  Frames cached for
+one family serve every model type of that family: a Qwen3.5 model (``qwen3_5``) reads the entries a Qwen3-VL
+prewarm wrote, because its processor *is* Qwen3-VL's (transformers 5.19-5.25 map ``qwen3_5``, ``qwen3_5_moe`` and
+``qwen4_exp`` to ``Qwen3VLProcessor`` + ``Qwen3VLVideoProcessor``; their vision configs have patch 16, merge 2,
+temporal 2).
+
+``derive(checkpoint_dir)`` reads the checkpoint's ``config.json`` (model type, architectures, vision config) and
+its processor files (processor and video processor classes, the video processor's geometry) and answers with a
+``Derived`` family, checked against ``MODEL_TYPES``:
+
+* a known model type whose processing is the table's: its family, verified;
+* a known model type whose processing differs (another processor class, another patch size): refused
+  (``ModelTypeError``), naming the difference;
+* an unknown model type whose processor classes and geometry are a family's: that family, **unverified**; the
+  caller refuses it unless the operator names the family (``--family``), and says so when it runs;
+* anything else: refused, naming what matches no family.
+
+Engine-neutral (``vidcache.sglang`` and ``vidcache.vllm`` both read it) and on the facts floor: it imports only
+``errors`` (transformers only inside ``derive``, and only where a checkpoint leaves a class default unstated).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..errors import ModelTypeError
+
+
+@dataclass(frozen=True)
+class ModelType:
+    """One model type (a checkpoint's ``config.json`` ``model_type``) and the facts vidcache relies on."""
+    name: str
+    family: str
+    architectures: tuple[str, ...]        # config.json "architectures" (SGLang and vLLM pick their class by it)
+    processor: str                        # transformers' AutoProcessor class for this model type
+    video_processor: str                  # transformers' AutoVideoProcessor class
+    geometry: tuple[int, int, int]        # (patch_size, spatial merge_size, temporal_patch_size)
+    # vision_start, vision_end, image_pad, video_pad: transformers' <Model>Config defaults (the published
+    # checkpoints' config.json carry the same), and the text config's default vocab_size.
+    token_ids: tuple[int, int, int, int]
+    vocab_size: int
+    # Releases the parity / layout tests ran this model type under (a release not listed is "unverified").
+    verified_transformers: tuple[str, ...]
+    engines: dict = field(default_factory=dict)   # engine -> the releases whose own processor code was run
+
+
+_QWEN2_IDS = (151652, 151653, 151655, 151656)
+# Qwen3.5 / 3.6 / 3.8: transformers 5.24's Qwen3_5Config, Qwen3_5MoeConfig and Qwen4ExpConfig defaults
+# (configuration_qwen3_5.py:179-182 and the same lines of the other two), equal to the published Qwen3.5
+# config.json: 96,401 above Qwen3-VL's; text vocab_size 248320 (Qwen3_5TextConfig and its siblings).
+_QWEN3_5_IDS = (248053, 248054, 248056, 248057)
+_Q3_ENGINES = {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)}
+
+MODEL_TYPES: dict[str, ModelType] = {m.name: m for m in (
+    ModelType("qwen2_vl", "qwen2_vl", ("Qwen2VLForConditionalGeneration",), "Qwen2VLProcessor",
+              "Qwen2VLVideoProcessor", (14, 2, 2), _QWEN2_IDS, 152064,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES),
+    ModelType("qwen2_5_vl", "qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "Qwen2_5_VLProcessor",
+              "Qwen2VLVideoProcessor", (14, 2, 2), _QWEN2_IDS, 152064,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES),
+    ModelType("qwen3_vl", "qwen3_vl", ("Qwen3VLForConditionalGeneration",), "Qwen3VLProcessor",
+              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN2_IDS, 151936,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES),
+    ModelType("qwen3_vl_moe", "qwen3_vl", ("Qwen3VLMoeForConditionalGeneration",), "Qwen3VLProcessor",
+              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN2_IDS, 151936,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23")}),
+    ModelType("qwen3_5", "qwen3_vl", ("Qwen3_5ForConditionalGeneration",), "Qwen3VLProcessor",
+              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN3_5_IDS, 248320,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)}),
+    ModelType("qwen3_5_moe", "qwen3_vl", ("Qwen3_5MoeForConditionalGeneration",), "Qwen3VLProcessor",
+              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN3_5_IDS, 248320,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)}),
+    ModelType("qwen4_exp", "qwen3_vl", ("Qwen4ExpForConditionalGeneration",), "Qwen3VLProcessor",
+              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN3_5_IDS, 248320,
+              ("5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.23",)}),
+)}
+
+# model_type -> family, for the callers that only need that (a server's /model_info, Miles' checkpoint).
+FAMILY_OF_MODEL_TYPE = {name: m.family for name, m in MODEL_TYPES.items()}
+FAMILIES = tuple(sorted(set(FAMILY_OF_MODEL_TYPE.values())))
+
+
+def family_signature(family: str) -> tuple[frozenset, frozenset, frozenset]:
+    """The processor classes, video processor classes and geometries the table's model types of ``family`` have."""
+    rows = [m for m in MODEL_TYPES.values() if m.family == family]
+    return (frozenset(m.processor for m in rows), frozenset(m.video_processor for m in rows),
+            frozenset(m.geometry for m in rows))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint directory says about its video processing (None: it does not say)."""
+    path: str
+    model_type: str | None
+    architectures: tuple[str, ...]
+    processor: str | None
+    video_processor: str | None
+    vision_geometry: tuple | None         # config.json vision_config (patch, spatial_merge, temporal_patch)
+    processor_geometry: tuple | None      # the video processor's (patch, merge, temporal_patch)
+
+
+@dataclass(frozen=True)
+class Derived:
+    family: str
+    model_type: str | None
+    verified: bool
+    reason: str                          # one line: why this family (and, unverified, why not verified)
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            out = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise ModelTypeError(f"cannot read {path}: {e}") from None
+    if not isinstance(out, dict):
+        raise ModelTypeError(f"{path} is not a JSON object")
+    return out
+
+
+def _geometry(d: dict, keys: tuple[str, str, str]) -> tuple | None:
+    vals = tuple(d.get(k) for k in keys)
+    return None if all(v is None for v in vals) else vals
+
+
+def _class_default(cls_name: str | None, keys) -> tuple | None:
+    """The geometry a video processor class defaults to (a checkpoint that does not state it gets these)."""
+    if not cls_name:
+        return None
+    import transformers
+    cls = getattr(transformers, cls_name, None)
+    if cls is None:
+        return None
+    return tuple(getattr(cls, k, None) for k in keys)
+
+
+def _auto_processor_class(model_type: str | None, which: str) -> str | None:
+    """The class transformers' Auto* mapping names for ``model_type`` (``which``: processor | video)."""
+    if not model_type:
+        return None
+    try:
+        if which == "processor":
+            from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES as names
+        else:
+            from transformers.models.auto.video_processing_auto import VIDEO_PROCESSOR_MAPPING_NAMES as names
+    except ImportError:
+        return None
+    got = names.get(model_type)
+    if isinstance(got, dict):                 # 5.2x: {"torchvision": "Qwen3VLVideoProcessor"}
+        got = next(iter(got.values()), None)
+    return got if isinstance(got, str) else None
+
+
+_VIDEO_KEYS = ("patch_size", "merge_size", "temporal_patch_size")
+
+
+def read_checkpoint(path, model_type: str | None = None) -> Checkpoint:
+    """The facts of a checkpoint directory (``config.json`` and the processor files ``save_pretrained`` writes);
+    a class the files do not name is the one transformers' Auto mapping gives the model type.  ``model_type``:
+    the one to assume when the directory has no ``config.json`` naming one (a processor saved alone, served by
+    a server whose ``/model_info`` names it)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise ModelTypeError(f"{path!r} is not a checkpoint directory here (config.json and the processor files "
+                             "of the model the server runs)")
+    config = _read_json(os.path.join(path, "config.json"))
+    proc = _read_json(os.path.join(path, "processor_config.json"))
+    video = _read_json(os.path.join(path, "video_preprocessor_config.json"))
+    if not video:                             # older checkpoints keep the video processor's settings here
+        video = _read_json(os.path.join(path, "preprocessor_config.json"))
+    if isinstance(proc.get("video_processor"), dict):      # 5.x saves the sub-processors inside processor_config
+        video = {**video, **proc["video_processor"]}
+    model_type = config.get("model_type") or model_type
+    processor = (proc.get("processor_class") or video.get("processor_class")
+                 or _auto_processor_class(model_type, "processor"))
+    video_processor = video.get("video_processor_type") or _auto_processor_class(model_type, "video")
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    vgeo = _geometry(vision, ("patch_size", "spatial_merge_size", "temporal_patch_size"))
+    pgeo = _geometry(video, _VIDEO_KEYS)
+    default = _class_default(video_processor, _VIDEO_KEYS)
+    if default is not None:                   # unstated values are the class's defaults, as transformers loads them
+        pgeo = tuple(d if v is None else v for v, d in zip(pgeo or (None,) * 3, default))
+    arch = config.get("architectures") or ()
+    return Checkpoint(path, model_type, tuple(arch) if isinstance(arch, list) else (), processor, video_processor,
+                      vgeo, pgeo)
+
+
+def _differences(ck: Checkpoint, procs, vprocs, geos) -> list[str]:
+    out = []
+    if ck.processor not in procs:
+        out.append(f"processor {ck.processor} (expected {' or '.join(sorted(procs))})")
+    if ck.video_processor not in vprocs:
+        out.append(f"video processor {ck.video_processor} (expected {' or '.join(sorted(vprocs))})")
+    for what, geo in (("vision_config", ck.vision_geometry), ("video processor", ck.processor_geometry)):
+        if geo is not None and tuple(geo) not in geos:
+            want = " or ".join("/".join(map(str, g)) for g in sorted(geos))
+            out.append(f"{what} patch/merge/temporal {'/'.join(map(str, geo))} (expected {want})")
+    return out
+
+
+def derive(checkpoint, family: str | None = None, model_type: str | None = None) -> Derived:
+    """The family of the checkpoint directory ``checkpoint`` (or a ``Checkpoint``), from what decides its video
+    processing.  ``family``: the one the operator named; it must agree, and it is what lets an unknown model
+    type whose processing is a family's run (unverified).  ``model_type``: assumed where the directory names none
+    (``read_checkpoint``).  Raises ``ModelTypeError`` with the reason otherwise."""
+    ck = checkpoint if isinstance(checkpoint, Checkpoint) else read_checkpoint(checkpoint, model_type)
+    if family is not None and family not in FAMILIES:
+        raise ModelTypeError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
+    known = MODEL_TYPES.get(ck.model_type)
+    if known is not None:
+        diff = _differences(ck, {known.processor}, {known.video_processor}, {known.geometry})
+        if diff:
+            raise ModelTypeError(f"{ck.path}: model_type {ck.model_type} is processed by vidcache as {known.family}, "
+                                 f"but this checkpoint has {'; '.join(diff)}: its video processing is not "
+                                 f"{known.family}'s, so its cached frames and ids would not be the server's")
+        if family is not None and family != known.family:
+            raise ModelTypeError(f"{ck.path}: model_type {ck.model_type} is {known.family}, not {family}: drop "
+                                 f"--family (or pass --family {known.family})")
+        return Derived(known.family, ck.model_type, True, f"model_type {ck.model_type} -> {known.family}")
+    matches = [f for f in FAMILIES if not _differences(ck, *family_signature(f))]
+    what = (f"processor {ck.processor}, video processor {ck.video_processor}, patch/merge/temporal "
+            f"{'/'.join(map(str, ck.processor_geometry or ck.vision_geometry or ('?',) * 3))}")
+    if not matches:
+        near = min(FAMILIES, key=lambda f: len(_differences(ck, *family_signature(f))))
+        raise ModelTypeError(f"{ck.path}: model_type {ck.model_type!r} is not one vidcache knows "
+                             f"({', '.join(MODEL_TYPES)}), and its video processing matches no family: against "
+                             f"{near}, {'; '.join(_differences(ck, *family_signature(near)))}")
+    fam = matches[0]
+    if ck.model_type is None and family == fam:
+        # No config.json names a model type (a processor saved alone): the processing is all there is to check.
+        return Derived(fam, None, True, f"no model_type in {ck.path}; its {what} are {fam}'s, as --family says")
+    reason = (f"model_type {ck.model_type!r} is not in vidcache's table ({', '.join(MODEL_TYPES)}); its {what} are "
+              f"{fam}'s, so it is processed as {fam}, UNVERIFIED (no parity test ran it)")
+    if family is None:
+        raise ModelTypeError(f"{ck.path}: {reason}. To run it anyway, name the family: --family {fam}")
+    if family != fam:
+        raise ModelTypeError(f"{ck.path}: {reason}, not {family}")
+    return Derived(fam, ck.model_type, False, reason)
+
+
+def family_of(checkpoint, family: str | None = None) -> str:
+    """``derive(...).family`` (for callers that do not print the reason)."""
+    return derive(checkpoint, family).family
+
+
+def supported_table() -> str:
+    """The Markdown table of supported model types (docs/sglang.md carries it; a test checks the copy)."""
+    lines = ["| model type | family | architecture | special-token ids (vision start/end, image/video pad) | "
+             "verified transformers | engines (verified releases) |", "|---|---|---|---|---|---|"]
+    for m in MODEL_TYPES.values():
+        eng = "; ".join(f"{e} {', '.join(v)}" for e, v in m.engines.items())
+        lines.append(f"| `{m.name}` | `{m.family}` | `{', '.join(m.architectures)}` | "
+                     f"{'/'.join(map(str, m.token_ids))} | {', '.join(m.verified_transformers)} | {eng} |")
+    return "\n".join(lines)
