@@ -3,7 +3,8 @@
 On the CPU (CI): the device path with ``device="cpu"`` (probe, per-video split, batch, memo) equals the
 existing path, a direct call of HF's processor on the group's frames, under ``torch.equal``, for all three
 families; odd frame counts, tight and default budgets, and random shapes (hypothesis).
-On a CUDA machine the ``cuda`` tests run the same equality with ``device="cuda"`` on real cached entries.
+On a CUDA machine the ``cuda`` tests run the same equality with ``device="cuda"`` on real cached entries,
+and on every test clip of ``tests/conftest.py`` for every family, read by a fresh node from a shared tier.
 """
 import logging
 
@@ -292,7 +293,7 @@ def test_train_hooks_on_a_cpu_actor_equal_the_rollout_tensors(entries, processor
     assert_same(out[1], reference(processors["qwen3_vl"], [b], "stock"))
 
 
-# --- on a CUDA device (one test each, so a CPU-only run shows three skips, each saying why) -------------
+# --- on a CUDA device (one test each, so a CPU-only run shows four skips, each saying why) --------------
 @needs_cuda
 def test_cuda_is_shown_exact_for_every_family(processors, caplog):
     with caplog.at_level(logging.WARNING, logger="vidcache.device"):
@@ -332,3 +333,28 @@ def test_cuda_memo_and_pinned_memory_stay_bounded(entries, processors):
     finally:
         MEMO.max_device_bytes = old
         MEMO.clear()
+
+
+@needs_cuda
+def test_cuda_hydration_from_a_fresh_node_is_exact_for_every_clip_and_family(tmp_path, videos, processors):
+    """Every clip of the suite (7 codecs / shapes / rates) times every family and mode: node A builds the entry
+    into a shared tier, a fresh node B reads it through today's read path (pull, check, local copy) and
+    hydrates it on the GPU; the tensors are bitwise those of HF's processor on the CPU over node A's frames."""
+    shared = str(tmp_path / "shared")
+    node_a = VideoCache(tmp_path / "node_a", shared=shared)
+    node_b = VideoCache(tmp_path / "node_b", shared=shared)
+    try:
+        checked = 0
+        for name, path in videos.items():
+            for family in FAMILIES:
+                for mode in MODES:
+                    opts = options_for(family, mode, "default")
+                    want = reference(processors[family], [vidcache.get(path, opts, node_a)], mode)
+                    h = vidcache.get(path, opts, node_b)
+                    got = vidcache.train_inputs(processors[family], [h], mode, memo=False, device="cuda")
+                    assert_same(got, want, "cuda")
+                    checked += 1
+        assert checked == len(videos) * len(FAMILIES) * len(MODES)
+    finally:
+        node_a.close()
+        node_b.close()
