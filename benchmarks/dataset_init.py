@@ -20,7 +20,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from vidcache import VideoOptions
 from vidcache.dataset import LazyVideoDataset
-from vidcache.config import local_identity
+from vidcache.identity import local_identity
 t1 = time.perf_counter()
 # The cache by identity (a string), as a DataLoader worker gets it: no VideoCache, so no torch.
 identity = local_identity(sys.argv[2], create=True)

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING
 
 from . import catalog, keys
 from .compact import UNFETCHED, CompactLayout, as_tensor
-from .config import CacheConfig, resolve_identity
+from .config import CacheConfig
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      SharedUnavailableError, StoreError, VidcacheError, warn_once)
 from .frozen_copies import FrozenCopies
+from .identity import resolve_identity
 from .integrity import blob_matches, check_object, checked_frames, quarantine
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir
@@ -82,7 +83,7 @@ class VideoCache:
                               read_only=self.read_only)
         if self.config.store is None and not self.read_only:
             # Named before anything is written: a local cache once, at creation; a new shared tier by the
-            # first writer that opens it (race-safe, config.shared_identity), so no object ever sits in a
+            # first writer that opens it (race-safe, identity.shared_identity), so no object ever sits in a
             # tier without its identity.
             self.identity
 
@@ -117,7 +118,7 @@ class VideoCache:
     @property
     def identity(self) -> str:
         """The cluster-wide name of this cache: the shared tier's id, or a node-local id without one
-        (``config.resolve_identity``; ``shared_unreachable`` says when the remembered one stood in)."""
+        (``identity.resolve_identity``; ``shared_unreachable`` says when the remembered one stood in)."""
         if self._identity is None:
             self._identity, self.shared_unreachable = resolve_identity(self.config, self.shared, repr(self))
             _register(self)
