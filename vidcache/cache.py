@@ -72,7 +72,7 @@ class VideoCache:
         self._lock = threading.Lock()
         # Local copies of expanded compact objects commit behind the read that expanded them; a full disk
         # costs only the copy, by the tiers' own rule (TieredStore.local_copy_failed).
-        self._backfill = Backfill(self.local, getattr(self.store, "local_copy_failed", lambda e, n: False))
+        self._backfill = Backfill(self.local, self.store.local_copy_failed)
         self._pulls = SingleFlight(self.layout.locks_dir)    # one pull of an entry per node (read_ahead)
         self.frozen = FrozenCopies(self.layout, self.local, self.shared, self.read_only)
         self.compact = CompactLayout(self.shared, self.local, frozen=self.frozen, backfill=self._backfill,
@@ -109,11 +109,11 @@ class VideoCache:
 
     @property
     def local(self) -> Store:
-        return getattr(self.store, "local", self.store)
+        return self.store.tiers()[0]
 
     @property
     def shared(self) -> Store | None:
-        return getattr(self.store, "shared", None)
+        return self.store.tiers()[1]
 
     @property
     def identity(self) -> str:
@@ -141,8 +141,7 @@ class VideoCache:
         process has in flight."""
         self.compact.republish.drain()
         self._backfill.drain()
-        if hasattr(self.local, "sync"):
-            self.local.sync()
+        self.local.sync()
 
     # --- lookup -------------------------------------------------------------
     def _recorded_digest(self, source: str, fp: dict | None) -> Digest | None:
@@ -312,7 +311,7 @@ class VideoCache:
     @property
     def _pull_wait_s(self) -> float:
         # a pull is one bounded transfer of the object plus its decode and local commit
-        return 2 * getattr(self.shared, "timeout_s", 60.0)
+        return 2 * ((self.shared.timeout_s if self.shared is not None else None) or 60.0)
 
     def bring_local(self, key: str) -> bool:
         """Make this node's local tier hold entry ``key``, manifest and frames, committed: pulled from the
