@@ -41,7 +41,7 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from vidcache import VideoOptions
 from vidcache.dataset import LazyVideoDataset
-from vidcache.config import local_identity
+from vidcache.identity import local_identity
 t1 = time.perf_counter()
 identity = local_identity(sys.argv[2], create=True)
 ds = LazyVideoDataset(sys.argv[1], identity, VideoOptions(family="qwen2_5_vl"), image_key="images")

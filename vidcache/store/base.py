@@ -4,8 +4,9 @@ Stores know bytes and keys, never what a key means (``vidcache.keys`` does);
 policy such as "these prefixes stay on the node" is handed in by the cache.
 Modelled on zarr-python v3's store layer: a miss is ``None``, capabilities are
 data (``supports_*``, ``timeout_s``, ``tiers()``: declared by each store, so a
-caller asks the store, never its type or its attributes), ``with_read_only()`` returns a new store, ``set_if_not_exists`` publishes
-without overwriting, and a store is a value: its type, where its data is and
+caller asks the store, never its type or its attributes), ``with_read_only()``
+returns a new store, ``set_if_not_exists`` publishes without overwriting, and
+a store is a value: its type, where its data is and
 ``read_only`` make its ``==``, ``hash`` and ``repr``, all derived here from the
 constructor arguments it gives (``_args``), as are ``with_read_only`` and, for
 stores that reopen where they are unpickled, pickling.
