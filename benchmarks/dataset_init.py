@@ -20,14 +20,14 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from vidcache import VideoOptions
 from vidcache.dataset import LazyVideoDataset
-from vidcache.config import local_identity
+from vidcache.identity import local_identity
 t1 = time.perf_counter()
 # The cache by identity (a string), as a DataLoader worker gets it: no VideoCache, so no torch.
 identity = local_identity(sys.argv[2], create=True)
 ds = LazyVideoDataset(sys.argv[1], identity, VideoOptions(family="qwen2_5_vl"))
 rows = [ds[i] for i in range(0, len(ds), 997)]    # touch rows across the file
 t2 = time.perf_counter()
-assert all(h.tier == identity for r in rows for h in r.handles)
+assert all(h.identity == identity for r in rows for h in r.handles)
 # A decode needs the decoder module (and decord); if neither was imported, nothing was decoded.
 decoder_loaded = "vidcache.loader.build" in sys.modules or "decord" in sys.modules
 print(json.dumps({"rows": len(ds), "init_s": t2 - t1, "import_s": t1 - t0, "decodes": 0 if not decoder_loaded else -1,
@@ -41,14 +41,14 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from vidcache import VideoOptions
 from vidcache.dataset import LazyVideoDataset
-from vidcache.config import local_identity
+from vidcache.identity import local_identity
 t1 = time.perf_counter()
 identity = local_identity(sys.argv[2], create=True)
 ds = LazyVideoDataset(sys.argv[1], identity, VideoOptions(family="qwen2_5_vl"), image_key="images")
 t_open = time.perf_counter()
 rows = [ds[i] for i in range(0, len(ds), 9973)]    # touch rows across the file (every row group)
 t2 = time.perf_counter()
-assert all(h.tier == identity for r in rows for h in r.handles)
+assert all(h.identity == identity for r in rows for h in r.handles)
 assert sum(bool(r.images) for r in rows) and sum(bool(r.handles) for r in rows)
 decoder_loaded = "vidcache.loader.build" in sys.modules or "decord" in sys.modules
 print(json.dumps({"rows": len(ds), "init_s": t2 - t1, "open_s": t_open - t1, "import_s": t1 - t0,

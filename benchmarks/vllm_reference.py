@@ -86,7 +86,7 @@ def main(argv=None) -> int:
                 vidcache.VideoOptions(family=fam, fps=2.0, resized_height=orig_grid[1] * side,
                                       resized_width=orig_grid[2] * side))
         handle = vidcache.get(src, opts)
-        ref = ref_uri(handle.tier, handle.resolve())
+        ref = ref_uri(handle.identity, handle.resolve())
         ours = MediaConnector(media_io_kwargs={"video": {**ENGINE_KWARGS["media_io_kwargs"]["video"],
                                                          "backend": decoder}})
         shapes = {}

@@ -1,5 +1,5 @@
 """``vidcache.config``: what a node directory holds, the settings a cache is built from (and refuses), where the
-shared tier is found (arguments, environment, the node's record), and the shared tier's identity record."""
+shared tier is found (arguments, environment, the node's record).  The cache's identity: ``test_identity.py``."""
 import json
 import os
 import pickle
@@ -8,8 +8,7 @@ import pytest
 
 from vidcache import keys
 from vidcache.config import (ENCODINGS, NODE_FILE, SHARED_LAYOUTS, VERIFY_READS, CacheConfig, NodeLayout,
-                             local_identity, read_node_file, set_shared_identity, shared_identity, tier_record)
-from vidcache.errors import ConfigError, StoreError
+                             read_node_file)
 from vidcache.store.fsspec import FsspecStore
 from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore
@@ -104,13 +103,6 @@ def test_a_damaged_node_record_reads_as_empty(tmp_path):
     assert read_node_file(str(tmp_path / "absent")) == {}
 
 
-def test_local_identity_is_made_once_and_only_when_asked(tmp_path):
-    assert local_identity(str(tmp_path), create=False) is None and not (tmp_path / NODE_FILE).exists()
-    first = local_identity(str(tmp_path), create=True)
-    assert first.startswith("local-") and len(first) == len("local-") + 32
-    assert local_identity(str(tmp_path), create=True) == first == local_identity(str(tmp_path), create=False)
-
-
 # --- the tiers a configuration assembles ------------------------------------------------------------------
 def test_build_store_assembles_the_tiers(tmp_path):
     alone = CacheConfig(str(tmp_path / "a")).build_store(check=None)
@@ -127,39 +119,3 @@ def test_a_read_only_fresh_node_creates_nothing(tmp_path):
     s = CacheConfig(str(node), shared=str(tmp_path / "nfs"), read_only=True).build_store(check=None)
     assert s.read_only and isinstance(s.local, MemoryStore) and s.local.read_only
     assert not node.exists()
-
-
-# --- the shared tier's identity ---------------------------------------------------------------------------
-def test_shared_identity_is_made_once_in_the_tier():
-    tier = MemoryStore()
-    with pytest.raises(StoreError, match="not an initialised vidcache shared tier"):
-        shared_identity(tier, create=False)
-    ident = shared_identity(tier, create=True)
-    assert ident.startswith("tier-") and len(ident) == len("tier-") + 32
-    assert shared_identity(tier, create=True) == ident == shared_identity(tier, create=False)
-    assert json.loads(tier.get(keys.TIER)) == {"tier_id": ident}
-
-
-def test_a_tier_with_objects_but_no_identity_is_refused_not_renamed():
-    tier = MemoryStore({"ac/x": b"{}"})
-    with pytest.raises(StoreError, match="--restore"):
-        shared_identity(tier, create=True)
-    assert tier.get(keys.TIER) is None                                 # no new identity was made
-
-
-@pytest.mark.parametrize("raw", [b"not json", b"{}", b'{"tier_id": 7}', b'{"tier_id": "tier-xyz"}', b"[]"])
-def test_a_corrupt_identity_record_names_the_repair(raw):
-    with pytest.raises(StoreError, match="corrupt"):
-        shared_identity(MemoryStore({keys.TIER: raw}), create=True)
-
-
-def test_an_identity_is_restored_once_and_never_replaced():
-    tier = MemoryStore({"ac/x": b"{}"})
-    old = "tier-" + "ab" * 16
-    assert set_shared_identity(tier, old) == old == shared_identity(tier, create=False)
-    with pytest.raises(ConfigError, match=f"already has identity {old}"):
-        set_shared_identity(tier, None)
-    with pytest.raises(ConfigError, match="not a tier identity"):
-        tier_record("tier-" + "AB" * 16)
-    with pytest.raises(ConfigError, match="not a tier identity"):
-        set_shared_identity(MemoryStore(), "local-" + "0" * 32)

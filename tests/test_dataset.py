@@ -22,7 +22,7 @@ def test_opening_a_100k_row_file_decodes_nothing(tmp_path, videos, count_decodes
     assert len(ds) == 100_000
     row = ds[99_999]
     assert row.data["label"] == "99999" and row.handles[0].source == videos[names[99_999 % len(names)]]
-    assert row.handles[0].tier == cache.identity and row.handles[0].key is None
+    assert row.handles[0].identity == cache.identity and row.handles[0].key is None
     blob = pickle.dumps(row.handles[0])
     assert len(blob) < 1024 and cache.path.encode() not in blob      # handles never carry a node path
     assert ds[-1].data == row.data and [r.index for r in ds[2:5]] == [2, 3, 4]

@@ -18,20 +18,33 @@ from support.damage import corrupt_blob
 
 def test_handle_is_small_picklable_and_json_safe(cache, videos):
     h = vidcache.get(videos["h264_ntsc"], VideoOptions(family="qwen3_vl", fps=1.0), cache)
-    assert h.tier == cache.identity and h.tier.startswith("local-")     # no shared tier: a node-local identity
+    assert h.identity == cache.identity and h.identity.startswith("local-")     # no shared tier: a node-local identity
     blob = pickle.dumps(h)
     assert len(blob) < 1024
     assert cache.path.encode() not in blob                              # a handle never carries a node path
     h2 = pickle.loads(blob)
-    assert h2 == h and h2.key == h.key and h2.tier == h.tier
+    assert h2 == h and h2.key == h.key and h2.identity == h.identity
     d = json.loads(json.dumps(h.to_dict()))
-    assert cache.path not in json.dumps(d) and d["tier"] == cache.identity
+    assert cache.path not in json.dumps(d) and d["identity"] == cache.identity and "tier" not in d
     h3 = VideoHandle.from_dict(d)
     assert h3 == h and torch.equal(h3.frames(), h.frames())
     assert len(json.dumps(d)) < 1024
-    assert h != VideoHandle(h.source, VideoOptions(family="qwen3_vl"), h.tier)
+    assert h != VideoHandle(h.source, VideoOptions(family="qwen3_vl"), h.identity)
     with pytest.raises(InvalidKeyError):
         VideoHandle.from_dict({**d, "key": "../../etc/passwd"})
+
+
+def test_a_handle_stored_by_vidcache_0_1_is_still_read(cache, videos):
+    """0.1 wrote the identity under "tier": datasets that hold such dicts still resolve (stored data, not API)."""
+    h = vidcache.get(videos["h264_ntsc"], VideoOptions(family="qwen3_vl", fps=1.0), cache)
+    d = h.to_dict()
+    old = {"source": d["source"], "options": d["options"], "tier": d["identity"], "key": d["key"]}
+    back = VideoHandle.from_dict(json.loads(json.dumps(old)))
+    assert back == h and back.identity == cache.identity and back.key == h.key
+    assert torch.equal(back.frames(), h.frames())
+    assert back.to_dict() == d                        # written back in 0.2's form
+    with pytest.raises(KeyError):                     # neither name: not a handle
+        VideoHandle.from_dict({"source": d["source"], "options": d["options"]})
 
 
 _OTHER_NODE = """
@@ -62,7 +75,7 @@ def test_a_handle_resolves_by_identity_in_another_process(cache, videos, tmp_pat
                           str(tmp_path / "elsewhere"), str(tmp_path / "frames.pt")],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "MISMATCH" in out.stdout and h.tier in out.stdout
+    assert "MISMATCH" in out.stdout and h.identity in out.stdout
     assert torch.equal(torch.load(tmp_path / "frames.pt"), h.frames())
 
 

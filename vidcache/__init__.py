@@ -7,7 +7,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   errors, digest, keys, options, serving, token_layout, attest, rollout.models   facts: exceptions, digests, keys, options, SGLang facts, token layouts, train-tensor digests, the model types served
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
-  manifest, encode, frozen_file, config   entry records; the video writer; the frozen-file format; node settings
+  manifest, encode, frozen_file, config, identity   entry records; the video writer; the frozen-file format; node settings; the cache's identity
   integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
   frozen_copies, compact, repair, catalog   the cache's policies: frozen files, compact layout, repair, listing/stats
   cache                           VideoCache: lookup, build, read, housekeeping

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING
 
 from . import catalog, keys
 from .compact import UNFETCHED, CompactLayout, as_tensor
-from .config import CacheConfig, resolve_identity
+from .config import CacheConfig
 from .digest import Digest
 from .errors import (ConfigError, CorruptEntryError, CorruptManifestError, DigestMismatchError, NotCachedError,
                      SharedUnavailableError, StoreError, VidcacheError, warn_once)
 from .frozen_copies import FrozenCopies
+from .identity import resolve_identity
 from .integrity import blob_matches, check_object, checked_frames, quarantine
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir
@@ -71,7 +72,7 @@ class VideoCache:
         self._lock = threading.Lock()
         # Local copies of expanded compact objects commit behind the read that expanded them; a full disk
         # costs only the copy, by the tiers' own rule (TieredStore.local_copy_failed).
-        self._backfill = Backfill(self.local, getattr(self.store, "local_copy_failed", lambda e, n: False))
+        self._backfill = Backfill(self.local, self.store.local_copy_failed)
         self._pulls = SingleFlight(self.layout.locks_dir)    # one pull of an entry per node (read_ahead)
         self.frozen = FrozenCopies(self.layout, self.local, self.shared, self.read_only)
         self.compact = CompactLayout(self.shared, self.local, frozen=self.frozen, backfill=self._backfill,
@@ -82,7 +83,7 @@ class VideoCache:
                               read_only=self.read_only)
         if self.config.store is None and not self.read_only:
             # Named before anything is written: a local cache once, at creation; a new shared tier by the
-            # first writer that opens it (race-safe, config.shared_identity), so no object ever sits in a
+            # first writer that opens it (race-safe, identity.shared_identity), so no object ever sits in a
             # tier without its identity.
             self.identity
 
@@ -108,16 +109,16 @@ class VideoCache:
 
     @property
     def local(self) -> Store:
-        return getattr(self.store, "local", self.store)
+        return self.store.tiers()[0]
 
     @property
     def shared(self) -> Store | None:
-        return getattr(self.store, "shared", None)
+        return self.store.tiers()[1]
 
     @property
     def identity(self) -> str:
         """The cluster-wide name of this cache: the shared tier's id, or a node-local id without one
-        (``config.resolve_identity``; ``shared_unreachable`` says when the remembered one stood in)."""
+        (``identity.resolve_identity``; ``shared_unreachable`` says when the remembered one stood in)."""
         if self._identity is None:
             self._identity, self.shared_unreachable = resolve_identity(self.config, self.shared, repr(self))
             _register(self)
@@ -140,8 +141,7 @@ class VideoCache:
         process has in flight."""
         self.compact.republish.drain()
         self._backfill.drain()
-        if hasattr(self.local, "sync"):
-            self.local.sync()
+        self.local.sync()
 
     # --- lookup -------------------------------------------------------------
     def _recorded_digest(self, source: str, fp: dict | None) -> Digest | None:
@@ -311,7 +311,7 @@ class VideoCache:
     @property
     def _pull_wait_s(self) -> float:
         # a pull is one bounded transfer of the object plus its decode and local commit
-        return 2 * getattr(self.shared, "timeout_s", 60.0)
+        return 2 * ((self.shared.timeout_s if self.shared is not None else None) or 60.0)
 
     def bring_local(self, key: str) -> bool:
         """Make this node's local tier hold entry ``key``, manifest and frames, committed: pulled from the

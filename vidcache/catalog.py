@@ -96,7 +96,7 @@ def stats(cache: Cache) -> dict:
            "local": {"entries": count(cache.local, keys.AC), "blobs": count(cache.local, keys.CAS)},
            "shared": None, "store": cache.store.stats()}
     if cache.shared is not None:
-        if hasattr(cache.shared, "usage"):          # one listing of the tier (S3: one paged LIST)
+        if cache.shared.supports_usage:             # one listing of the tier (S3: one paged LIST)
             u = cache.shared.usage()
             n = u.pop("objects")
         else:

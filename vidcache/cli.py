@@ -719,7 +719,8 @@ def cmd_demo(args) -> int:
 
 def cmd_tier_id(args) -> int:
     """Print the shared tier's identity; --init makes it on a new tier, --restore/--new repair a lost one."""
-    from .config import open_shared_tier, set_shared_identity, shared_identity
+    from .config import open_shared_tier
+    from .identity import set_shared_identity, shared_identity
     from .errors import ConfigError
     url = _shared_url(args, _node_dir(args))
     if not url:

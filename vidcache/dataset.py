@@ -645,12 +645,12 @@ class LazyVideoDataset(Sequence[Row]):
         return self._rows.raw(i)
 
     def _handle(self, source, options: VideoOptions) -> VideoHandle:
-        tier = self.cache if isinstance(self.cache, str) else None
+        identity = self.cache if isinstance(self.cache, str) else None
         if isinstance(source, InlineBytes):
-            h = VideoHandle(None, options, tier or self.cache.identity, key=source.key(options))
-            return h if tier else h._bind(self.cache)
-        if tier:
-            return VideoHandle(source, options, tier)
+            h = VideoHandle(None, options, identity or self.cache.identity, key=source.key(options))
+            return h if identity else h._bind(self.cache)
+        if identity:
+            return VideoHandle(source, options, identity)
         return lazy(source, options, self.cache)
 
     def __getitem__(self, i):  # type: ignore[override]

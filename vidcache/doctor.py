@@ -124,7 +124,8 @@ def node_dir(path: str) -> Check:
 
 
 def shared_tier(url: str | None) -> Check:
-    from .config import open_shared_tier, shared_identity, tier_holds_objects
+    from .config import open_shared_tier
+    from .identity import shared_identity, tier_holds_objects
     from .errors import VidcacheError
     if not url:
         return Check("VIDCACHE_SHARED", True, "not set: a single-node cache (other nodes cannot resolve its "

@@ -38,7 +38,7 @@ if TYPE_CHECKING:   # torch is imported only where frames are touched
 class VideoHandle:
     source: str | None                          # None for handles made from a key alone
     options: VideoOptions
-    tier: str                                   # the cache's identity (see vidcache.config)
+    identity: str                               # the cache's identity (see vidcache.identity)
     key: str | None = field(default=None, compare=False)   # memo of the resolved key
 
     # --- plumbing -----------------------------------------------------------
@@ -53,7 +53,7 @@ class VideoHandle:
         c = self.__dict__.get("_cache_obj")
         if c is None:
             from .node import cache_for
-            c = cache_for(self.tier)
+            c = cache_for(self.identity)
             object.__setattr__(self, "_cache_obj", c)
         return c
 
@@ -114,7 +114,7 @@ class VideoHandle:
 
     # --- serialisation --------------------------------------------------------
     def to_dict(self) -> dict:
-        d = {"source": self.source, "options": self.options.to_dict(), "tier": self.tier}
+        d = {"source": self.source, "options": self.options.to_dict(), "identity": self.identity}
         if self.key is not None:
             d["key"] = self.key
         return d
@@ -123,11 +123,13 @@ class VideoHandle:
     def from_dict(cls, d: dict) -> "VideoHandle":
         from .keys import check_key
         key = d.get("key")
-        return cls(d["source"], VideoOptions.from_dict(d["options"]), d["tier"],
+        # Datasets keep handles written by vidcache 0.1, which called the identity "tier": stored data, still read.
+        identity = d["identity"] if "identity" in d else d["tier"]
+        return cls(d["source"], VideoOptions.from_dict(d["options"]), identity,
                    key=check_key(key) if key is not None else None)
 
     def __reduce__(self):
-        return (_rebuild, (self.source, self.options.to_dict(), self.tier, self.key))
+        return (_rebuild, (self.source, self.options.to_dict(), self.identity, self.key))
 
 
 def _cache_or_node(cache):
@@ -199,7 +201,7 @@ def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = Tru
     videos: dict[tuple[str, str], VideoHandle] = {}    # (cache identity, key): a memo hit never skips
     for g in groups:                                    # the check that this process has the handle's cache
         for h in g:
-            videos.setdefault((h.tier, h.resolve()), h)   # builds a lazy handle's entry first, if it must
+            videos.setdefault((h.identity, h.resolve()), h)   # builds a lazy handle's entry first, if it must
     done = {}
     if memo:
         for k in videos:
@@ -215,7 +217,7 @@ def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = Tru
             if memo:   # a slice of a batched output would keep the whole batch alive: keep a compact copy
                 MEMO.put((*k, mode, fp), str(target), {n: t if t.untyped_storage().nbytes() == t.nbytes
                                                       else t.clone() for n, t in out.items()})
-    return [join_videos([done[h.tier, h.resolve()] for h in g]) if g else {} for g in groups]
+    return [join_videos([done[h.identity, h.resolve()] for h in g]) if g else {} for g in groups]
 
 
 def _read_frames(handles, manifests, device, workers: int) -> "list[torch.Tensor]":
@@ -259,5 +261,5 @@ def _read_into(h: VideoHandle, host: "torch.Tensor") -> None:
     except (CorruptEntryError, NotCachedError):
         h.frames(out=host)
 
-def _rebuild(source, options, tier, key):
-    return VideoHandle(source, VideoOptions.from_dict(options), tier, key=key)
+def _rebuild(source, options, identity, key):
+    return VideoHandle(source, VideoOptions.from_dict(options), identity, key=key)

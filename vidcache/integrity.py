@@ -91,7 +91,7 @@ def checked_frames(m: Manifest, view, verify: bool):
 
 class TierCopy(NamedTuple):
     """One tier's copy of an entry, as ``verify`` and repair see it."""
-    raw: bytes | None              # the manifest's bytes
+    manifest_bytes: bytes | None   # the manifest as stored
     manifest: Manifest | None      # parsed and checked (None: absent or corrupt)
     blob: bytes | None             # the frames' stored bytes (decoded, for a compact copy)
     problem: str | None            # why this copy is not sound (None: it is)
@@ -105,22 +105,22 @@ class TierCopy(NamedTuple):
 
 def tier_copy(tier: "Store", key: str, compact_key: str | None = None) -> TierCopy:
     """``compact_key``: where this tier may hold the entry's compact object instead of raw frames."""
-    raw = tier.get(keys.ac(key))
-    if raw is None:
+    manifest_bytes = tier.get(keys.ac(key))
+    if manifest_bytes is None:
         return TierCopy(None, None, None, "no manifest")
     try:
-        m = Manifest.from_json(raw, key)
+        m = Manifest.from_json(manifest_bytes, key)
     except CorruptManifestError as e:
-        return TierCopy(raw, None, None, str(e))
+        return TierCopy(manifest_bytes, None, None, str(e))
     blob = tier.get(keys.cas(m.frames.blob))
     if blob is None and compact_key is not None and (value := tier.get(compact_key)) is not None:
         frames, why = compact_frames(value, m)
-        return TierCopy(raw, m, frames, None if why is None else f"compact object {compact_key} {why}", True)
+        return TierCopy(manifest_bytes, m, frames, None if why is None else f"compact object {compact_key} {why}", True)
     if blob is None:
-        return TierCopy(raw, m, None, f"blob {m.frames.blob} missing")
+        return TierCopy(manifest_bytes, m, None, f"blob {m.frames.blob} missing")
     if not blob_matches(m.frames.blob, blob):
-        return TierCopy(raw, m, blob, f"blob {m.frames.blob} does not hash to its digest")
-    return TierCopy(raw, m, blob, None)
+        return TierCopy(manifest_bytes, m, blob, f"blob {m.frames.blob} does not hash to its digest")
+    return TierCopy(manifest_bytes, m, blob, None)
 
 
 def quarantine(tiers: "list[Store]", store_key: str) -> None:

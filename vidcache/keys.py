@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 CAS, AC, SRC, FROZEN, QUARANTINE, META = "cas/", "ac/", "src/", "frozen/", "quarantine/", "meta/"
 FROZEN_DIGEST = "frozen-digest/"
-TIER = META + "tier"          # a shared tier's identity record (see vidcache.config)
+TIER = META + "tier"          # a shared tier's identity record (see vidcache.identity)
 
 # Prefixes that stay on the node.  None today: source records are shared too, so a node that can see a
 # source (an S3 object, an NFS path) finds its entry without fetching and hashing it again.  A record is

@@ -527,11 +527,10 @@ def default_failures_path(dataset) -> str | None:
 def _sweep_shared_partials(cache: VideoCache) -> None:
     """A node killed mid-publish leaves a ``.partial`` file in a directory tier; the next prewarm on any node
     removes those older than an hour (younger ones may be another node's write in progress)."""
-    sweep = getattr(cache.shared, "sweep_partials", None)
-    if sweep is None or cache.read_only:
+    if cache.shared is None or not cache.shared.supports_partial_sweep or cache.read_only:
         return
     try:
-        swept = sweep()
+        swept = cache.shared.sweep_partials()
     except VidcacheError as e:           # a sweep never fails a prewarm
         print(f"vidcache: could not sweep the shared tier's partial files: {e}", file=sys.stderr)
         return

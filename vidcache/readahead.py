@@ -172,7 +172,7 @@ class ReadAhead:
         if m is None:
             self._count("not_cached")
             return
-        ident = (h.tier, key)
+        ident = (h.identity, key)
         if (under_way := self._pulls.get(ident)) is not None and not under_way.done():
             s.pulls.append(under_way)          # another sample of the window asked already: one pull
             return

@@ -57,7 +57,8 @@ class Repair:
         for name, tier, c in copies:
             if c.problem is None:
                 continue
-            if name == "local" and (c.raw is None or (c.manifest is not None and c.blob is None and has_shared)):
+            if name == "local" and (c.manifest_bytes is None
+                                    or (c.manifest is not None and c.blob is None and has_shared)):
                 continue            # absent locally, or its blob evicted: reads go through to the shared tier
             problems.append(f"{name}: {c.problem}")
         if not any(t.exists_many([keys.ac(key)])[0] for _, t in self.tiers):
@@ -72,14 +73,14 @@ class Repair:
         found = None                           # (manifest bytes, manifest) of a sound manifest
         for name, tier in self.tiers:
             c = self.copy(name, tier, key)
-            if c.raw is not None and c.manifest is None:
+            if c.manifest_bytes is not None and c.manifest is None:
                 self.quarantine(keys.ac(key))
             if c.manifest is None:
                 continue
             options = c.manifest.video_options()
-            found = found or (c.raw, c.manifest)
+            found = found or (c.manifest_bytes, c.manifest)
             if c.problem is None:
-                good = good or (c.raw, c.frames, c.manifest)
+                good = good or (c.manifest_bytes, c.frames, c.manifest)
             elif c.compact:
                 self.frozen.quarantine("shared", key, self.compact.suffix())
             elif c.blob is not None:

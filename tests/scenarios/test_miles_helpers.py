@@ -172,12 +172,12 @@ def test_handles_metadata_round_trip(cache):
           VideoHandle("/data/b #1.mp4", o2, cache.identity, key=k2)]
     md = {"row": 3, KEY: metadata_entry(hs)}
     assert has_video(md) and not has_video({"row": 3}) and not has_video(None)
-    assert md[KEY]["videos"][0] == {"source": "/data/a.mp4", "options": o1.to_dict(), "tier": cache.identity}
+    assert md[KEY]["videos"][0] == {"source": "/data/a.mp4", "options": o1.to_dict(), "identity": cache.identity}
     for clone in (copy.deepcopy(md), pickle.loads(pickle.dumps(md)), json.loads(json.dumps(md))):
         assert clone == md                                           # plain dicts: merge_samples' == works
         back = handles_from_metadata(clone)
         assert back == hs
-        assert back[0].key is None and back[1].key == k2 and back[1].tier == cache.identity
+        assert back[0].key is None and back[1].key == k2 and back[1].identity == cache.identity
     bad = copy.deepcopy(md)
     bad[KEY]["videos"][1]["key"] = "../../etc/passwd"
     with pytest.raises(InvalidKeyError):
@@ -194,7 +194,7 @@ def test_handle_tensor_encoding(cache):
     assert t.dtype == torch.uint8 and t.ndim == 1
     mode, back = decode_handles(t.clone())
     assert mode == "plugin" and back == hs and back[0].key == hs[0].key and back[1].key is None
-    assert [h.tier for h in back] == [cache.identity] * 2
+    assert [h.identity for h in back] == [cache.identity] * 2
     assert torch.equal(encode_handles([h.to_dict() for h in hs], "plugin"), t)     # dicts or handles: same bytes
     assert set(handle_train_inputs(hs, "stock")) == {HANDLE_KEY}
     bad = json.loads(bytes(t.numpy()).decode())

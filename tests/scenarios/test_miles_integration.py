@@ -722,7 +722,7 @@ def test_miles_across_nodes_handles_hydrate_on_a_train_node(env, tmp_path, decod
     mode, handles = decode_handles(enc)
     cache_a = VidcacheConfig.from_args(args).open_cache()
     assert mode == "stock" and cache_a.identity.startswith("tier-")
-    assert all(h.key is not None and h.tier == cache_a.identity for h in handles)   # pinned; named by the tier
+    assert all(h.key is not None and h.identity == cache_a.identity for h in handles)   # pinned; named by the tier
     from transformers import AutoProcessor
     want = vidcache.train_inputs(AutoProcessor.from_pretrained(str(env.ckpt)), handles, mode=mode, memo=False)
     torch.save(enc, work / "handles.pt")
@@ -832,7 +832,7 @@ def test_plugin_mode_matches_the_sglang_plugin(env, monkeypatch):
     assert refs == [{"vidcache_ref": REF_VERSION, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False),
                      "attest": {**attest(s.multimodal_train_inputs)[0], "position": [0, 1]},
                      "layout": MODEL_LAYOUT[h.options.family]}]
-    assert refs[0]["tier"] == h.tier
+    assert refs[0]["tier"] == h.identity
     assert_matches_sglang(s, srv.log[-1])
     sfps = h.metadata["sample_fps"]
     assert s.multimodal_train_inputs["second_per_grid_ts"].item() == torch.tensor(2 / sfps).item()

@@ -37,7 +37,7 @@ def node(tmp_path, videos, monkeypatch):
 
 def test_a_good_reference_loads_from_the_node(node):
     c, h, load_ref, _ = node
-    v = load_ref(parse_ref(ref_uri(h.tier, h.key)))
+    v = load_ref(parse_ref(ref_uri(h.identity, h.key)))
     assert v.key == h.key and tuple(v.frames.shape) == tuple(h.manifest.frames.shape)
 
 
@@ -46,7 +46,7 @@ def test_reference_to_another_tier_is_refused(node, tmp_path):
     other = VideoCache(tmp_path / "elsewhere", shared=str(tmp_path / "other_shared"))
     foreign = vidcache.get(h.source, VideoOptions(), other)
     with pytest.raises(TierMismatchError, match="VIDCACHE_SHARED"):
-        load_ref(parse_ref(ref_uri(foreign.tier, foreign.key)))
+        load_ref(parse_ref(ref_uri(foreign.identity, foreign.key)))
 
 
 @pytest.mark.parametrize("key", ["../secret.json", "../../secret", "/etc/passwd", "a\x00b",
@@ -71,7 +71,7 @@ def test_old_path_naming_references_are_refused_and_create_nothing(node, tmp_pat
 def test_a_thousand_bad_references_leave_descriptors_flat(node):
     c, h, load_ref, proc_cls = node
     from sglang.srt.managers.schedule_batch import Modality
-    load_ref(parse_ref(ref_uri(h.tier, h.key)))                   # the node's cache is open
+    load_ref(parse_ref(ref_uri(h.identity, h.key)))                   # the node's cache is open
     fds = len(os.listdir("/proc/self/fd"))
     from vidcache.sglang.plugin.qwen_vl import UnloadableRef
     for i in range(1000):
@@ -104,7 +104,7 @@ def test_keys_named_ahead_are_pulled_into_the_server_node(node, tmp_path, videos
     server = node_cache()
     blobs = [K.cas(x.manifest.frames.blob) for x in later]
     assert not any(server.local.exists_many(blobs))
-    v = load_ref(parse_ref(ref_uri(h.tier, h.key, ahead=[x.key for x in later])))
+    v = load_ref(parse_ref(ref_uri(h.identity, h.key, ahead=[x.key for x in later])))
     assert v.key == h.key
     until = time.monotonic() + 60
     while not all(server.local.exists_many(blobs)):

@@ -103,7 +103,7 @@ def test_shared_transport_is_the_default_with_a_shared_tier(tmp_path, videos):
     # A second node on the same shared tier hands out the same URL without writing it again.
     other = VideoCache(tmp_path / "node2", shared=str(shared))
     h2 = vidcache.from_key(h.key, other)
-    assert h2.tier == h.tier and video_uri(h2, "stock") == uri
+    assert h2.identity == h.identity and video_uri(h2, "stock") == uri
     c.close()
     other.close()
 
@@ -126,7 +126,7 @@ def test_plugin_references(handle, cache):
         uri = video_uri(handle, "plugin", transport)
         assert uri.startswith(REF_PREFIX)
         rec = parse_ref(uri)
-        assert rec == {"vidcache_ref": REF_VERSION, "tier": handle.tier, "key": handle.resolve()}
+        assert rec == {"vidcache_ref": REF_VERSION, "tier": handle.identity, "key": handle.resolve()}
         assert rec["tier"] == cache.identity
         assert cache.path not in base64.b64decode(uri[len(REF_PREFIX):]).decode()   # never a node path
     assert parse_ref(video_uri(handle, "stock", "file")) is None

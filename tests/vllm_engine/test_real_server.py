@@ -86,7 +86,7 @@ def test_another_clients_uuid_does_not_reach_chat_requests(served, clip):
         other = vidcache.get(clip, VideoOptions(family=family, fps=2.0, min_pixels=3136, max_pixels=50176))
         poison = chat_request(served["ckpt"], TEXT, [other], max_tokens=1)
         part = poison["messages"][0]["content"][0]
-        assert part["video_url"]["url"] == ref_uri(other.tier, other.resolve())
+        assert part["video_url"]["url"] == ref_uri(other.identity, other.resolve())
         part["uuid"] = h.resolve()
         status, body = served["server"].post("/v1/chat/completions", poison)
         assert status == 200, body

@@ -40,7 +40,7 @@ def fetched(tmp_path_factory, videos):
         mp.delenv("VIDCACHE_SHARED", raising=False)
         h = vidcache.get(videos["mpeg4_25_odd"],
                          VideoOptions(family="qwen2_5_vl", fps=2.0, min_pixels=3136, max_pixels=50176))
-        key, tier = h.resolve(), h.tier
+        key, tier = h.resolve(), h.identity
         frames = h.frames()
         good = {"vidcache_ref": 4, "tier": tier, "key": key}
         other_key = "0" * 32 + ".1." + "0" * 32

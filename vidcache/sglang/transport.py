@@ -74,7 +74,7 @@ def video_uri(handle, mode: str = "stock", transport: str | None = None, base_ur
     if mode == "plugin":
         if transport not in (None, "data"):
             raise ValueError("plugin mode sends a reference (a small data: URI); transport must be 'data'")
-        return ref_uri(handle.tier, handle.resolve(), attest, token_layout, ahead)
+        return ref_uri(handle.identity, handle.resolve(), attest, token_layout, ahead)
     cache = handle.cache
     transport = transport or default_transport(cache)
     if transport not in TRANSPORTS:

@@ -3,8 +3,10 @@
 Stores know bytes and keys, never what a key means (``vidcache.keys`` does);
 policy such as "these prefixes stay on the node" is handed in by the cache.
 Modelled on zarr-python v3's store layer: a miss is ``None``, capabilities are
-data, ``with_read_only()`` returns a new store, ``set_if_not_exists`` publishes
-without overwriting, and a store is a value: its type, where its data is and
+data (``supports_*``, ``timeout_s``, ``tiers()``: declared by each store, so a
+caller asks the store, never its type or its attributes), ``with_read_only()``
+returns a new store, ``set_if_not_exists`` publishes without overwriting, and
+a store is a value: its type, where its data is and
 ``read_only`` make its ``==``, ``hash`` and ``repr``, all derived here from the
 constructor arguments it gives (``_args``), as are ``with_read_only`` and, for
 stores that reopen where they are unpickled, pickling.
@@ -16,11 +18,42 @@ from abc import ABC, abstractmethod
 from typing import Callable, Iterable, Iterator, Mapping
 
 from ..errors import ReadOnlyStoreError
+from .publish import PARTIAL_MAX_AGE_S
+
+
+# The capabilities every store declares (tests/store/test_capabilities.py holds each store to its word).
+CAPABILITIES = ("supports_writes", "supports_deletes", "supports_listing", "supports_urls", "supports_usage",
+                "supports_partial_sweep")
 
 
 class Store(ABC):
+    # --- capabilities ---------------------------------------------------------------------------------
+    # Of the backend, not of this opening: a store that supports writes, opened ``read_only``, refuses them
+    # (``ReadOnlyStoreError``) and still says it supports them.  The first three every store must declare.
+    @property
+    @abstractmethod
+    def supports_writes(self) -> bool:
+        """``set_many``, ``set_if_not_exists``."""
+
+    @property
+    @abstractmethod
+    def supports_deletes(self) -> bool:
+        """``delete``."""
+
+    @property
+    @abstractmethod
+    def supports_listing(self) -> bool:
+        """``keys(prefix)``."""
+
     # Can give a URL that another machine can read the value from (see ``url_for``).
     supports_urls: bool = False
+    # Can count its objects and bytes per namespace from one listing (see ``usage``).
+    supports_usage: bool = False
+    # Writers killed mid-publish may leave partial objects that ``sweep_partials`` removes.
+    supports_partial_sweep: bool = False
+    # The most one call on one object may take, for a store on the other side of a network; None: a store
+    # with no bound of its own (its medium is this machine's).
+    timeout_s: float | None = None
     # The ``_args()`` that say where the data is (a path, a URL): with the type and ``read_only`` they are the
     # store's identity (==, hash) and what its repr shows.  A store naming none is equal only to itself.
     _location: tuple[str, ...] = ()
@@ -94,6 +127,29 @@ class Store(ABC):
         """A URL another machine can fetch the value from (``supports_urls`` stores only)."""
         raise NotImplementedError(f"{type(self).__name__} cannot hand out URLs")
 
+    def usage(self) -> dict:
+        """Objects per namespace (``objects``) and bytes, from one listing (``supports_usage`` stores only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its usage in one listing")
+
+    def sweep_partials(self, older_than_s: float = PARTIAL_MAX_AGE_S) -> dict:
+        """Remove partial objects older than ``older_than_s`` (``supports_partial_sweep`` stores only)."""
+        raise NotImplementedError(f"{type(self).__name__} leaves no partial objects")
+
+    def tiers(self) -> tuple["Store", "Store | None"]:
+        """(the node-local tier, the shared tier behind it).  A single store is its own local tier, with none
+        behind it; a store in front of another (``TieredStore``) names both."""
+        return self, None
+
+    def local_copy_failed(self, exc: BaseException, nbytes: int) -> bool:
+        """Whether a failed local copy of a value the shared tier holds costs only the copy (``exc`` is then
+        not raised).  A store with no tier behind it holds no such copies: never."""
+        return False
+
+    def sync(self) -> None:
+        """A durability checkpoint: what was written before it survives a crash.  This default has nothing
+        to do (the store's writes are durable when they return, or it keeps nothing across a crash); LMDB,
+        which commits without fsync, overrides it."""
+
     def with_read_only(self, read_only: bool = True) -> "Store":
         """The same store, opened read-only (or writable)."""
         return type(self)(**{**self._args(), "read_only": read_only})
@@ -105,7 +161,7 @@ class Store(ABC):
         pass
 
     def _check_writable(self) -> None:
-        if self.read_only:
+        if self.read_only or not self.supports_writes:
             raise ReadOnlyStoreError(f"{self!r} is read-only")
 
     # --- value semantics, from _args() -------------------------------------------------------

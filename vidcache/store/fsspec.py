@@ -216,6 +216,13 @@ def _detail(e: BaseException) -> str:
 
 
 class FsspecStore(Store):
+    supports_writes = supports_deletes = supports_listing = True
+    supports_usage = True
+    # Directory tiers publish through a temporary file, which a killed writer leaves behind; on S3 (atomic
+    # PUTs) the sweep finds none.
+    supports_partial_sweep = True
+    # supports_urls: a property (directories and S3 only); timeout_s: set per store (``__init__``)
+
     def __init__(self, url: str, *, read_only: bool = False, storage_options: dict | None = None,
                  timeout_s: float | None = None, max_object_bytes: int | None = None) -> None:
         """``timeout_s``: the most one call on one object may take (default ``$VIDCACHE_SHARED_TIMEOUT_S``

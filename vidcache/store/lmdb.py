@@ -79,6 +79,9 @@ def _store_error(path: str, err: lmdb.Error) -> StoreError:
 
 
 class LMDBStore(Store):
+    supports_writes = supports_deletes = supports_listing = True
+    # timeout_s: None, a local file (no network call to bound)
+
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False, map_size: int = 1 << 30,
                  max_readers: int = 1024, max_bytes: int | None = None) -> None:
         """``max_bytes``: a budget for the data; writes past it evict least-recently-used keys."""

@@ -7,6 +7,8 @@ from .base import Store
 
 
 class MemoryStore(Store):
+    supports_writes = supports_deletes = supports_listing = True
+
     def __init__(self, data: dict[str, bytes] | None = None, *, read_only: bool = False) -> None:
         super().__init__(read_only=read_only)
         self._data: dict[str, bytes] = {} if data is None else data   # shared with with_read_only() copies

@@ -58,6 +58,10 @@ def out_of_space(exc: BaseException, local: Store | None = None, needed: int = 0
 
 
 class TieredStore(Store):
+    supports_writes = supports_deletes = supports_listing = True
+    # supports_urls: the shared tier's (a property).  No usage or partial sweep of its own: ask a tier
+    # (``tiers()``).
+
     def __init__(self, local: Store, shared: Store, *, local_only: tuple[str, ...] = (),
                  check: Callable[[str, bytes], None] = _no_check, read_only: bool = False) -> None:
         super().__init__(read_only=read_only)
@@ -71,6 +75,12 @@ class TieredStore(Store):
     @property
     def supports_urls(self) -> bool:   # type: ignore[override]
         return self.shared.supports_urls
+
+    def tiers(self) -> tuple[Store, Store]:
+        return self.local, self.shared
+
+    def sync(self) -> None:
+        self.local.sync()          # the shared tier's writes are durable when they return
 
     def url_for(self, key: str, expires_s: float | None = None) -> str:
         return self.shared.url_for(key, expires_s)

@@ -142,7 +142,7 @@ def chat_request(model: str, text: str, handles, max_tokens: int = 0) -> dict:
     from ..sglang.ref import ref_uri
     parts = []
     for h in handles:
-        parts.append({"type": "video_url", "video_url": {"url": ref_uri(h.tier, h.resolve())}})
+        parts.append({"type": "video_url", "video_url": {"url": ref_uri(h.identity, h.resolve())}})
     parts.append({"type": "text", "text": text})
     return {"model": model, "messages": [{"role": "user", "content": parts}], "max_tokens": max_tokens,
             "temperature": 0, "return_token_ids": True, "mm_processor_kwargs": dict(MM_PROCESSOR_KWARGS)}
