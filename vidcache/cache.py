@@ -229,12 +229,8 @@ class VideoCache:
         return True
 
     # --- read: the read path's own methods (vidcache.reads: the checks, the one quarantine-and-retry rule) ---
-    manifest = _read_path("manifest")
-    require_manifest = _read_path("require_manifest")
-    sound_manifest = _read_path("sound_manifest")
-    read_frames = _read_path("read_frames")
-    frames = _read_path("frames")
-    bring_local = _read_path("bring_local")
+    manifest, require_manifest, sound_manifest, read_frames, frames, bring_local = map(_read_path, (
+        "manifest", "require_manifest", "sound_manifest", "read_frames", "frames", "bring_local"))
 
     # --- verify and repair (vidcache.repair), the compact layout's conversion -----------------
     def verify(self, key: str, repair: bool = False) -> list[str]:
