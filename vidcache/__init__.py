@@ -10,7 +10,8 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   manifest, encode, frozen_file, config, identity   entry records; the video writer; the frozen-file format; node settings; the cache's identity
   integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
   frozen_copies, compact, repair, catalog   the cache's policies: frozen files, compact layout, repair, listing/stats
-  cache                           VideoCache: lookup, build, read, housekeeping
+  reads                           the read path: tiers, checks, the quarantine-and-retry rule, the memos
+  cache                           VideoCache: lookup, build, housekeeping
   node                            the caches open in this process, and the lookup by identity
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
   handle, dataset, readahead, positions   references above the cache; read-ahead; positions by engine rule

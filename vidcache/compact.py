@@ -44,9 +44,8 @@ class CompactLayout:
     """The compact copies of a node's entries in its shared tier; ``publish`` writes only when ``writes``."""
 
     def __init__(self, shared: Store | None, local: Store, *, frozen: FrozenCopies, backfill: Backfill,
-                 verified: set[str], tmp_dir: str, writes: bool) -> None:
+                 tmp_dir: str, writes: bool) -> None:
         self.shared, self.local, self.frozen, self.backfill = shared, local, frozen, backfill
-        self.verified = verified            # blob digests checked in this process (the cache's set)
         self.tmp_dir, self.writes = tmp_dir, writes
         self.republish = Republish()        # replacements of damaged objects, for the writer thread (D42)
 
@@ -164,7 +163,6 @@ class CompactLayout:
             self.frozen.quarantine("shared", m.key, self.suffix(), bad=value.hasher.digest())
             raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
         self._check_bytes(m, value, record, raw)
-        self.verified.add(m.frames.blob)
         if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on
             self.backfill.put(keys.cas(m.frames.blob), m.frames.encode(raw))
         return raw
@@ -251,8 +249,8 @@ def max_object_bytes(m: Manifest) -> int:
 
 class Republish:
     """Replacements of damaged shared objects, run by one writer thread per process so that a read never
-    encodes (``CompactLayout._check_bytes`` queues them; ``drain`` waits for them, as the cache's ``sync``,
-    ``close`` and ``verify`` do).  One job per entry at a time.  A process killed with jobs queued loses only
+    encodes (``CompactLayout._check_bytes`` queues them; ``drain`` waits for them, as ``ReadPath.settle`` does
+    before the cache looks at the tiers).  One job per entry at a time.  A process killed with jobs queued loses only
     the jobs: the objects they would replace are still in place, and the next reader queues them again."""
 
     def __init__(self) -> None:

@@ -9,7 +9,7 @@ The order is bb-storage's repair strategy: quarantine what is bad; replicate a s
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import keys
 from .compact import CompactLayout, as_tensor
@@ -20,16 +20,17 @@ from .manifest import Manifest, options_of
 from .options import VideoOptions
 from .store.base import Store
 
+if TYPE_CHECKING:
+    from .reads import ReadPath
+
 
 class Repair:
     """Verify and repair entries across ``tiers`` ((name, store), local first)."""
 
     def __init__(self, tiers: list[tuple[str, Store]], compact: CompactLayout, frozen: FrozenCopies, *,
-                 quarantine: Callable[[str], None], forget: Callable[[str], None],
-                 rebuild: Callable[[str, VideoOptions], bool], read_only: bool) -> None:
+                 reads: ReadPath, rebuild: Callable[[str, VideoOptions], bool], read_only: bool) -> None:
         self.tiers, self.compact, self.frozen = tiers, compact, frozen
-        self.quarantine = quarantine      # moves every bad copy of a store key aside (the cache's, memo included)
-        self.forget = forget              # drops a cached manifest
+        self.reads = reads                # its quarantine (bad copies aside, its memo too) and its forget
         self.rebuild = rebuild            # (key, options) -> rebuilt from a recorded source?
         self.read_only = read_only
 
@@ -74,7 +75,7 @@ class Repair:
         for name, tier in self.tiers:
             c = self.copy(name, tier, key)
             if c.manifest_bytes is not None and c.manifest is None:
-                self.quarantine(keys.ac(key))
+                self.reads.quarantine(keys.ac(key))
             if c.manifest is None:
                 continue
             options = c.manifest.video_options()
@@ -84,8 +85,8 @@ class Repair:
             elif c.compact:
                 self.frozen.quarantine("shared", key, self.compact.suffix())
             elif c.blob is not None:
-                self.quarantine(keys.cas(c.manifest.frames.blob))
-        self.forget(key)
+                self.reads.quarantine(keys.cas(c.manifest.frames.blob))
+        self.reads.forget(key)
         if good is None and found is not None:
             good = self._from_quarantine(key, *found)
         if good is not None:
