@@ -20,13 +20,12 @@ import dataclasses
 import errno
 import json
 import os
-import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, NoSpaceError, SharedUnavailableError, StoreError, warn_once
-from .keys import LOCAL_ONLY, TIER as TIER_KEY
+from .keys import LOCAL_ONLY, TIER as TIER_KEY, TIER_ID
 from .loader.fetch import FetchLimits
 from .store.base import Store
 from .store.lmdb_env import DATA_FILE
@@ -238,15 +237,12 @@ def missing_local_identity(path: str) -> str:
     return "has no identity yet (made by an older vidcache?): open it writable once"
 
 
-_TIER_ID = re.compile(r"tier-[0-9a-f]{32}")
-
-
 def _parse_tier_record(store: Store, raw: bytes) -> str:
     try:
         tier_id = json.loads(raw)["tier_id"]
     except (ValueError, KeyError, TypeError):
         tier_id = None
-    if not isinstance(tier_id, str) or not _TIER_ID.fullmatch(tier_id):
+    if not isinstance(tier_id, str) or not TIER_ID.fullmatch(tier_id):
         raise StoreError(f"{store!r} has a corrupt {TIER_KEY} record; restore the tier's identity (it is in "
                          "every handle and plugin reference made from it) with "
                          "`vidcache tier-id --shared URL --restore tier-<32 hex>`")
@@ -254,7 +250,7 @@ def _parse_tier_record(store: Store, raw: bytes) -> str:
 
 
 def tier_record(tier_id: str) -> bytes:
-    if not _TIER_ID.fullmatch(tier_id):
+    if not TIER_ID.fullmatch(tier_id):
         raise ConfigError(f"not a tier identity: {tier_id[:80]!r} (expected tier-<32 hex>)")
     return json.dumps({"tier_id": tier_id}).encode()
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import threading
 
 from .. import keys
@@ -36,7 +35,6 @@ READ_VERSIONS = (2, 3, 4)            # 2: the same without "attest"; 3: without 
 MAX_REF_CHARS = 256 << 10            # an attested canary with its rows is ~25 KB; a plain reference ~300 bytes
 MAX_DEPTH = 4                        # {"attest": {"video_grid_thw": [...]}} is 3 deep
 MAX_AHEAD = 32                       # keys a reference may name ahead (a rollout batch's videos)
-_TIER = re.compile(r"[A-Za-z0-9._-]{1,80}")
 _OPEN_LOCK = threading.Lock()
 
 
@@ -104,7 +102,7 @@ def parse_ref(uri: str) -> dict | None:
     if unknown:
         raise InvalidKeyError(f"vidcache reference with unknown field(s) {_short(sorted(unknown))}")
     tier = rec.get("tier")
-    if not isinstance(tier, str) or not _TIER.fullmatch(tier):
+    if not isinstance(tier, str) or not keys.REF_IDENTITY.fullmatch(tier):
         raise InvalidKeyError(f"vidcache reference with a malformed tier identity {_short(tier)}")
     keys.check_key(rec.get("key"))
     layout = rec.get("layout")
