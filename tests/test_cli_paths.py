@@ -107,3 +107,29 @@ def test_doctor_names_a_pin_vidcache_would_fight(tmp_path):
                        env=env, timeout=300)
     line = next(ln for ln in r.stdout.splitlines() if " transformers " in ln)
     assert line.startswith("OK") and "5.12.1" in line and "UNVERIFIED" not in line, r.stdout
+
+
+def test_tier_id_and_doctor_open_the_tier_as_a_cache_does(tmp_path, monkeypatch, capsys):
+    """``tier-id`` and ``doctor`` open the shared tier through ``vidcache.config.open_shared_tier``, the one way
+    every command opens it: the same storage options and object-size cap as the tier of the node's cache."""
+    import vidcache.config as config
+    node, tier = str(tmp_path / "node"), str(tmp_path / "tier")
+    (tmp_path / "tier").mkdir()
+    opened = []
+
+    def spy(url, **kw):
+        opened.append(store := real(url, **kw))
+        return store
+    real = config.open_shared_tier
+    monkeypatch.setattr(config, "open_shared_tier", spy)
+    assert cli(["tier-id", "--init", "--cache", node, "--shared", tier]) == 0
+    ident = capsys.readouterr().out.strip()
+    assert cli(["tier-id", "--cache", node, "--shared", tier]) == 0
+    assert capsys.readouterr().out.strip() == ident
+    cli(["doctor", "--fast", "--cache", node, "--shared", tier])
+    assert f"{tier}: reachable, identity {ident}" in capsys.readouterr().out
+    assert len(opened) == 3
+    monkeypatch.setattr(config, "open_shared_tier", real)
+    want = VideoCache(node, shared=tier, read_only=True).config.shared_store()
+    for store in opened:
+        assert (store.max_object_bytes, store.storage_options) == (want.max_object_bytes, want.storage_options)

@@ -98,3 +98,13 @@ def test_source_records_are_one_flat_name_per_source():
     assert a != b and a == keys.src("s3://bucket/a.mp4")
     assert a.startswith(keys.SRC) and a.count("/") == 1 and len(a) == len(keys.SRC) + 32
     assert keys.src("/data/\udcff-not-utf8.mp4").startswith(keys.SRC)     # surrogate-escaped names hash too
+
+
+
+def test_a_key_prefix_is_the_start_of_a_key():
+    """``is_key_prefix`` (what the CLI completes over a cache's entries, ``vidcache ls`` printing 16 hex digits)
+    accepts a key and every start of one from 4 characters on, and nothing else that a key could not start with."""
+    assert all(keys.is_key_prefix(GOOD[:n]) for n in range(4, len(GOOD) + 1))
+    for bad in [GOOD[:n] for n in range(4)] + ["../../etc/passwd", "0" * 32 + ".1.nope", GOOD.upper()[8:20],
+                                                 GOOD + "\n", GOOD + "0", " " + GOOD[:8], "0" * 33, None, 42]:
+        assert not keys.is_key_prefix(bad), bad

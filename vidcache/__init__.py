@@ -16,7 +16,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
   handle, dataset, readahead, positions   references above the cache; read-ahead; positions by engine rule
   sglang/, vllm/, rollout/        the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; engine-neutral code
-  prewarming, cli, doctor         the jobs
+  prewarming, cli/, doctor        the jobs
 """
 from importlib import import_module
 from typing import TYPE_CHECKING

@@ -40,6 +40,9 @@ LOCAL_ONLY: tuple[str, ...] = ()
 # An entry key: <source xxh3-128>.<source bytes>.<options digest>; the one spelling (servers match paths by it).
 KEY_PATTERN = r"[0-9a-f]{32}\.[0-9]{1,20}\.[0-9a-f]{32}"
 _KEY = re.compile(KEY_PATTERN)
+# The start of a key as a person gives one (`vidcache ls` prints 16 hex digits): at least 4 hex digits, then as
+# much of the rest of KEY_PATTERN as is given; the CLI completes it over a cache's entries.
+_KEY_PREFIX = re.compile(r"[0-9a-f]{4,32}(\.[0-9]{0,20}(\.[0-9a-f]{0,32})?)?")
 _BLOB = re.compile(re.escape(ALGO) + r":[0-9a-f]{32}:[0-9]{1,20}")
 
 
@@ -50,6 +53,11 @@ def cache_key(source_digest: Digest, options: "VideoOptions") -> str:
 
 def is_key(key: object) -> bool:
     return isinstance(key, str) and _KEY.fullmatch(key) is not None
+
+
+def is_key_prefix(text: object) -> bool:
+    """Whether ``text`` is a key or the start of one (at least 4 hex digits)."""
+    return isinstance(text, str) and _KEY_PREFIX.fullmatch(text) is not None
 
 
 def check_key(key: object) -> str:

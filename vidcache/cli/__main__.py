@@ -1,0 +1,4 @@
+"""``python -m vidcache.cli``: the ``vidcache`` program."""
+from . import entry
+
+entry()

@@ -1,0 +1,336 @@
+"""The commands on what a cache holds: ``ls``, ``stats``, ``verify`` (and ``--repair``/``--upgrade``),
+``evict``, ``gc`` and ``inspect``."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+from .common import (add_cache_flags, add_option_flags, cache_of, check_local_budget, command, has_local, node_dir,
+                     options_of, parse_size)
+from .prefixes import entry_keys, full_key, key_stem, unique_prefixes
+
+
+def _add_ls(sub) -> None:
+    p = command(sub, "ls", help="list entries: source, family, T x H x W, tokens, bytes, tier")
+    add_cache_flags(p)
+    p.add_argument("--json", action="store_true", help="one JSON list instead of a table")
+    p.set_defaults(fn=cmd_ls)
+
+
+def cmd_ls(args) -> int:
+    rows, names = _ThisNodeIfTierDown(cache_of(args, read_only=True), "listing")(
+        lambda c: (c.listing(), entry_keys(c)))
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    # KEY: the shortest prefix unique among every key `inspect` / `evict` complete over (one clip under two option
+    # sets shares its first 32 digits: 16 alone could not tell them apart)
+    short = unique_prefixes(names + [r["key"] for r in rows])
+    width = max([16] + [len(short[r["key"]]) for r in rows]) + 2
+    print(f"{'KEY':<{width}} {'FAMILY':<10} {'T x H x W':>16} {'FPS':>5} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} "
+          "SOURCE")
+    for r in rows:
+        src = ", ".join(r["sources"]) or "-"
+        fps = f"{r['fps']:.3g}" if r.get("fps") is not None else "-"
+        print(f"{short[r['key']] + '..':<{width}} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x "
+              f"{r['width']:>4} {fps:>5} {r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
+    print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_human(sum(r['bytes'] for r in rows))}")
+    return 0
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+class _ThisNodeIfTierDown:
+    """Runs a command's step on the cache or, once the shared tier proves unreachable, on this node's own tier
+    (one warning that says so, and no more waits on the tier): a node's copies can be listed and checked
+    during an outage."""
+
+    def __init__(self, cache, doing: str) -> None:
+        self.cache, self.doing, self.alone = cache, doing, None
+
+    def __call__(self, fn):
+        from ..errors import SharedUnavailableError
+        if self.alone is None:
+            try:
+                self.cache.identity       # where the tier is down, the remembered one (shared_unreachable set)
+                if (e := self.cache.shared_unreachable) is None:
+                    return fn(self.cache)
+            except SharedUnavailableError as err:
+                e = err
+            if self.cache.shared is None or not has_local(self.cache.path):    # a fresh node has none
+                raise e
+            print(f"vidcache: warning: {e}; {self.doing} this node's own copies only", file=sys.stderr)
+            self.alone = self.cache.with_settings(shared=None)
+        return fn(self.alone)
+
+
+def _add_stats(sub) -> None:
+    p = command(sub, "stats",
+                help="entries, blobs and sizes of the local and the shared tier (a table; --json: every field)")
+    add_cache_flags(p)
+    p.add_argument("--json", action="store_true", help="every field as JSON instead of a table")
+    p.set_defaults(fn=cmd_stats)
+
+
+def cmd_stats(args) -> int:
+    st = cache_of(args, read_only=True).stats()
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(stats_table(st))
+    return 0
+
+
+def stats_table(st: dict) -> str:
+    """``stats`` for a person: one row per tier.  An entry is a video under one option set; a blob its frames
+    (the shared tier's compact layout holds frozen objects instead); BYTES is what the tier takes on disk."""
+    lines = [f"cache:  {st['identity']}", f"node:   {st['path']}"]
+    sh = st.get("shared")
+    if sh:
+        lines.append(f"shared: {sh['url']}")
+    cols = ("entries", "blobs", "sources", "frozen_files", "quarantined")
+    lines += ["", f"{'TIER':<8} {'ENTRIES':>8} {'BLOBS':>8} {'SOURCES':>8} {'FROZEN':>8} {'QUARANTINED':>12} "
+                  f"{'BYTES':>10}"]
+    store = st.get("store") or {}
+    local_store = store.get("local", store) if isinstance(store.get("local"), dict) else store
+    rows = [("local", st["local"], local_store.get("used_bytes"))]
+    if sh:
+        rows.append(("shared", sh, sh.get("bytes")))
+    rows.append(("all", st, None))
+    for name, r, nbytes in rows:
+        cells = [("-" if r.get(c) is None else str(r[c])) for c in cols]
+        size = "-" if nbytes is None else _human(nbytes)
+        lines.append(f"{name:<8} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8} {cells[3]:>8} {cells[4]:>12} {size:>10}")
+    extra = []
+    if local_store.get("max_bytes"):
+        extra.append(f"local budget {_human(local_store['max_bytes'])}")
+    if st.get("tmp_bytes"):
+        extra.append(f"{_human(st['tmp_bytes'])} of temp files")
+    if sh and sh.get("partial_files"):
+        extra.append(f"{sh['partial_files']} partial upload(s) in the shared tier ({_human(sh['partial_bytes'])})")
+    if extra:
+        lines += ["", "; ".join(extra)]
+    lines.append("(`vidcache stats --json` for every field)")
+    return "\n".join(lines)
+
+
+def _add_verify(sub) -> None:
+    p = command(sub, "verify", help="check manifests and re-hash frames in every tier; OK/BAD per key")
+    p.add_argument("keys", nargs="*", metavar="KEY", help="default: every entry of the local tier")
+    p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
+    p.add_argument("--shared", nargs="?", const=True, metavar="URL",
+                   help="check every entry of the shared tier (URL, or the configured $VIDCACHE_SHARED)")
+    p.add_argument("--repair", action="store_true", help="quarantine bad copies; restore from a sound tier or "
+                                                         "rebuild from the source")
+    p.add_argument("--upgrade", action="store_true",
+                   help="convert entries an older vidcache wrote to the shared tier as raw frames into one compact "
+                        "object each (raw frames are deleted there only when no other entry needs them); nothing "
+                        "is converted without this flag")
+    p.set_defaults(fn=cmd_verify)
+
+
+def cmd_verify(args) -> int:
+    from ..errors import VidcacheError
+    whole_shared = args.shared is not None
+    if args.shared is True:
+        args.shared = None              # bare --shared: the configured tier
+    if args.upgrade and not whole_shared:
+        from ..errors import ConfigError
+        raise ConfigError("--upgrade converts the shared tier: give it with --shared (and VIDCACHE_SHARED or a URL)")
+    cache = cache_of(args, read_only=not (args.repair or args.upgrade))
+    if args.keys:
+        todo = args.keys
+    else:
+        tier = cache.shared if whole_shared else cache.local
+        if whole_shared and tier is None:
+            from ..errors import ConfigError
+            raise ConfigError("--shared: this cache has no shared tier (give --shared URL or set VIDCACHE_SHARED)")
+        if whole_shared:
+            cache.identity                     # reads the tier's record; where the tier is not there, ...
+            if cache.shared_unreachable is not None:
+                raise cache.shared_unreachable     # ... an empty listing of it would verify nothing
+        from .. import keys as k
+        todo = []
+        for sk in tier.keys(k.AC):
+            try:
+                todo.append(k.entry_key(sk))
+            except VidcacheError:
+                print(f"BAD {sk!r}: not a key of the cache's format")
+    bad, run = 0, (lambda fn: fn(cache)) if whole_shared else _ThisNodeIfTierDown(cache, "checking")
+    for key in todo:
+        try:       # during a tier outage this node's copies are still checked; `verify --shared` fails
+            problems = run(lambda c: c.verify(key, repair=args.repair))
+        except VidcacheError as e:
+            problems = [f"[{e.kind}] {e}"]
+        if problems and args.repair and any("frozen file" in p for p in problems):
+            from ..sglang.frozen import repair_frozen      # remakes frozen files from the frames (imports torch)
+            with contextlib.suppress(VidcacheError):
+                repair_frozen(cache, key)
+        if problems:
+            bad += 1
+            after = (" -> repaired" if not cache.verify(key) else " -> still bad") if args.repair else ""
+            print(f"BAD {key}: {'; '.join(problems)}{after}")
+        else:
+            print(f"OK  {key}")
+    print(f"verify: {len(todo) - bad} ok, {bad} bad" + (" (repair attempted)" if args.repair and bad else ""))
+    if args.upgrade:
+        from ..prewarming import Interrupt
+        stop = Interrupt("verify --upgrade", "finishing the entry under way")   # an entry converts whole or not
+        try:
+            up = cache.upgrade_shared(todo, stop=lambda: stop.requested)
+        finally:
+            stop.restore()
+        left = f", interrupted ({up['interrupted']} left: run it again to convert them)" if up["interrupted"] else ""
+        print(f"upgrade: {up['converted']} converted to compact objects, {up['already']} already compact, "
+              f"{up['kept_raw']} kept raw, {_human(up['freed_bytes'])} of raw frames deleted from the shared tier"
+              + left)
+        if up["interrupted"]:
+            return 130
+    return 1 if bad else 0
+
+
+def _add_evict(sub) -> None:
+    p = command(sub, "evict", help="drop entries from this node (manifest, unshared frames, frozen files); "
+                                   "--shared: from the whole cluster")
+    p.add_argument("keys", nargs="+", metavar="KEY")
+    p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
+    p.add_argument("--shared", action="store_true",
+                   help="also delete from the cluster's shared tier ($VIDCACHE_SHARED): every node loses the "
+                        "entries (asks first)")
+    p.add_argument("--yes", action="store_true", help="with --shared: do not ask")
+    p.set_defaults(fn=cmd_evict)
+
+
+def cmd_evict(args) -> int:
+    from .. import keys as k
+    for key in args.keys:
+        if key_stem(key) is None:
+            k.check_key(key)
+    path = node_dir(args)
+    if not args.shared and not has_local(path):
+        for key in args.keys:            # a fresh node holds nothing: nothing to evict, nothing created
+            print(f"absent  {key}")
+        return 0
+    cache = cache_of(args)
+    args.keys = [full_key(cache, key) for key in args.keys]
+    if args.shared:
+        from ..errors import ConfigError
+        if cache.shared is None:
+            raise ConfigError("--shared: this cache has no shared tier (set VIDCACHE_SHARED or pass --shared URL)")
+        what = f"{len(args.keys)} entr{'y' if len(args.keys) == 1 else 'ies'} from the shared tier " \
+               f"{cache.config.shared} ({cache.identity}): every node loses {'it' if len(args.keys) == 1 else 'them'}"
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise ConfigError(f"refusing to delete {what}, without confirmation: pass --yes")
+            if input(f"delete {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 1
+    for key in args.keys:
+        print(f"{'evicted' if cache.evict(key, shared=args.shared) else 'absent '} {key}")
+    return 0
+
+
+def _add_gc(sub) -> None:
+    p = command(sub, "gc",
+                help="evict least-recently-used local entries down to a byte budget (never the shared tier)")
+    add_cache_flags(p)
+    p.add_argument("--max-local-bytes", type=parse_size, required=True, metavar="SIZE",
+                   help="budget of the local tier: 20GB, 500MiB or bytes")
+    p.set_defaults(fn=cmd_gc)
+
+
+def cmd_gc(args) -> int:
+    check_local_budget(args.max_local_bytes)
+    path = node_dir(args)
+    if not has_local(path):
+        print(json.dumps({"evicted": 0, "freed_bytes": 0, "used_bytes": 0, "entries_evicted": 0}, indent=2))
+        return 0
+    cache = cache_of(args)
+    print(json.dumps(cache.gc(args.max_local_bytes), indent=2))
+    return 0
+
+
+def _add_inspect(sub) -> None:
+    p = command(sub, "inspect", help="metadata of a cached SOURCE or KEY, with its aspect distortion")
+    p.add_argument("target", metavar="SOURCE|KEY", help="a path (relative, ./, file://), a URL, or a cache key")
+    add_cache_flags(p)
+    add_option_flags(p)
+    p.add_argument("--contact-sheet", metavar="OUT.png", help="write a PNG of the cached frames")
+    p.set_defaults(fn=cmd_inspect)
+
+
+def cmd_inspect(args) -> int:
+    import dataclasses
+
+    from ..errors import InvalidKeyError
+    cache = cache_of(args, read_only=True)
+    target = args.target
+    as_key = not os.path.exists(target) and key_stem(target) is not None
+    try:
+        if not as_key:
+            m = cache.manifest(target)
+        else:                              # a key, or a prefix of one as `ls` prints it: its errors are the answer
+            m = cache.manifest(full_key(cache, target))
+            if m is None:
+                raise InvalidKeyError(f"no cached entry has the key {target}")
+    except InvalidKeyError:
+        if as_key:
+            raise
+        m = None
+        target = source_arg(target)
+        candidates = [target] + (["file://" + target] if target.startswith("/") else [])
+        options = options_of(args)
+        for src in candidates:             # prewarm records a dataset's source as written: path or file:// URL
+            if (key := cache.find(src, options)) is not None:
+                m = cache.manifest(key)
+                break
+        if m is None:
+            cached = [o for src in candidates for o in cache.options_cached_for(src)]
+            if cached:
+                shown = "; ".join(_option_flags(o) for o in cached)
+                print(f"{target} is not cached for these options; it is cached under: {shown}", file=sys.stderr)
+                return 1
+    if m is None:
+        print(f"{target!r} is neither a cached key nor a cached source for these options "
+              f"(prewarm it first)", file=sys.stderr)
+        return 1
+    out = dataclasses.asdict(m)
+    idx = out["sampling"]["frame_indices"]
+    out["sampling"]["frame_indices"] = list(idx[:16]) + (["..."] if len(idx) > 16 else [])
+    s = m.source
+    out["aspect"] = {"source": f"{s.width_from_decoder}x{s.height_from_decoder} "
+                               f"({s.width_from_decoder / s.height_from_decoder:.3f}:1)",
+                     "stored": f"{m.width}x{m.height} ({m.width / m.height:.3f}:1)",
+                     "distortion": round(m.aspect_distortion, 4)}
+    print(json.dumps(out, indent=2))
+    if args.contact_sheet:
+        from ..contact_sheet import contact_sheet
+        contact_sheet(cache.frames(m.key), m).save(args.contact_sheet)
+        print(f"contact sheet: {args.contact_sheet}")
+    return 0
+
+
+def source_arg(text: str) -> str:
+    """A source as prewarm records it: local paths absolute and normalised (``./a.mp4``, ``a.mp4`` and
+    ``file:///abs/a.mp4`` name one file); URLs as given."""
+    if text[:7].lower() == "file://":
+        text = text[7:]
+    elif "://" in text:
+        return text
+    return os.path.normpath(os.path.abspath(os.path.expanduser(text)))
+
+
+def _option_flags(opts: dict) -> str:
+    """Options as the CLI flags that select them (only those that differ from the defaults)."""
+    from ..options import VideoOptions
+    default = VideoOptions(family=opts.get("family", "qwen2_5_vl")).resolved().to_dict()
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in opts.items()
+                    if v is not None and (k == "family" or v != default.get(k)))
