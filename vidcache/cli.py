@@ -106,7 +106,7 @@ def _options(args):
 
 def _mode_default_help() -> str:
     from .options import PATCH_SIZE
-    from .serving import default_mode
+    from .sglang.facts import default_mode
     return "default: " + ", ".join(f"{default_mode(f)} for {f}" for f in sorted(PATCH_SIZE))
 
 
@@ -305,7 +305,7 @@ def cmd_pull(args) -> int:
 
 def _path_note(options) -> str:
     """Which SGLang path these options allow (issue: say it before the work, not at serving time)."""
-    from .serving import stock_sglang_problems
+    from .sglang.facts import stock_sglang_problems
     r = options.resolved()
     if stock_sglang_problems(options.family, r.size_factor):
         return (f"{options.family} on the {r.size_factor}-pixel grid (faithful aspect ratios): SGLang plugin mode "
@@ -870,7 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("sglang-config", help="SGLang server flags that reproduce the cache")
     _add_cache_flags(p)
     from .options import PATCH_SIZE
-    from .serving import MODES
+    from .sglang.facts import MODES
     p.add_argument("--family", choices=sorted(PATCH_SIZE), help="model family (or --model DIR)")
     p.add_argument("--model", metavar="DIR", help=MODEL_HELP)
     p.add_argument("--mode", choices=sorted(MODES), help=_mode_default_help())
@@ -933,7 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8765, help="port to listen on")
-    from . import serving as srv     # the server's defaults (a facts module: cheap to import)
+    from .sglang import facts as srv     # the server's defaults (a facts module: cheap to import)
     p.add_argument("--workers", type=int, metavar="N",
                    help=f"threads handling requests; idle connections hold none (default {srv.DEFAULT_WORKERS})")
     p.add_argument("--timeout", type=float, metavar="S",

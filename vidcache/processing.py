@@ -24,7 +24,8 @@ import xxhash
 
 # Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline.
 from .errors import TokenLayoutError
-from .serving import FROZEN_FPS, MODES
+from .serving import FROZEN_FPS
+from .sglang.facts import MODES
 from .token_layout import LAYOUTS, MODEL_LAYOUT, check_layout, convert, env_layout
 
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
