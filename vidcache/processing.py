@@ -22,7 +22,8 @@ from collections import OrderedDict
 import torch
 import xxhash
 
-# Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline.
+# Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline; the modes
+# (plugin: the source's timeline, stock: the frozen file's) are SGLang's names for the two.
 from .errors import TokenLayoutError
 from .serving import FROZEN_FPS
 from .sglang.facts import MODES
