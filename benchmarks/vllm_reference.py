@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     import vidcache
     import vidcache.vllm.loader  # noqa: F401  (vLLM's plugin loader imports it through the entry point)
     from support import vllm_peer as vp
-    from vidcache.sglang.ref import ref_uri
+    from vidcache.rollout.ref import ref_uri
     from vidcache.testing.videos import make_video
     from vidcache.vllm.config import ENGINE_KWARGS, MM_PROCESSOR_KWARGS
 

@@ -39,7 +39,7 @@ from miles.rollout.generate_utils.generate_endpoint_utils import (
 from miles.utils.http_utils import post
 from miles.utils.types import Sample
 from vidcache import PreparedRequest
-from vidcache.sglang.ref import MAX_AHEAD
+from vidcache.rollout.ref import MAX_AHEAD
 from vidcache.sglang.request import check_prompt_ids
 
 from .args import VidcacheConfig, add_vidcache_arguments

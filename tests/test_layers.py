@@ -30,6 +30,7 @@ FLOORS = [(name, modules) for name, modules, _ in _F["FLOORS"]]
 UNSTATED = _F["UNSTATED"]
 STORE_MAY_IMPORT = _F["STORE_MAY_IMPORT"]
 LOADER_MAY_IMPORT = _F["LOADER_MAY_IMPORT"]
+ENGINES = _F["ENGINES"]
 
 
 # --- reading imports -------------------------------------------------------------------------------
@@ -161,6 +162,20 @@ def package_violations(edges: list[Import], sub: str, allowed: set[str], pkg: st
             and not (e.target == own or e.target.startswith(own + ".")) and e.target not in allowed]
 
 
+def engine_violations(edges: list[Import], engines=ENGINES, pkg: str = "vidcache") -> list[str]:
+    """Imports from one engine's adapter package (``vidcache/sglang/``, ``vidcache/vllm/``) into another's: what
+    both need belongs in the engine-neutral core, ``vidcache/rollout/``."""
+    def engine_of(module: str) -> str | None:
+        return next((e for e in engines if module == f"{pkg}.{e}" or module.startswith(f"{pkg}.{e}.")), None)
+
+    out = []
+    for e in internal(edges, pkg):
+        mine, theirs = engine_of(e.source), engine_of(e.target)
+        if mine and theirs and mine != theirs:
+            out.append(f"{e.where()}: {pkg}/{mine}/ imports {pkg}/{theirs}/ (move what both need to {pkg}/rollout/)")
+    return out
+
+
 def miles_violations(edges: list[Import]) -> list[str]:
     return [f"{e.where()}: vidcache must not depend on the Miles integration"
             for e in edges if e.target.split(".")[0] in ("miles_integration", "miles")]
@@ -246,6 +261,15 @@ def test_store_imports_only_errors(graph):
 def test_loader_imports_only_options_digest_errors(graph):
     problems = package_violations(graph[1], "loader", LOADER_MAY_IMPORT)
     assert not problems, _report("vidcache/loader/ imports", problems)
+
+
+def test_no_engine_adapter_imports_another(graph):
+    """``vidcache/sglang/`` and ``vidcache/vllm/`` stand side by side on ``vidcache/rollout/``: neither imports the
+    other (module-level or in a function), private names or public."""
+    problems = engine_violations(graph[1])
+    assert not problems, _report("imports between engine adapters", problems)
+    on_core = {e.source.split(".")[1] for e in graph[1] if e.target.startswith("vidcache.rollout.")}
+    assert set(ENGINES) <= on_core, on_core          # both stand on the core (so the check above sees their imports)
 
 
 def test_nothing_imports_miles(graph):
@@ -351,6 +375,8 @@ def test_checker_resolves_relative_function_level_and_type_checking_imports(tmp_
         "store/base.py": "from ..errors import X\nfrom ..options import Y\n",
         "loader/build.py": "from .. import keys\nfrom vidcache import VideoCache\nimport miles_integration.x\n",
         "sglang/plugin/qwen_vl.py": "from ...cache import node_cache\nfrom ..transport import parse_ref\n",
+        "vllm/check.py": "def f():\n    from ..sglang.check import _http\n",
+        "vllm/loader.py": "from ..rollout.ref import parse_ref\n",
     })
     _, edges = all_imports(root)
     got = {(e.source, e.target, e.function_level) for e in edges}
@@ -370,6 +396,8 @@ def test_checker_resolves_relative_function_level_and_type_checking_imports(tmp_
     assert "imports vidcache.options" in "\n".join(package_violations(edges, "store", STORE_MAY_IMPORT))
     assert "imports vidcache.keys" in "\n".join(package_violations(edges, "loader", LOADER_MAY_IMPORT))
     assert "miles_integration.x" in "\n".join(miles_violations(edges))
+    crossed = engine_violations(edges)                                      # function-level, private: still caught
+    assert len(crossed) == 1 and "vidcache.vllm.check (line 2, function-level) imports vidcache.sglang.check" in crossed[0]
     (cycle,) = cycles(edges)
     assert {(e.source, e.target) for e in cycle} == {("vidcache.cache", "vidcache.handle"),
                                                       ("vidcache.handle", "vidcache.cache")}
@@ -383,9 +411,12 @@ def test_checker_passes_a_clean_tree(tmp_path):
         "cache.py": "from .loader.build import b\nfrom typing import TYPE_CHECKING\n"
                     "if TYPE_CHECKING:\n    from .handle import VideoHandle\n",
         "handle.py": "def f():\n    from .cache import cache_for\n",
+        "rollout/ref.py": "from ..errors import E\n", "sglang/request.py": "from ..rollout.ref import r\n",
+        "vllm/request.py": "from ..rollout.ref import r\n",
     })
     _, edges = all_imports(root)
     assert not floor_violations(edges) and not cycles(edges) and not miles_violations(edges)
+    assert not engine_violations(edges)
     assert not package_violations(edges, "store", STORE_MAY_IMPORT)
     assert not package_violations(edges, "loader", LOADER_MAY_IMPORT)
     # store/base <-> store/memory is a cycle within a floor, which the cycle check must still see.

@@ -56,7 +56,7 @@ def test_prepare_takes_a_rows_image_placeholders_and_message_lists(tmp_path, vid
     processor's chat template) -- gives what the templated text gives; otherwise the error names the fix."""
     from PIL import Image
 
-    from vidcache.sglang.request import IMAGE_PLACEHOLDER
+    from vidcache.rollout.prompt import IMAGE_PLACEHOLDER
     cache = vidcache.VideoCache(tmp_path / "c")
     h = vidcache.get(videos["ffv1_10_small"], VideoOptions(), cache)
     proc = toy_processor("qwen2_5_vl")

@@ -4,7 +4,7 @@ Names are imported lazily, so ``vidcache.dataset`` (lazy datasets, no frames) ca
 used without importing torch.
 
 Floors, bottom up (each imports only from below; vidcache/floors.py states them, tests/test_layers.py keeps them):
-  errors, digest, keys, options, serving, token_layout, attest, rollout.models   facts: exceptions, digests, keys, options, SGLang facts, token layouts, train-tensor digests, the model types served
+  errors, digest, keys, options, serving, sglang.facts, token_layout, attest, rollout.models   facts: exceptions, digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests, the model types served
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config, identity   entry records; the video writer; the frozen-file format; node settings; the cache's identity
@@ -15,7 +15,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   node                            the caches open in this process, and the lookup by identity
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
   handle, dataset, readahead, positions   references above the cache; read-ahead; positions by engine rule
-  sglang/, vllm/, rollout/        the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; engine-neutral code
+  sglang/, vllm/, rollout/        the rollout side: SGLang's and vLLM's adapters (neither imports the other) on rollout/, the engine-neutral core
   prewarming, cli/, doctor        the jobs
 """
 from importlib import import_module

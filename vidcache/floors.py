@@ -1,15 +1,19 @@
 """The import floors, bottom up: the one statement of them.  Each module imports only from its own floor or
 below (``tests/test_layers.py`` checks every import against this table; it also checks that the package docstring
 of ``vidcache/__init__.py`` and the README's code map say the same).  A dotted name covers its submodules:
-``store`` is ``vidcache/store/`` and everything in it; the most specific name wins (``rollout.models`` sits on
-the facts floor, the rest of ``rollout/`` on the rollout floor).  Data only: nothing here is imported at run time.
+``store`` is ``vidcache/store/`` and everything in it; the most specific name wins (``rollout.models`` and
+``sglang.facts`` sit on the facts floor, the rest of ``rollout/`` and ``sglang/`` on the rollout floor).  On the
+rollout floor ``sglang/`` and ``vllm/`` stand side by side on ``rollout/`` and never import each other
+(``ENGINES``).  Data only: nothing here is imported at run time.
 """
 from __future__ import annotations
 
 # (floor, modules, what the floor is for)
 FLOORS: list[tuple[str, list[str], str]] = [
-    ("facts", ["errors", "digest", "keys", "options", "serving", "token_layout", "attest", "rollout.models"],
-     "exceptions, digests, keys, options, SGLang facts, token layouts, train-tensor digests, the model types served"),
+    ("facts", ["errors", "digest", "keys", "options", "serving", "sglang.facts", "token_layout", "attest",
+               "rollout.models"],
+     "exceptions, digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests, the model "
+     "types served"),
     ("store", ["store"], "bytes under keys (LMDB, fsspec, tiers); imports only errors"),
     ("loader", ["loader"], "the pure pipeline: source bytes -> canonical frames"),
     ("entries", ["manifest", "encode", "frozen_file", "config", "identity"],
@@ -25,7 +29,8 @@ FLOORS: list[tuple[str, list[str], str]] = [
     ("references", ["handle", "dataset", "readahead", "positions"],
      "references above the cache; read-ahead; positions by engine rule"),
     ("rollout", ["sglang", "vllm", "rollout"],
-     "the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; engine-neutral code"),
+     "the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; references, server checks "
+     "and prompts"),
     ("jobs", ["prewarming", "cli", "doctor", "floors", "contact_sheet", "testing", ""],
      "the jobs"),                                      # "": the lazy facade, vidcache/__init__
 ]
@@ -35,3 +40,6 @@ UNSTATED = ("floors", "contact_sheet", "testing", "")
 # Stricter rules for the two bottom packages (their own modules are always allowed).
 STORE_MAY_IMPORT = {"vidcache.errors"}
 LOADER_MAY_IMPORT = {"vidcache.errors", "vidcache.digest", "vidcache.options"}
+# The engine adapters: each builds on the engine-neutral core (rollout/) and neither imports the other, so one
+# engine's code can change (or be absent) without the other's moving.
+ENGINES = ("sglang", "vllm")

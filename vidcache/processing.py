@@ -22,9 +22,11 @@ from collections import OrderedDict
 import torch
 import xxhash
 
-# Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline.
+# Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline; the modes
+# (plugin: the source's timeline, stock: the frozen file's) are SGLang's names for the two.
 from .errors import TokenLayoutError
-from .serving import FROZEN_FPS, MODES
+from .serving import FROZEN_FPS
+from .sglang.facts import MODES
 from .token_layout import LAYOUTS, MODEL_LAYOUT, check_layout, convert, env_layout
 
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"

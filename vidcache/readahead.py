@@ -262,7 +262,7 @@ def read_ahead(samples: Iterable, *, depth: int = DEPTH, max_bytes: int = MAX_BY
     return ReadAhead(samples, depth=depth, max_bytes=max_bytes, workers=workers)
 
 
-# --- a server's hints: entries its clients will ask for soon (``vidcache.sglang.ref``'s ``ahead``) -----------------
+# --- a server's hints: entries its clients will ask for soon (``vidcache.rollout.ref``'s ``ahead``) ---------------
 MAX_SOON = 256                # hinted pulls waiting at once, per process; more are dropped (a hint, not a promise)
 _SOON: dict = {}              # pid -> _SoonPool
 _SOON_LOCK = threading.Lock()

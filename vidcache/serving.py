@@ -1,36 +1,12 @@
-"""What SGLang does to a video, and what vidcache serves it: the serving facts, each in one place.
+"""What vidcache serves, whatever the engine: the frozen files' rate and format, and a presigned URL's lifetime.
 
-Imports nothing of vidcache (the facts floor), because the trainer side
-(``processing``: ``FROZEN_FPS``), the options preset (``VideoOptions.for_stock_sglang``), the CLI,
-``sglang-config``, ``check-server`` and the Miles adapters all read these.
-
-``VERIFIED_SGLANG_VERSIONS`` is the one list of SGLang releases whose own processor code vidcache has
-run its parity suites against (tests/sglang/test_sglang_parity.py, stock and plugin mode, in one environment
-per release: scripts/setup_peer_env.sh with ``SGLANG_VERSION``).  ``vidcache check-server`` refuses any
-other release unless it is named explicitly (``--allow-unverified-sglang VERSION``).
+Imports nothing of vidcache (the facts floor): the frozen-file writer, the compact shared tier, the trainer side
+(``processing``: ``FROZEN_FPS``) and both engines' adapters read these.  SGLang's own facts (its releases, modes,
+resize grid, pixel bounds, ``vidcache serve``'s limits) are ``vidcache.sglang.facts``'.
 """
 from __future__ import annotations
 
-import math
 from fractions import Fraction
-
-# SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.  Not 0.5.16:
-# its plugin mode passes, but its stock mode forwards min_pixels/total_pixels to transformers 5.12.1, which
-# rejects them (docs/sglang.md, "SGLang versions").
-VERIFIED_SGLANG_VERSIONS = ("0.5.16", "0.5.23")
-
-MODES = ("plugin", "stock")
-
-# SGLang 0.5.16 forwards its whole --mm-process-config video dict to the HF video processor (0.5.23 drops its
-# own keys first), and its transformers (5.12.1; 0.5.16 does not import with 5.19+) refuses every key that
-# family's processor does not declare (TypeError, HTTP 500 on every request).  Those keys are left out of its
-# config; 0.5.16 then applies its fixed defaults for them (qwen_vl.py: VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS), except
-# the total budget, which it reads from an environment variable at import (named VIDEO_MAX_PIXELS).
-SGLANG_FORWARDS_VIDEO_CONFIG = frozenset({"0.5.16"})
-HF_REFUSED_VIDEO_KEYS = {"qwen2_vl": ("total_pixels",), "qwen2_5_vl": ("total_pixels",),
-                         "qwen3_vl": ("min_pixels", "max_pixels", "total_pixels")}
-SGLANG_TOTAL_PIXELS_ENV = {"0.5.16": "VIDEO_MAX_PIXELS"}
-SGLANG_0516_DEFAULT_PIXELS = (128 * 28 * 28, 768 * 28 * 28)     # its preprocess_video's min/max without config
 
 # Frozen files are stamped at this rate, and SGLang's fps sampler is configured with it (stock mode):
 # then SGLang's sampler selects every stored frame once, and in stock mode Qwen3-VL's timestamps come
@@ -46,109 +22,5 @@ SERVING_FORMAT = "magicyuv"
 # slower than the sources: a node's first read would cost more than a decode from the source.
 COMPACT_FORMAT = SERVING_FORMAT
 
-# SGLang's preprocess_video resizes every video to multiples of this (smart_resize, every family) ...
-SGLANG_RESIZE_FACTOR = 28
-# ... and the HF Qwen3-VL video processor then to multiples of 32: both are identities only on
-# lcm(28, 32) = 224, so stock mode needs Qwen3-VL frames there (aspect distortion is the price).
-STOCK_QWEN3_GRID = math.lcm(SGLANG_RESIZE_FACTOR, 32)
-# --mm-process-config pixel bounds that make SGLang's smart_resize an identity on frames already sized.
-SGLANG_MIN_PIXELS = SGLANG_RESIZE_FACTOR * SGLANG_RESIZE_FACTOR          # never upscale
-SGLANG_MAX_PIXELS = 16384 * SGLANG_RESIZE_FACTOR * SGLANG_RESIZE_FACTOR  # never downscale
-
-# SGLang's FPS_MAX_FRAMES (qwen_vl.py), and the max_frames --mm-process-config keeps: more frames are re-sampled.
-SGLANG_MAX_FRAMES = 768
-
-# SGLang's default --media-url-max-file-size-mb (64), in bytes: the largest file it downloads by URL.
-SGLANG_URL_CAP = 64 << 20
-# How long a presigned shared-tier URL handed to SGLang stays valid, by default.
+# How long a presigned shared-tier URL handed to an engine (stock SGLang's frozen files) stays valid, by default.
 URL_EXPIRY_S = 7 * 24 * 3600
-
-# Measured on an H200: torchcodec 0.17 (SGLang 0.5.23's pin) sends frames NVDEC declines (every lossless
-# RGB stream) through 8-bit YUV444 on the GPU (max error 2); 0.16.0 copies them exactly.
-STOCK_GPU_TORCHCODEC = "0.16.0"
-
-
-def default_mode(family: str) -> str:
-    """Qwen3-VL's faithful (32-grid) frames only survive SGLang through the plugin; the 28-grid
-    families are served exactly by stock SGLang too."""
-    return "plugin" if family == "qwen3_vl" else "stock"
-
-
-def refused_video_keys(family: str | None, sglang_version: str) -> tuple[str, ...]:
-    """The --mm-process-config video keys that SGLang ``sglang_version`` would hand to an HF processor that
-    refuses them (``family`` None: the keys every family refuses)."""
-    if sglang_version not in SGLANG_FORWARDS_VIDEO_CONFIG:
-        return ()
-    if family is None:
-        return tuple(sorted(set.intersection(*(set(v) for v in HF_REFUSED_VIDEO_KEYS.values()))))
-    return HF_REFUSED_VIDEO_KEYS[family]
-
-
-def stock_pixel_bounds(family: str, sglang_version: str | None = None) -> tuple[int, int]:
-    """The per-frame pixel range stock SGLang leaves alone: the configured one, or where the config cannot carry
-    the bounds to that release (``refused_video_keys``), its fixed defaults."""
-    if sglang_version is not None and "min_pixels" in refused_video_keys(family, sglang_version):
-        return SGLANG_0516_DEFAULT_PIXELS
-    return SGLANG_MIN_PIXELS, SGLANG_MAX_PIXELS
-
-
-def stock_sglang_problems(family: str, grid: int | None, n: int | None = None, h: int | None = None,
-                          w: int | None = None, max_frames: int | None = None,
-                          sglang_version: str | None = None) -> list[str]:
-    """Why stock SGLang, configured by ``vidcache sglang-config``, would NOT reproduce frames of
-    ``family`` on the ``grid``-pixel grid (``n`` frames of ``h`` x ``w``, where known); empty: it will.
-
-    Stock SGLang re-samples and re-sizes whatever it decodes; both are identities only when the frozen
-    file has an even count of at most ``max_frames`` frames and every frame is on SGLang's 28 grid (and,
-    for Qwen3-VL, also on the model's 32 grid) within the configured pixel bounds.  ``grid``: the options'
-    resolved ``size_factor`` (None: not known, only the frames' shape is checked).  ``sglang_version``: the
-    server's release, where its pixel bounds differ (``stock_pixel_bounds``).
-    """
-    max_frames = SGLANG_MAX_FRAMES if max_frames is None else max_frames
-    out = []
-    if n is not None and (n > max_frames or n % 2):
-        out.append(f"{n} frames: stock SGLang keeps an even count of at most {max_frames} and would "
-                   f"re-sample them. Fix: max_frames/nframes <= {max_frames}, or mode='plugin'.")
-    need = STOCK_QWEN3_GRID if family == "qwen3_vl" else SGLANG_RESIZE_FACTOR
-    off_grid = (grid is not None and grid % need) or (h is not None and (h % need or w % need))
-    if off_grid:
-        shape = f"{w}x{h} " if h is not None else ""
-        where = f"on the {grid}-pixel grid" if grid is not None else f"not on a {need}-pixel grid"
-        if family == "qwen3_vl":
-            out.append(f"{shape}Qwen3-VL frames {where} (stock SGLang needs a multiple of {STOCK_QWEN3_GRID}): "
-                       f"it resizes them to multiples of {SGLANG_RESIZE_FACTOR} before the model's 32. Fix: mode='plugin' (recommended: it serves "
-                       "these faithful frames as they are), or VideoOptions.for_stock_sglang(...) / "
-                       f"size_factor={STOCK_QWEN3_GRID}, which distorts the aspect ratio (a 16:9 1280x720 clip "
-                       "becomes 1120x448, 2.5:1; see README).")
-        else:
-            out.append(f"{shape}frames {where} (stock SGLang needs a multiple of {need}): it resizes "
-                       f"every video to multiples of {SGLANG_RESIZE_FACTOR}. Fix: size_factor={need}, or mode='plugin'.")
-    lo, hi = stock_pixel_bounds(family, sglang_version)
-    if h is not None and not lo <= h * w <= hi:
-        release = f"SGLang {sglang_version}'s" if (lo, hi) != (SGLANG_MIN_PIXELS, SGLANG_MAX_PIXELS) else "stock SGLang's"
-        out.append(f"{w}x{h} frames are outside {release} pixel bounds [{lo}, {hi}]. Fix: resized_height/"
-                   "resized_width or min_pixels/max_pixels within them, or mode='plugin'.")
-    return out
-
-
-# --- `vidcache serve`, the frozen-file server (sglang/server.py) ------------------------------------------
-DEFAULT_WORKERS = 16
-DEFAULT_TIMEOUT_S = 30.0
-# A total deadline for the request head: a per-read timeout alone lets a client that drips a
-# byte every few seconds keep its connection forever.  A real head is one small write.
-DEFAULT_HEADER_TIMEOUT_S = 10.0
-# The slowest average a response body may go out at (after timeout_s of grace), so a client
-# that reads a trickle cannot hold a worker forever; 1 MiB/s is far below any real link.
-DEFAULT_MIN_RATE = 1 << 20
-# Connections one client address may hold at once (reading its head, or in a worker), so one
-# client cannot fill the pool or the table of connections being read.
-DEFAULT_MAX_PER_CLIENT = 32
-# Workers one client address may occupy at once (a request being served, or queued for a worker).  The
-# connection cap above is larger than the pool, so without this one address with slow readers (a GET it
-# reads a trickle of: up to timeout + size / min_rate, ~37 s for a 7.5 MB file) held every worker and
-# every other client waited that long.  Half the pool (at least one): what one address cannot take stays
-# for the others.  (Two hostile addresses can still fill it; this bounds one, as the cap above does.)
-
-
-def default_max_workers_per_client(workers: int) -> int:
-    return max(1, workers // 2)

@@ -58,7 +58,7 @@ from miles_integration.rollout import VidcacheRolloutFn  # noqa: E402
 from miles_integration.train_hooks import HANDLE_KEY, HydratingIterator, decode_handles  # noqa: E402
 from vidcache import ParityError, VideoOptions  # noqa: E402
 from vidcache import keys as K  # noqa: E402
-from vidcache.sglang.ref import parse_ref  # noqa: E402
+from vidcache.rollout.ref import parse_ref  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.sglang.config import mm_process_config  # noqa: E402
 from vidcache.testing.videos import make_video  # noqa: E402
@@ -827,7 +827,7 @@ def test_plugin_mode_matches_the_sglang_plugin(env, monkeypatch):
     refs = [parse_ref(u) for u in st["video_data"]]
     # ... carrying the attestation of exactly the tensors the trainer gets (vidcache.attest, checked by the plugin)
     from vidcache.attest import attest
-    from vidcache.sglang.ref import REF_VERSION
+    from vidcache.rollout.ref import REF_VERSION
     from vidcache.token_layout import MODEL_LAYOUT
     assert refs == [{"vidcache_ref": REF_VERSION, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False),
                      "attest": {**attest(s.multimodal_train_inputs)[0], "position": [0, 1]},

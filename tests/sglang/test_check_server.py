@@ -73,7 +73,7 @@ def test_stock_server_passes_in_stock_mode_and_names_the_missing_plugin(tmp_path
 
 
 def test_stock_mode_on_a_gpu_server_names_torchcodec(tmp_path, monkeypatch):
-    from vidcache.serving import STOCK_GPU_TORCHCODEC
+    from vidcache.sglang.facts import STOCK_GPU_TORCHCODEC
     with _stock_server(tmp_path, monkeypatch, device="cuda") as srv:
         res = check_server(srv.url, mode="stock", processor=build_processor(FAMILY))
         assert [c.kind for c in res.causes] == ["torchcodec"], res.lines()
@@ -219,7 +219,7 @@ def test_references_reordered_or_partly_attested_are_refused(server, tmp_path):
     import vidcache
     from vidcache import VideoOptions
     from vidcache.processing import VIDEO_PLACEHOLDER
-    from vidcache.sglang.ref import parse_ref, ref_uri
+    from vidcache.rollout.ref import parse_ref, ref_uri
     from vidcache.sglang.request import ATTESTATION_MARK, prepare
     from vidcache.testing.videos import make_video
 
@@ -276,8 +276,7 @@ def test_a_server_that_streams_an_endless_reply_is_cut_off(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from vidcache.sglang import check
-    MAX_REPLY_BYTES = getattr(check, "MAX_REPLY_BYTES", 32 << 20)     # 32 MiB: the bound, where there is one
+    from vidcache.rollout.check import MAX_REPLY_BYTES      # the bound every engine's check reads under
     sent = []
     piece = b"a" * (1 << 20)
 

@@ -11,7 +11,7 @@ from support import sglang_peer as sp  # noqa: E402
 import vidcache  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 from vidcache.errors import InvalidKeyError, TierMismatchError  # noqa: E402
-from vidcache.sglang.ref import REF_PREFIX, parse_ref, ref_uri  # noqa: E402
+from vidcache.rollout.ref import REF_PREFIX, parse_ref, ref_uri  # noqa: E402
 
 pytestmark = pytest.mark.peer
 

@@ -16,7 +16,7 @@ from vidcache import keys as K
 from vidcache.errors import ConfigError, InvalidKeyError
 from vidcache.sglang.frozen import decode_all, local_frozen_path
 from vidcache.sglang.server import make_server
-from vidcache.sglang.ref import REF_PREFIX, REF_VERSION, parse_ref
+from vidcache.rollout.ref import REF_PREFIX, REF_VERSION, parse_ref
 from vidcache.sglang.transport import ENV_SERVER_PATH, TRANSPORTS, video_uri
 
 

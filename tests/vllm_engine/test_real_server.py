@@ -77,7 +77,7 @@ def test_another_clients_uuid_does_not_reach_chat_requests(served, clip):
     poisoned item: 360 video tokens instead of 180 (438 ids vs 258), and the guard failed."""
     from transformers import AutoProcessor
 
-    from vidcache.sglang.ref import ref_uri
+    from vidcache.rollout.ref import ref_uri
     root, family = served["root"], served["family"]
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VIDCACHE_DIR", str(root / "client-node"))

@@ -20,7 +20,7 @@ vp.overlay_or_skip()
 
 import vidcache  # noqa: E402
 from vidcache import VideoOptions  # noqa: E402
-from vidcache.sglang.ref import MAX_REF_CHARS, REF_PREFIX, ref_uri  # noqa: E402
+from vidcache.rollout.ref import MAX_REF_CHARS, REF_PREFIX, ref_uri  # noqa: E402
 from vidcache.vllm.request import chat_request, vllm_metadata  # noqa: E402
 
 pytestmark = pytest.mark.vllm

@@ -19,23 +19,20 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
-import urllib.error
-import urllib.request
-from dataclasses import dataclass, field
-from fractions import Fraction
 
 from ..errors import ModelTypeError, ParityError
 from ..options import PATCH_SIZE, VideoOptions
 from ..positions import position_warning
 from ..processing import VIDEO_PLACEHOLDER, layout_of, request_layout
 from ..rollout import models
-from ..serving import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode,
-                       stock_pixel_bounds)
+from ..rollout.check import (Cause, ServerCheck, canary_video, check_version, error_message, exact_canary_options,
+                             http_json, load_processor, server_processor_dir)
+from ..rollout.ref import REF_PREFIX, ref_uri
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
                             unverified_warning)
 from .config import mm_process_config
-from .ref import REF_PREFIX, ref_uri
+from .facts import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode,
+                    stock_pixel_bounds)
 from .request import ATTESTATION_MARK, check_prompt_ids, prepare
 from .transport import ENV_SERVER_PATH
 
@@ -49,154 +46,26 @@ CLI_FLAGS = {"allow_unverified": "--allow-unverified-sglang", "server_torchcodec
              "mode": "--mode"}
 
 
-@dataclass(frozen=True)
-class Cause:
-    kind: str          # version | config | model | plugin | attestation | ids | torchcodec | server | processor
-    message: str
-
-    def line(self) -> str:
-        return f"FAIL [{self.kind}] {self.message}"
-
-
-@dataclass
-class ServerCheck:
-    url: str
-    family: str | None = None
-    mode: str | None = None
-    version: str | None = None
-    causes: list[Cause] = field(default_factory=list)
-    passed: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    token_layout: str | None = None        # the layout the trainer's ids (and the plugin's references) are in
-    engine: str = "SGLang"                 # or "vLLM" (vidcache.vllm.check)
-    mode_flag: str = "--mode"              # the caller's spelling (CLI_FLAGS)
-
-    @property
-    def ok(self) -> bool:
-        return not self.causes
-
-    def lines(self) -> list[str]:
-        head = f"{self.url}: {self.engine} {self.version or '?'}, {self.family or '?'}, {self.mode or '?'} mode"
-        warn = [f"WARN {w}" for w in self.warnings]
-        if self.ok:
-            # Stock mode sees ids and the server's self-reported config only (D38): the line says so.
-            limit = ("; stock mode: the pixels are NOT checked (the server's own processor settings and decoder "
-                     f"are taken on trust; {self.mode_flag} plugin attests them)" if self.mode == "stock" else "")
-            return [f"OK   {head}: parity established ({'; '.join(self.passed)}{limit})"] + warn
-        # The verdict first, then why, then what is only worth knowing (a warning never fails the check).
-        return [f"{head}: parity NOT established"] + [c.line() for c in self.causes] + warn
-
-    def raise_for_causes(self) -> None:
-        if self.causes:
-            raise ParityError("\n".join(self.lines()))
-
-
-# The largest reply a check reads: /server_info and /generate answer in kilobytes, so a server (or proxy) that
-# streams on is cut off here rather than growing the checking process, on a trainer node, until it is killed
-# (D53: 3.1 GB after 5 s).
-MAX_REPLY_BYTES = 32 << 20
-
-
-class ReplyTooLargeError(ParityError, ValueError):
-    """A server's reply was larger than any a check expects (``MAX_REPLY_BYTES``): not read further."""
-
-
-def _read_bounded(r, url: str) -> bytes:
-    body = r.read(MAX_REPLY_BYTES + 1)
-    if len(body) > MAX_REPLY_BYTES:
-        raise ReplyTooLargeError(f"{url} replied with more than {MAX_REPLY_BYTES} bytes; not read further "
-                                 "(is a proxy in front of the server?)")
-    return body
-
-
-def _http(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(_read_bounded(r, url) or b"{}")
-    except urllib.error.HTTPError as e:
-        body = _read_bounded(e, url)
-        try:
-            return e.code, json.loads(body)
-        except ValueError:
-            return e.code, {"error": {"message": body.decode(errors="replace")[:2000]}}
-
-
-def _error_message(body: dict) -> str:
-    err = body.get("error", body)
-    if isinstance(err, dict):
-        return str(err.get("message", err))
-    return str(err)
-
-
 def canary_options(family: str, mode: str, sglang_version: str | None = None) -> VideoOptions:
-    """Plugin mode: two frames, small enough that the canary's rows travel in its attestation
-    (``attest.VALUES_MAX_BYTES``).  Stock mode: four (decord cannot open a two-frame frozen NUT file: "broken
-    metadata"), on a grid stock SGLang keeps (Qwen3-VL stock: 224), and within the release's pixel bounds
-    (``serving.stock_pixel_bounds``: 224x448 for Qwen3-VL on SGLang 0.5.16)."""
-    q3_stock = (family, mode) == ("qwen3_vl", "stock")
+    """Plugin mode: the exact canary (``rollout.check.exact_canary_options``: two small frames).  Stock mode: four
+    (decord cannot open a two-frame frozen NUT file: "broken metadata"), on a grid stock SGLang keeps (Qwen3-VL
+    stock: 224), and within the release's pixel bounds (``sglang.facts.stock_pixel_bounds``: 224x448 for Qwen3-VL
+    on SGLang 0.5.16)."""
+    if mode == "plugin":
+        return exact_canary_options(family)
+    q3_stock = family == "qwen3_vl"
     side = STOCK_QWEN3_GRID if q3_stock else 2 * PATCH_SIZE[family] * 2
     width = side
-    if mode == "stock":
-        while width * side < stock_pixel_bounds(family, sglang_version)[0]:
-            width += side
-    return VideoOptions(family=family, nframes=2 if mode == "plugin" else 4, resized_height=side, resized_width=width,
+    while width * side < stock_pixel_bounds(family, sglang_version)[0]:
+        width += side
+    return VideoOptions(family=family, nframes=4, resized_height=side, resized_width=width,
                         size_factor=STOCK_QWEN3_GRID if q3_stock else None)
 
 
 def canary_handle(family: str, mode: str, cache=None, sglang_version: str | None = None):
-    """The canary video, made here (deterministic content: the same entry on every run) and cached
-    through this node's configuration (``cache``, default ``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``)."""
-    import numpy as np
-
-    from ..encode import write_video
-    from ..handle import get
-    rng = np.random.default_rng(20261201)
-    frames = rng.integers(0, 256, (8, 96, 96, 3), dtype=np.uint8)      # 2 s at 4 fps: noise exercises every bit
-    # NUT, not Matroska: Matroska writes a random segment UID, so every run cached a new canary entry (D40).  One
-    # fixed path per user, written whole (os.replace), so its source record is the same every run too.
-    d = os.path.join(tempfile.gettempdir(), f"vidcache-canary-{os.getuid() if hasattr(os, 'getuid') else 0}")
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, "vidcache-canary.nut")
-    tmp = tempfile.NamedTemporaryFile(dir=d, suffix=".nut", delete=False)
-    tmp.close()
-    try:
-        write_video(tmp.name, frames, codec="ffv1", rate=Fraction(4), pix_fmt="bgr0", exact_time_base=True)
-        os.replace(tmp.name, path)
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
-    return get(path, canary_options(family, mode, sglang_version), cache)
-
-
-def _load_processor(path: str):
-    from transformers import AutoProcessor
-    return AutoProcessor.from_pretrained(path)
-
-
-
-def server_processor_dir(res: "ServerCheck", path, what: str) -> str | None:
-    """The directory the server names for its processor (``what``), when this machine has it too: the canary is
-    built from it.  Else a ``processor`` cause on ``res`` and None."""
-    if path and os.path.isdir(path):
-        return path
-    res.causes.append(Cause("processor", f"{what} ({path!r}) is not a directory here: pass --processor DIR (the "
-                                         "checkpoint's processor) to send the canary"))
-    return None
-
-
-def check_version(res: "ServerCheck", engine: str, version: str, verified, allow_unverified: str | None,
-                  flag: str | None = None) -> None:
-    """The version verdict, for every engine: verified, unverified but named by the operator, or a cause."""
-    if version in verified:
-        res.passed.append(f"version {version} verified")
-    elif allow_unverified is not None and allow_unverified == version:
-        res.passed.append(f"version {version} UNVERIFIED, allowed explicitly")
-    else:
-        res.causes.append(Cause("version", f"{engine} {version} is not verified; vidcache is verified with "
-                                           f"{', '.join(verified)} (to run anyway, name it: "
-                                           f"{flag or '--allow-unverified-' + engine.lower()} {version})"))
+    """The canary video for ``mode`` (``canary_options``), cached through this node's configuration
+    (``rollout.check.canary_video``: the same entry on every run)."""
+    return canary_video(canary_options(family, mode, sglang_version), cache)
 
 
 def check_server(url: str, family: str | None = None, mode: str | None = None, processor=None,
@@ -214,10 +83,10 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
     the trainer is given SGLang's (Miles with vidcache's train hooks)."""
     flags = {**CLI_FLAGS, **(flags or {})}
     url = url.rstrip("/")
-    res = ServerCheck(url, mode_flag=flags["mode"])
+    res = ServerCheck(url, engine="SGLang", mode_flag=flags["mode"])
     try:
-        _, info = _http(url + "/server_info", timeout=timeout)
-        _, model = _http(url + "/model_info", timeout=timeout)
+        _, info = http_json(url + "/server_info", timeout=timeout)
+        _, model = http_json(url + "/model_info", timeout=timeout)
     except (OSError, ValueError) as e:
         res.causes.append(Cause("server", f"cannot read {url}/server_info and /model_info: {e}"))
         return res
@@ -291,7 +160,7 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
                                                                 "the server's processor")) is None:
         return res
     if isinstance(processor, (str, os.PathLike)):
-        processor = _load_processor(str(processor))
+        processor = load_processor(str(processor))
     _canary(res, url, processor, family, mode, cache, timeout, info, token_layout, trainer_positions)
     return res
 
@@ -347,7 +216,7 @@ def _layout_passed(sides: dict, family: str, mode: str) -> str:
 def _send(url: str, prep, timeout: float) -> tuple[int, dict]:
     payload = {"input_ids": list(prep.compact_ids), "video_data": list(prep.video_data),
                "sampling_params": {"max_new_tokens": 0, "temperature": 0}, "return_prompt_token_ids": True}
-    return _http(url + "/generate", payload, timeout)
+    return http_json(url + "/generate", payload, timeout)
 
 
 def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache, timeout: float,
@@ -363,7 +232,7 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
     prep = prepare(processor, CANARY_PROMPT, [h], mode=mode, attest="values", token_layout=sides["request"])
     status, body = _send(url, prep, timeout)
     if status != 200:
-        msg = _error_message(body)
+        msg = error_message(body)
         if ATTESTATION_MARK in msg:
             res.causes.append(Cause("attestation", msg))
         elif "vnd.vidcache.ref" in msg and "cannot load vidcache reference" not in msg:
@@ -401,7 +270,7 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
     rec["attest"].pop("values", None)
     prep.video_data = [ref_uri(rec["tier"], rec["key"], rec["attest"], rec.get("layout"))]
     status, body = _send(url, prep, timeout)
-    if status == 200 or ATTESTATION_MARK not in _error_message(body):
+    if status == 200 or ATTESTATION_MARK not in error_message(body):
         res.causes.append(Cause("plugin", "the server accepted a canary with a wrong attestation: its vidcache "
                                           "plugin does not check attestations (an older vidcache on the server?)"))
     else:

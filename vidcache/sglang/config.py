@@ -16,11 +16,12 @@ import shlex
 
 from ..config import ENV_DIR
 from ..options import PATCH_SIZE
-from ..serving import (FROZEN_FPS, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS,
-                       SGLANG_TOTAL_PIXELS_ENV, SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS,
-                       default_mode, refused_video_keys, stock_pixel_bounds)
+from ..serving import FROZEN_FPS
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
                             env_layout, implied_layout)
+from .facts import (MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS, SGLANG_TOTAL_PIXELS_ENV,
+                    SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS, default_mode, refused_video_keys,
+                    stock_pixel_bounds)
 from .versions import installed_sglang, installed_transformers, qwen_vl_processor_modules
 
 PLUGIN_PACKAGE = "vidcache.sglang.plugin"
@@ -76,7 +77,7 @@ def sglang_report() -> dict:
 
 
 def sglang_config(family: str, mode: str | None = None, cache=None, sglang_version: str | None = None) -> dict:
-    """The SGLang server configuration for ``family`` in ``mode`` (None: ``serving.default_mode``, plugin
+    """The SGLang server configuration for ``family`` in ``mode`` (None: ``facts.default_mode``, plugin
     for Qwen3-VL as in Miles), for the SGLang release ``sglang_version`` (``target_sglang``).  With ``cache``
     (a ``VideoCache``), stock mode also lifts SGLang's URL download cap when the largest frozen file needs it."""
     if family not in PATCH_SIZE:

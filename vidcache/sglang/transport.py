@@ -10,7 +10,7 @@ Stock mode sends a frozen file by URL.  Transports:
   ``http``    ``vidcache serve`` on some node (``base_url``).
   ``data``    inline, refused above SGLang's download cap.
 
-Plugin mode sends a *reference* (``vidcache.sglang.ref``) as a ``data:`` URI.  It names the cache by
+Plugin mode sends a *reference* (``vidcache.rollout.ref``) as a ``data:`` URI.  It names the cache by
 identity, never by a path, so the plugin resolves it through its own node's configuration; stock
 SGLang cannot decode it, so a server started without the plugin fails loudly instead of silently
 using stock semantics.
@@ -21,10 +21,11 @@ import base64
 import os
 from urllib.parse import quote
 
-from ..serving import SERVING_FORMAT, SGLANG_URL_CAP, URL_EXPIRY_S, stock_sglang_problems
 from ..errors import ConfigError, OptionsError
+from ..rollout.ref import ref_uri
+from ..serving import SERVING_FORMAT, URL_EXPIRY_S
+from .facts import SGLANG_URL_CAP, stock_sglang_problems
 from .frozen import BY_SUFFIX, local_frozen_path, published_frozen_key
-from .ref import ref_uri
 
 TRANSPORTS = ("shared", "file", "http", "data")
 ENV_SERVER_PATH = "VIDCACHE_SHARED_SERVER_PATH"    # the shared directory as the SGLang nodes mount it

@@ -8,8 +8,8 @@ Uses vLLM's own endpoints only:
                                  ``vidcache.vllm.config.ENGINE_KWARGS``;
   ``POST /v1/chat/completions``  a canary video as a vidcache reference (``chat_request``), ``return_token_ids``.
 
-The canary is the SGLang check's (a deterministic noise clip, cached through this node's configuration, so the
-server resolves it through the shared tier like any training video).  vLLM's ``prompt_token_ids`` must equal the
+The canary is the SGLang plugin check's (``vidcache.rollout.check``: a deterministic noise clip, cached through this
+node's configuration, so the server resolves it through the shared tier like any training video).  vLLM's ``prompt_token_ids`` must equal the
 trainer's expansion of the same chat message (the checkpoint's chat template, then ``expanded_ids``).
 
 What it cannot see (docs/vllm.md, "What check-server cannot see"): the pixels (vLLM returns no tensors and has no
@@ -26,16 +26,14 @@ from ..options import PATCH_SIZE
 from ..positions import position_warning
 from ..processing import layout_of, request_layout
 from ..rollout import models as model_types
-from ..sglang.check import (Cause, ServerCheck, _error_message, _http, _load_processor,
-                            canary_handle, check_version, server_processor_dir)
+from ..rollout.check import (Cause, ServerCheck, canary_video, check_version, error_message, exact_canary_options,
+                             http_json, load_processor, server_processor_dir)
 from ..token_layout import LAYOUTS, implied_layout, layout_difference
 from .config import (ENGINE_KWARGS, REQUEST_GATE_FLAG, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags,
                      settings_problems)
 from .request import chat_expected_ids, chat_request, check_prompt_ids
 
 CANARY_TEXT = "vidcache canary."
-
-
 
 
 def check_server(url: str, family: str | None = None, processor=None, allow_unverified: str | None = None,
@@ -46,8 +44,8 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
     url = url.rstrip("/")
     res = ServerCheck(url, engine="vLLM", mode="loader")
     try:
-        _, ver = _http(url + "/version", timeout=timeout)
-        _, models = _http(url + "/v1/models", timeout=timeout)
+        _, ver = http_json(url + "/version", timeout=timeout)
+        _, models = http_json(url + "/v1/models", timeout=timeout)
         card = (models.get("data") or [{}])[0]
         model = card["id"]
     except (OSError, ValueError, KeyError, IndexError) as e:
@@ -80,7 +78,7 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
         res.warnings.append(warn)          # the trainer's own rule (this environment's transformers): a warning
 
     # --- the engine settings, where the server reports them (dev mode only)
-    status, info = _http(url + "/server_info?config_format=json", timeout=timeout)
+    status, info = http_json(url + "/server_info?config_format=json", timeout=timeout)
     mc = ((info.get("vllm_config") or {}).get("model_config")) if status == 200 else None
     if isinstance(mc, dict):
         problems = settings_problems(mc, family)
@@ -94,7 +92,7 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
                             f"({' '.join(serve_flags(family))}), or vLLM normalises on the GPU with other rounding")
 
     if isinstance(processor, (str, os.PathLike)):
-        processor = _load_processor(str(processor))
+        processor = load_processor(str(processor))
     if not getattr(processor, "chat_template", None):
         res.causes.append(Cause("processor", "the processor has no chat template: the canary goes through vLLM's chat "
                                              "endpoint, whose prompt the trainer can only reproduce with it"))
@@ -104,14 +102,14 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
 
 
 def _canary(res, url, model, processor, family, cache, timeout, version, token_layout) -> None:
-    h = canary_handle(family, "plugin", cache)
+    h = canary_video(exact_canary_options(family), cache)
     layout = request_layout(processor, family, "plugin", token_layout)
     res.token_layout = layout
     expected = chat_expected_ids(processor, CANARY_TEXT, [h], layout)
-    status, body = _http(url + "/v1/chat/completions", chat_request(model, CANARY_TEXT, [h], max_tokens=1),
+    status, body = http_json(url + "/v1/chat/completions", chat_request(model, CANARY_TEXT, [h], max_tokens=1),
                          timeout=timeout)
     if status != 200:
-        msg = _error_message(body)
+        msg = error_message(body)
         if REQUEST_GATE_FLAG in msg or "Per-request mm_processor_kwargs" in msg:
             # vLLM refused the request before any video was loaded: the loader was never asked
             res.causes.append(Cause("request", f"the server refuses per-request mm_processor_kwargs (vidcache's "

@@ -5,7 +5,7 @@ loader through the ``vllm.general_plugins`` entry point ``vidcache`` (pyproject.
 ``load_general_plugins``), or by importing it.  The server selects it with ``media_io_kwargs``
 (``vidcache.vllm.config.ENGINE_KWARGS``).
 
-A request's video is the plugin-mode reference of ``vidcache.sglang.ref`` (``data:application/vnd.vidcache.ref+json
+A request's video is the plugin-mode reference of ``vidcache.rollout.ref`` (``data:application/vnd.vidcache.ref+json
 ;base64,...``); vLLM base64-decodes the data URL and hands this loader the JSON bytes.  They are parsed by the same
 ``parse_ref`` as the SGLang plugin's (size and depth capped, every field type-checked, JSON only) and resolved by
 the same ``open_ref`` (the node's own cache, never a path from the request), to the cached uint8 frames and the
@@ -27,7 +27,7 @@ from vllm.multimodal.video import VIDEO_LOADER_REGISTRY, VideoLoader
 
 from ..errors import InvalidKeyError
 from ..processing import video_metadata
-from ..sglang.ref import MAX_REF_CHARS, REF_PREFIX, open_ref, parse_ref
+from ..rollout.ref import MAX_REF_CHARS, REF_PREFIX, open_ref, parse_ref
 from .config import FALLBACK_KEY, LOADER_NAME
 
 # A container format never begins with "{" (MP4: a box size; Matroska/WebM: 0x1A45DFA3; AVI: "RIFF"; MPEG-TS:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 from ..errors import ParityError, TokenLayoutError
 from ..processing import VIDEO_PLACEHOLDER, expanded_ids, request_layout, video_metadata
+from ..rollout.prompt import video_prompt
+from ..rollout.ref import ref_uri
 from ..token_layout import layout_difference
 from .config import MM_PROCESSOR_KWARGS
 
@@ -106,7 +108,6 @@ def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = Non
     in the same process uses the same transformers).  Train tensors: ``vidcache.train_inputs(processor, handles)``
     on the same handles.
     """
-    from ..sglang.request import video_prompt
     handles = list(handles)
     prompt = video_prompt(prompt, len(handles))
     tok = processor.tokenizer
@@ -139,7 +140,6 @@ def chat_request(model: str, text: str, handles, max_tokens: int = 0) -> dict:
     and key, resolved inside the server by ``vidcache.vllm.loader``) then ``text``; no ``uuid`` (another client's
     uuid could name other pixels: the module's docstring); ``return_token_ids`` so the guard can compare
     ``prompt_token_ids``; the frames-are-final processor kwargs."""
-    from ..sglang.ref import ref_uri
     parts = []
     for h in handles:
         parts.append({"type": "video_url", "video_url": {"url": ref_uri(h.identity, h.resolve())}})

@@ -6,7 +6,7 @@ this SGLang has (``QwenVLImageProcessor``; a separate Qwen3-VL class too, should
 defines a subclass that takes over all of that class's architectures, and behaves exactly like it
 unless a request's ``video_data`` holds vidcache references (the
 ``data:application/vnd.vidcache.ref+json`` URIs that ``vidcache.prepare(..., mode="plugin")``
-produces, ``vidcache.sglang.ref``).  For those it:
+produces, ``vidcache.rollout.ref``).  For those it:
 
 * reads the canonical uint8 frames straight from the cache: no codec, no
   re-sampling, no resize (the frames were sampled and sized once at prewarm);
@@ -40,8 +40,8 @@ from ...attest import attest, compare
 from ...errors import VidcacheError
 from ...options import PATCH_SIZE
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
+from ...rollout.ref import open_ref, parse_ref
 from ..request import ATTESTATION_MARK
-from ..ref import open_ref, parse_ref
 from ..versions import installed_sglang, qwen_vl_processor_modules
 
 logger = logging.getLogger(__name__)

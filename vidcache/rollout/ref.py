@@ -1,4 +1,6 @@
-"""The plugin-mode reference: what a request names instead of a video, and how the plugin reads it.
+"""The plugin-mode reference: what a request names instead of a video, and how an engine's adapter reads it
+(SGLang's plugin, ``vidcache.sglang.plugin``; vLLM's loader, ``vidcache.vllm.loader``): engine-neutral, so both
+read the same format through the same parser.
 
 ``data:application/vnd.vidcache.ref+json;base64,<JSON>`` with
 ``{"vidcache_ref": 4, "tier": <cache identity>, "key": <entry key>, "attest": <record>, "layout": <name>}``:
