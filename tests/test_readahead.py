@@ -34,6 +34,24 @@ def until(cond, timeout=60.0):
         time.sleep(0.02)
 
 
+def at_its_bound(ahead, timeout=60.0):
+    """Wait until ``ahead``'s thread is blocked on its bound (waiting on its own condition, which it only does
+    once every sample it took is in the window and the window is full) and every pull it started has ended.
+    From then on nothing changes until the reader moves, so what the test counts next is the bound's doing, not
+    the clock's.  Fails the test after ``timeout``."""
+    end = time.monotonic() + timeout
+    with ahead._cond:
+        # The read-ahead thread is the only waiter on its condition besides the reader (this thread, which
+        # holds the lock here): a waiter listed while we hold the lock is that thread, parked.
+        while not ahead._cond._waiters:
+            assert ahead._thread.is_alive(), f"read-ahead ran to the end of its samples: {ahead.counts}"
+            assert time.monotonic() < end, f"read-ahead never stopped at its bound: {ahead.counts}"
+            ahead._cond.wait(0.05)            # it notifies on each sample it adds; this also rechecks
+        pulls = [f for s in ahead._window for f in s.pulls]
+    for f in pulls:
+        f.exception(max(0.0, end - time.monotonic()))     # TimeoutError fails the test
+
+
 @pytest.fixture
 def tier(tmp_path, videos):
     """A directory tier that node A filled with 4 compact entries: (shared path, keys, node A's frames)."""
@@ -97,17 +115,14 @@ def test_the_window_is_bounded_by_samples_and_by_bytes(tmp_path, tier):
     handles = [vidcache.from_key(k, b) for k in ks]
     # max_bytes of 1: one sample ahead at a time, whatever its size
     with vidcache.read_ahead(handles, depth=64, max_bytes=1) as ahead:
-        until(lambda: ahead.counts["pulled"] == 1)
-        time.sleep(0.5)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 1 and local_blobs(b, ks) == [True, False, False, False]
         next(ahead)
-        until(lambda: ahead.counts["pulled"] == 2)
-        time.sleep(0.3)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 2
     c = VideoCache(tmp_path / "c", shared=shared)
     with vidcache.read_ahead([vidcache.from_key(k, c) for k in ks], depth=2) as ahead:
-        until(lambda: ahead.counts["pulled"] == 2)
-        time.sleep(0.5)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 2          # depth 2: two samples ahead of a reader that has read none
 
 
@@ -151,8 +166,7 @@ def test_a_local_budget_halves_the_window(tmp_path, tier):
     budget = 2 * sizes[0]                     # half of it: room for the first sample only
     b = VideoCache(tmp_path / "b", shared=shared, max_local_bytes=budget)
     with vidcache.read_ahead([vidcache.from_key(k, b) for k in ks], depth=64) as ahead:
-        until(lambda: ahead.counts["pulled"] >= 1)
-        time.sleep(0.5)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 1 and ahead.max_bytes == budget // 2
 
 
