@@ -14,6 +14,8 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.errors import NoSpaceError, StoreError
 
+from support.damage import flip_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -338,9 +340,7 @@ def test_upgrade_never_trusts_an_unsound_object_at_the_compact_name(tmp_path, vi
     writer = VideoCache(tmp_path / "writer", shared=str(tier))
     assert writer.compact.publish(k2, want[k2], old.manifest(k2))   # a sound object at k2's compact name ...
     name = tier / next(n for n in ns(tier, "frozen/") if k2 in n and n.endswith(".nut"))
-    data = bytearray(name.read_bytes())
-    data[len(data) // 2] ^= 0x55                                    # ... rotted in its middle
-    name.write_bytes(bytes(data))
+    flip_file(name, 0.5, bit=0x55)                                  # ... rotted in its middle
     r = vc(["verify", "--shared", "--upgrade"], tmp_path / "nodeB", tier)
     assert "Traceback" not in r.stderr, r.stderr
     assert "2 converted to compact objects" in r.stdout, r.stdout + r.stderr
@@ -458,9 +458,7 @@ def test_a_compact_object_without_its_record_is_sound_to_verify_and_repair_recor
     assert r.returncode == 0 and ns(tier, "frozen-digest/") == [rec], r.stdout + r.stderr
     os.unlink(tier / rec)
     (obj,) = ns(tier, "frozen/")
-    data = bytearray((tier / obj).read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (tier / obj).write_bytes(bytes(data))
+    flip_file(tier / obj, 0.5)
     r = vc(["verify", "--shared"], tmp_path / "d", tier)
     assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr
 

@@ -13,7 +13,7 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.errors import DigestMismatchError
 
-from support.damage import flip_seen_by_decoder
+from support.damage import flip_file, flip_seen_by_decoder
 
 
 # --- nodes ---------------------------------------------------------------------------------------------
@@ -44,12 +44,11 @@ def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos,
     store_key = a.compact.key(key) if layout == "compact" else "cas/" + m.frames.blob
     assert (a.shared.get("cas/" + m.frames.blob) is None) == (layout == "compact")   # no raw copy, compact
     blob_path = a.shared._path(store_key)
-    raw = bytearray(open(blob_path, "rb").read())
     if layout == "compact":
-        raw = flip_seen_by_decoder(bytes(raw), m, bit=0x01)
+        raw = flip_seen_by_decoder(open(blob_path, "rb").read(), m, bit=0x01)
+        open(blob_path, "wb").write(raw)
     else:
-        raw[len(raw) // 2] ^= 0x01
-    open(blob_path, "wb").write(bytes(raw))
+        flip_file(blob_path, 0.5, bit=0x01)
     b = VideoCache(tmp_path / "b", shared=shared)
     with pytest.raises(DigestMismatchError, match=key):
         b.frames(key)                                # node B pulls, checks, refuses

@@ -22,6 +22,8 @@ from vidcache.digest import Digest
 from vidcache.errors import DigestMismatchError, NotCachedError, SharedUnavailableError
 from vidcache.store.fsspec import FsspecStore
 
+from support.damage import flip_file
+
 TIMEOUT_S = 60.0         # the tier's default bound on one transfer (store/fsspec.DEFAULT_TIMEOUT_S)
 
 
@@ -49,9 +51,7 @@ def _other_entrys_object(a, k, other):
 
 def _flip(a, k, other):
     p = _object(a, k)
-    data = bytearray(open(p, "rb").read())
-    data[len(data) * 2 // 3] ^= 0x40
-    open(p, "wb").write(bytes(data))
+    flip_file(p, os.path.getsize(p) * 2 // 3, bit=0x40)
 
 
 FAULTS = {"truncated": _truncate, "another entry's valid object": _other_entrys_object, "a flipped byte": _flip}

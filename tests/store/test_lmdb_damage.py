@@ -13,6 +13,8 @@ from vidcache.errors import StoreError
 from vidcache.store.lmdb import LMDBStore
 from vidcache.testing.videos import make_video
 
+from support.damage import flip_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = 4096
 P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
@@ -33,14 +35,6 @@ def structural_pages(raw: bytes) -> list[int]:
 # (the free-space bounds).  Flips of node offsets can instead make LMDB read past the end of the file,
 # which kills the process with SIGBUS inside LMDB's C code: nothing Python can catch (see the report).
 FLIP_OFFSETS = (10, 13, 15)
-
-
-def flip(path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)[0]
-        f.seek(at)
-        f.write(bytes([b ^ 0xFF]))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +65,7 @@ def test_structural_page_flips_give_a_clean_error_never_a_traceback(node):
         for k in pages:
             for off in FLIP_OFFSETS:
                 data.write_bytes(pristine)
-                flip(data, k * PAGE + off)
+                flip_file(data, k * PAGE + off)
                 for cmd in ("stats", "verify"):
                     r = vc(cmd, node)
                     where = f"page {k} +{off}, {cmd}: rc {r.returncode}"
@@ -104,7 +98,7 @@ def test_a_flip_that_kills_lmdb_with_sigbus_is_one_store_line(node):
         for k in reversed(leaves):                        # the newest leaves hold the entries' keys
             for off in range(17, min(lower[k], 41), 2):   # the high byte of each node offset
                 data.write_bytes(pristine)
-                flip(data, k * PAGE + off)
+                flip_file(data, k * PAGE + off)
                 r = vc("verify", node)
                 seen.append((k, off, r.returncode))
                 assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (k, off, r.stderr[-300:])
@@ -129,7 +123,7 @@ def _damage_every_structural_page(path) -> None:
     with open(data, "rb") as f:
         pages = structural_pages(f.read())
     for k in pages:
-        flip(data, k * PAGE + 10)      # the page's flags: every walk through it finds the wrong page type
+        flip_file(data, k * PAGE + 10)      # the page's flags: every walk through it finds the wrong page type
 
 
 @pytest.mark.parametrize("verb", ["get", "read", "exists_many", "size", "keys", "set_many", "delete", "gc"])
