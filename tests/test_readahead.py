@@ -22,6 +22,7 @@ from vidcache.compact import CompactLayout
 from vidcache.errors import CorruptManifestError, NotCachedError
 from vidcache.store.single_flight import SingleFlight
 
+from support.cli import run_cli
 from support.damage import flip_seen_by_decoder
 
 CLIPS = ("ffv1_10_small", "mjpeg_24", "h264_30", "mpeg4_25_odd")
@@ -53,10 +54,9 @@ def at_its_bound(ahead, timeout=60.0):
 
 
 @pytest.fixture
-def tier(tmp_path, videos):
+def tier(node_a, tmp_path, videos):
     """A directory tier that node A filled with 4 compact entries: (shared path, keys, node A's frames)."""
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
+    shared, a = node_a.shared, node_a.cache
     ks = [a.ensure(videos[n], VideoOptions()).key for n in CLIPS]
     frames = {k: a.frames(k) for k in ks}
     a.close()
@@ -337,12 +337,6 @@ def test_kill_mid_read_ahead_leaves_the_local_tier_sound(tmp_path, tier):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def vc(args, node, shared):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node), "VIDCACHE_SHARED": str(shared)}
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
 def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, videos):
     data = tmp_path / "train.jsonl"
     rows = [{"prompt": "<video> a", "videos": [videos["ffv1_10_small"]]},
@@ -350,12 +344,12 @@ def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, 
             {"prompt": "text only"}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     shared, a, b = tmp_path / "nfs", tmp_path / "node_a", tmp_path / "node_b"
-    r = vc(["prewarm", str(data), "--no-progress"], a, shared)
+    r = run_cli(["prewarm", str(data), "--no-progress"], a, shared)
     assert r.returncode == 0, r.stderr
-    r = vc(["pull", str(data)], b, shared)
+    r = run_cli(["pull", str(data)], b, shared)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "pull: 2 pulled, 0 already here, 0 not cached" in r.stdout, r.stdout
-    r = vc(["pull", str(data)], b, shared)
+    r = run_cli(["pull", str(data)], b, shared)
     assert "pull: 0 pulled, 2 already here" in r.stdout, r.stdout
     # node B draws the same contact sheets as node A with the tier gone (its own copies only)
     sheets = {}
@@ -364,7 +358,7 @@ def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, 
             shutil.move(str(shared), str(tmp_path / "elsewhere"))
         for name in ("ffv1_10_small", "mjpeg_24"):
             out = tmp_path / f"{node.name}_{name}.png"
-            r = vc(["inspect", videos[name], "--contact-sheet", str(out)], node, shared)
+            r = run_cli(["inspect", videos[name], "--contact-sheet", str(out)], node, shared)
             assert r.returncode == 0, r.stderr
             sheets[node.name, name] = out.read_bytes()
     assert all(sheets["node_a", n] == sheets["node_b", n] for n in ("ffv1_10_small", "mjpeg_24"))
@@ -465,12 +459,12 @@ def test_queued_hinted_pulls_are_dropped_at_exit(tmp_path, tier):
     assert len(started) <= WORKERS, started
 
 
-def test_a_pool_shut_down_under_it_is_taken_as_its_close(tmp_path, videos):
+def test_a_pool_shut_down_under_it_is_taken_as_its_close(node_a, tmp_path, videos):
     """At interpreter exit concurrent.futures shuts every pool down before the read-ahead's own thread stops, and
     refuses new work (``RuntimeError: cannot schedule new futures after shutdown``, a traceback from the thread at
     the end of every script that never closed it); the read-ahead takes that as its close."""
     from vidcache.readahead import ReadAhead, _Sample
-    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
+    a = node_a.cache
     h = vidcache.get(videos["ffv1_10_small"], VideoOptions(fps=1.0), a)
     b = VideoCache(tmp_path / "b", shared=str(tmp_path / "tier"))
     ra = ReadAhead(iter([]), depth=1)

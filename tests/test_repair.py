@@ -11,10 +11,9 @@ from vidcache import keys as K
 from support.damage import flip_stored
 
 
-def test_a_bad_local_blob_is_replaced_from_the_shared_tiers_sound_copy_without_rebuilding(tmp_path, videos):
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+def test_a_bad_local_blob_is_replaced_from_the_shared_tiers_sound_copy_without_rebuilding(node_a, tmp_path, videos):
+    tier, a = node_a.tier, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     want = a.frames(key)
     a.sync()
     flip_stored(a.local, K.cas(a.manifest(key).frames.blob), at=500, bit=0x10)

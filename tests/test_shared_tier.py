@@ -49,6 +49,7 @@ def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos,
         open(blob_path, "wb").write(raw)
     else:
         flip_file(blob_path, 0.5, bit=0x01)
+        raw = open(blob_path, "rb").read()
     b = VideoCache(tmp_path / "b", shared=shared)
     with pytest.raises(DigestMismatchError, match=key):
         b.frames(key)                                # node B pulls, checks, refuses
@@ -101,12 +102,11 @@ def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(tmp_path,
     assert list(b.local.keys("cas/")) == []          # hits were counted, no frames were pulled
 
 
-def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(tmp_path, videos, monkeypatch,
+def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(node_a, tmp_path, videos, monkeypatch,
                                                                            count_decodes):
     import vidcache.cache as cache_mod
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
-    key = a.ensure(videos["hevc_25"], VideoOptions()).key
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("hevc_25")
     decoded = len(count_decodes)
 
     def no_fetch(*args, **kw):
@@ -118,16 +118,15 @@ def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(tmp_
     assert torch.equal(h.frames(), a.frames(key)) and len(count_decodes) == decoded
 
 
-def test_a_node_that_builds_an_entry_another_node_just_built_says_how_to_avoid_it(tmp_path, videos, monkeypatch,
-                                                                                     caplog):
+def test_a_node_that_builds_an_entry_another_node_just_built_says_how_to_avoid_it(node_a, tmp_path, videos,
+                                                                                   monkeypatch, caplog):
     """D31, refused with a clear message: two nodes prewarming the same rows at once may both decode a video
     (5-11 of 30 in the reliability run).  Never wrong (one key, one set of frames, the first object wins and the
     second is checked against it), but the second node says its decode was wasted and how to build once."""
     import logging
 
     from vidcache import errors
-    tier = str(tmp_path / "tier")
-    a = VideoCache(tmp_path / "a", shared=tier)
+    tier, a = node_a.shared, node_a.cache
     want = a.frames(a.ensure(videos["mjpeg_24"], VideoOptions()).key)
     b = VideoCache(tmp_path / "b", shared=tier)
     monkeypatch.setattr(type(b), "sound_manifest", lambda self, key: None)   # B looked before A's manifest landed
@@ -186,27 +185,23 @@ def test_the_object_bound_follows_the_decode_budget():
 
 
 def test_cli_verify_names_an_oversized_shared_object(tmp_path, videos):
-    import subprocess
-    import sys
+    from support.cli import EVERYTHING, run_cli
     bound = 1 << 20
     shared, key = _plant_oversized(tmp_path, videos, 8 * bound)
-    env = {**os.environ, "VIDCACHE_SHARED_MAX_OBJECT_BYTES": str(bound), "VIDCACHE_DIR": str(tmp_path / "b")}
-    env.pop("VIDCACHE_DEBUG", None)
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify", "--shared", shared], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = run_cli(["verify", "--shared", shared], tmp_path / "b", inherit=EVERYTHING,
+                env={"VIDCACHE_SHARED_MAX_OBJECT_BYTES": bound})
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert f"BAD {key}: [oversized]" in r.stdout and f"is {8 * bound} bytes" in r.stdout
 
 
 # --- D51: the directory tier's own directories, and each entry's own bound ---------------------------------------
-def test_a_symlinked_fan_out_directory_is_not_read_through(tmp_path, videos):
+def test_a_symlinked_fan_out_directory_is_not_read_through(node_a, tmp_path, videos):
     """D51 (2): ``frozen/<xx>`` moved outside the tier and linked back was served through the link.  A tier's
     directories are its own: the object behind the link is no object, so the read is a clean miss."""
     from vidcache.errors import NotCachedError
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     fan = os.path.dirname(a.shared._path(a.compact.key(key)))
     os.rename(fan, tmp_path / "elsewhere")
     os.symlink(tmp_path / "elsewhere", fan)
@@ -216,13 +211,12 @@ def test_a_symlinked_fan_out_directory_is_not_read_through(tmp_path, videos):
     assert b.shared.get(b.compact.key(key)) is None
 
 
-def test_a_symlinked_quarantine_directory_is_not_written_through(tmp_path, videos):
+def test_a_symlinked_quarantine_directory_is_not_written_through(node_a, tmp_path, videos):
     """D51 (1): ``quarantine/<fan-out>`` linked outside the tier, then a truncated object read by a fresh node:
     the read was refused, and the planter's 5,000 bytes were written outside the tier by the quarantine copy."""
     from vidcache.errors import DigestMismatchError, NotCachedError
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     obj = a.shared._path(a.compact.key(key))
     qpath = a.shared._path(K.quarantined(a.compact.key(key)))
     outside = tmp_path / "outside_q"

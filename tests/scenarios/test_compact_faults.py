@@ -28,9 +28,9 @@ TIMEOUT_S = 60.0         # the tier's default bound on one transfer (store/fsspe
 
 
 @pytest.fixture
-def tier(tmp_path, videos):
-    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
-    k = a.ensure(videos["h264_30"], VideoOptions()).key
+def tier(node_a, tmp_path, videos):
+    a = node_a.cache
+    (k,) = node_a.build("h264_30")
     other = a.ensure(videos["mjpeg_24"], VideoOptions()).key
     return a, k, other, a.frames(k)
 

@@ -5,8 +5,6 @@ A flipped byte in a frozen file (UT Video or FFV1, this node's copy or the share
 to SGLang: the copy is checked against the digest recorded when it was verified, moved aside, and remade
 from the frames.  ``verify --shared`` reports it and ``--repair`` restores it."""
 import os
-import subprocess
-import sys
 from urllib.parse import unquote, urlparse
 
 import pytest
@@ -20,6 +18,7 @@ from vidcache.sglang.frozen import (FORMATS, available_decoders, decode_all, loc
                                     published_frozen_key)
 from vidcache.sglang.transport import video_uri
 
+from support.cli import EVERYTHING, run_cli
 from support.damage import flip_file
 
 
@@ -91,12 +90,6 @@ def test_a_flipped_shared_frozen_file_is_never_handed_out(node, fmt):
     assert c.shared.get(K.quarantined(K.frozen(h.key, suffix))) is not None
 
 
-def _cli(args, env_dir, shared):
-    env = {**os.environ, "VIDCACHE_DIR": str(env_dir), "VIDCACHE_SHARED": str(shared)}
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_verify_shared_reports_flipped_frozen_files_and_repair_restores_them(node, fmt):
     """CLI only, on a fresh node B (no VIDCACHE_DIR yet): node A's shared frozen file was flipped."""
@@ -106,15 +99,15 @@ def test_verify_shared_reports_flipped_frozen_files_and_repair_restores_them(nod
     local = local_frozen_path(c, h.key, fmt)
     flip_file(_shared_file(tmp_path, h.key, suffix), 0.6, bit=0x10)
     flip_file(local, 0.4, bit=0x10)
-    a = _cli(["verify"], c.path, tmp_path / "shared")                     # node A: both copies bad
+    a = run_cli(["verify"], c.path, tmp_path / "shared", inherit=EVERYTHING)        # node A: both copies bad
     assert a.returncode == 1 and f"local: frozen file {suffix}" in a.stdout and f"shared: frozen file {suffix}" in a.stdout
     b_dir = tmp_path / "nodeB"
-    b = _cli(["verify", "--shared"], b_dir, tmp_path / "shared")
+    b = run_cli(["verify", "--shared"], b_dir, tmp_path / "shared", inherit=EVERYTHING)
     assert b.returncode == 1 and f"BAD {h.key}" in b.stdout and "frozen file" in b.stdout, b.stdout + b.stderr
     assert not b_dir.exists()                                            # a read-only look creates nothing
-    r = _cli(["verify", "--repair"], c.path, tmp_path / "shared")
+    r = run_cli(["verify", "--repair"], c.path, tmp_path / "shared", inherit=EVERYTHING)
     assert r.returncode == 1 and "-> repaired" in r.stdout, r.stdout + r.stderr
-    ok = _cli(["verify", "--shared"], b_dir, tmp_path / "shared")
+    ok = run_cli(["verify", "--shared"], b_dir, tmp_path / "shared", inherit=EVERYTHING)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert _exact(_shared_file(tmp_path, h.key, suffix), h.frames()) and _exact(local, h.frames())
 
