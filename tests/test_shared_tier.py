@@ -17,17 +17,16 @@ from support.damage import flip_file, flip_seen_by_decoder
 
 
 # --- nodes ---------------------------------------------------------------------------------------------
-def test_second_node_reads_through_without_decoding(tmp_path, videos, count_decodes):
-    shared = str(tmp_path / "nfs")
-    node_a = VideoCache(tmp_path / "node_a", shared=shared)
-    key = node_a.ensure(videos["h264_ntsc"], VideoOptions()).key
+def test_second_node_reads_through_without_decoding(node_a, tmp_path, videos, count_decodes):
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("h264_ntsc")
     decoded_before = len(count_decodes)
-    node_b = VideoCache(tmp_path / "node_b", shared=shared)
-    assert node_b.identity == node_a.identity       # one cluster-wide identity: the shared tier's
+    node_b = node_a.node("node_b")
+    assert node_b.identity == a.identity            # one cluster-wide identity: the shared tier's
     assert node_b.ensure(videos["h264_ntsc"], VideoOptions()).status == "hit"
     h = vidcache.lazy(videos["h264_ntsc"], VideoOptions(), node_b)
     assert h.resolve(build=False) == key
-    assert torch.equal(h.frames(), node_a.frames(key)) and len(count_decodes) == decoded_before
+    assert torch.equal(h.frames(), a.frames(key)) and len(count_decodes) == decoded_before
     # the node directory remembers its shared tier, for later commands on this node
     assert json.load(open(tmp_path / "node_b" / "config.json"))["shared"] == shared
     assert not os.path.exists(os.path.join(shared, "lmdb"))   # never LMDB on the shared tier
@@ -88,13 +87,13 @@ def test_shared_tier_on_s3(tmp_path, videos, s3):
     assert "secret" not in open(tmp_path / "b" / "config.json").read()
 
 
-def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(tmp_path, videos, count_decodes):
+def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(node_a, tmp_path, videos, count_decodes):
     from vidcache.prewarming import prewarm
-    shared = str(tmp_path / "nfs")
+    shared = node_a.shared
     ds = tmp_path / "d.jsonl"
     ds.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n"
                           for n in ("h264_30", "mjpeg_24")))
-    assert prewarm(str(ds), VideoCache(tmp_path / "a", shared=shared), VideoOptions(), progress=False).new == 2
+    assert prewarm(str(ds), node_a.cache, VideoOptions(), progress=False).new == 2
     decoded = len(count_decodes)
     b = VideoCache(tmp_path / "b", shared=shared)
     s = prewarm(str(ds), b, VideoOptions(), progress=False)
