@@ -18,6 +18,8 @@ import torch
 
 from vidcache import mrope
 
+from support.cli import EVERYTHING, run_cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "tests", "support", "rope_peer.py")
 OVERLAYS = os.path.join(ROOT, ".overlays")
