@@ -334,7 +334,6 @@ def test_kill_mid_read_ahead_leaves_the_local_tier_sound(tmp_path, tier):
 
 
 # --- the CLI, as a user runs it on a fresh node --------------------------------------------------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, videos):
@@ -367,9 +366,7 @@ def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, 
 def test_cli_pull_without_a_shared_tier_is_a_config_error(tmp_path):
     data = tmp_path / "t.jsonl"
     data.write_text("{}\n")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "n")}
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "pull", str(data)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli(["pull", str(data)], tmp_path / "n", timeout=120)
     assert r.returncode == 1 and "[config]" in r.stderr and "no shared tier" in r.stderr and "Traceback" not in r.stderr
 
 
