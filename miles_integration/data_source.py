@@ -20,6 +20,7 @@ function also uses it for eval datasets.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import functools
@@ -319,20 +320,42 @@ class VidcacheDataset:
         return np.asarray(keep, dtype=np.int64)
 
 
+# Miles builds its eager ``Dataset`` through a module-global name (``miles.rollout.data_source.Dataset`` for the
+# training data, ``...inference_rollout_eval.Dataset`` for eval sets); vidcache swaps that name for the block in
+# which Miles builds.  One swap at a time, process-wide: two overlapping swaps of one name would each restore
+# what the other set, leaving vidcache's factory in place for the rest of the process.
 _SWAP_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def _miles_builds(dataset_factory):
-    """Within the block, Miles' data source builds ``dataset_factory(...)`` where it would build its eager
-    ``Dataset`` (the name it calls, ``miles.rollout.data_source.Dataset``); restored afterwards."""
-    with _SWAP_LOCK:
-        saved = miles_data_source.Dataset
-        miles_data_source.Dataset = dataset_factory
-        try:
+def _swapped(module, dataset_factory):
+    saved = module.Dataset
+    module.Dataset = dataset_factory
+    try:
+        yield
+    finally:
+        module.Dataset = saved
+
+
+@contextlib.contextmanager
+def miles_builds(module, dataset_factory):
+    """Within the block, ``module``'s ``Dataset`` (the name Miles calls) is ``dataset_factory``; restored after."""
+    with _SWAP_LOCK, _swapped(module, dataset_factory):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def miles_builds_async(module, dataset_factory):
+    """``miles_builds`` around a coroutine (Miles' eval builds its datasets between awaits).  The lock is taken
+    without blocking the event loop: a second eval on the same loop waits its turn instead of stopping the loop
+    that would let the first one finish."""
+    while not _SWAP_LOCK.acquire(blocking=False):
+        await asyncio.sleep(0.01)
+    try:
+        with _swapped(module, dataset_factory):
             yield
-        finally:
-            miles_data_source.Dataset = saved
+    finally:
+        _SWAP_LOCK.release()
 
 
 _OPEN: "weakref.WeakSet" = weakref.WeakSet()      # data sources whose read-ahead may still run
@@ -381,7 +404,7 @@ class VidcacheDataSource(RolloutDataSourceWithBuffer):
     def __init__(self, args):
         self.config = VidcacheConfig.from_args(args)
         self._ahead, self._ahead_at = None, None
-        with _miles_builds(functools.partial(VidcacheDataset, config=self.config)):
+        with miles_builds(miles_data_source, functools.partial(VidcacheDataset, config=self.config)):
             super().__init__(args)
         self._follow()
         _LATEST[:] = [self]

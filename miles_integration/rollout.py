@@ -117,14 +117,11 @@ class VidcacheRolloutFn(InferenceRolloutFn):
     async def _call_eval(self, input: RolloutFnEvalInput):
         from miles.rollout.inference_rollout import inference_rollout_eval as ev
 
-        from .data_source import VidcacheDataset
+        from .data_source import VidcacheDataset, miles_builds_async
 
         await ensure_servers_checked(self.outer_args, self.state.processor, self.config)
-        saved = ev.Dataset                 # scoped: other rollout functions in this process keep Miles' Dataset
-        ev.Dataset = functools.partial(VidcacheDataset, config=self.config)
-        try:
+        # scoped: other rollout functions in this process keep Miles' Dataset
+        async with miles_builds_async(ev, functools.partial(VidcacheDataset, config=self.config)):
             return await super()._call_eval(input)
-        finally:
-            ev.Dataset = saved
 
     add_arguments = staticmethod(add_vidcache_arguments)

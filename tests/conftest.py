@@ -61,6 +61,35 @@ def cache(tmp_path):
     c.close()
 
 
+class NodeA:
+    """Node A of a cluster: its own node directory (``tmp_path/"a"``) and the shared tier it fills
+    (``tmp_path/"tier"``), opened as ``cache``; other nodes on the same tier come from ``node``."""
+
+    def __init__(self, tmp_path, request) -> None:
+        from vidcache import VideoCache
+        self.tmp_path, self._request = tmp_path, request
+        self.tier = tmp_path / "tier"
+        self.shared = str(self.tier)
+        self.cache = VideoCache(tmp_path / "a", shared=self.shared)
+
+    def build(self, *names, options=None) -> list[str]:
+        """The keys of ``videos[name]`` for each name, built on node A (so published to the tier)."""
+        from vidcache import VideoOptions
+        videos = self._request.getfixturevalue("videos")       # made only for a test that builds them
+        return [self.cache.ensure(videos[n], options or VideoOptions()).key for n in names]
+
+    def node(self, name: str, **settings):
+        """Another node on node A's tier: a fresh directory ``tmp_path/name``."""
+        from vidcache import VideoCache
+        return VideoCache(self.tmp_path / name, shared=self.shared, **settings)
+
+
+@pytest.fixture
+def node_a(tmp_path, request):
+    """A fresh node A and its shared tier (``NodeA``); nothing built yet."""
+    return NodeA(tmp_path, request)
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:

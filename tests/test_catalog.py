@@ -11,8 +11,8 @@ from vidcache.keys import source_digest_of
 OPTS = VideoOptions(family="qwen2_5_vl", fps=2.0, min_pixels=3136, max_pixels=50176)
 
 
-def test_listing_names_each_entry_its_sources_shape_and_tiers(tmp_path, videos):
-    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
+def test_listing_names_each_entry_its_sources_shape_and_tiers(node_a, tmp_path, videos):
+    a = node_a.cache
     src = str(tmp_path / "copy.mp4")
     shutil.copy(videos["h264_30"], src)
     h1 = get(videos["h264_30"], OPTS, a)

@@ -10,7 +10,7 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.cli import main as cli
 
-from support.damage import flip_seen_by_decoder
+from support.damage import flip_seen_by_decoder, flip_stored
 
 
 def test_stats_inspect_and_contact_sheet(tmp_path, videos, capsys):
@@ -102,10 +102,7 @@ def test_verify_finds_a_corrupted_blob_and_repairs_it(tmp_path, videos, capsys):
     assert cli(["verify", "--cache", c.path]) == 0
     out = capsys.readouterr().out
     assert "verify: 2 ok, 0 bad" in out and _verify_lines(out) == {good: "OK", bad: "OK"}
-    blob = K.cas(c.manifest(bad).frames.blob)
-    raw = bytearray(c.store.get(blob))
-    raw[7] ^= 1
-    c.store.set_many({blob: bytes(raw)})
+    flip_stored(c.store, K.cas(c.manifest(bad).frames.blob), at=7, bit=1)
     c.close()
     assert cli(["verify", "--cache", c.path]) == 1
     out = capsys.readouterr().out

@@ -11,17 +11,9 @@ import pytest
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 
+from support.cli import run_cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def vc(args, node, shared, extra_env=None, stdin=None, timeout=300):
-    """``python -m vidcache.cli ARGS`` with only the node's two settings (run from the checkout, so the
-    package imports without PYTHONPATH)."""
-    # PATH: decord's loader appends to it; every real shell has one.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node), "VIDCACHE_SHARED": str(shared),
-           **(extra_env or {})}
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout, stdin=stdin if stdin is not None else subprocess.DEVNULL)
 
 
 def ok(r):
@@ -59,54 +51,54 @@ def dataset(tmp_path, videos):
 
 def test_cli_cluster_path_on_a_new_directory_tier(tmp_path, dataset):
     tier, node_a, node_b = tmp_path / "tier", tmp_path / "nodeA", tmp_path / "nodeB"
-    r = ok(vc(["prewarm", str(dataset), "--workers", "2"], node_a, tier))
+    r = ok(run_cli(["prewarm", str(dataset), "--workers", "2"], node_a, tier))
     assert "2 new" in r.stdout
     ident = tier_id_of(tier)      # made by the CLI alone
     assert ident in r.stderr
     assert not list(tmp_path.glob("*.failures.jsonl")) and not (dataset.parent / "train.failures.jsonl").exists()
     before = tier_files(tier)
 
-    st = json.loads(ok(vc(["stats", "--json"], node_b, tier)).stdout)
+    st = json.loads(ok(run_cli(["stats", "--json"], node_b, tier)).stdout)
     assert st["identity"] == ident and st["shared"]["entries"] == 2 and st["shared"]["bytes"] > 0
     assert st["local"]["entries"] == 0
-    listing = json.loads(ok(vc(["ls", "--json"], node_b, tier)).stdout)
+    listing = json.loads(ok(run_cli(["ls", "--json"], node_b, tier)).stdout)
     assert sorted(r["sources"][0] for r in listing) == sorted(json.loads(ln)["videos"][0]
                                                               for ln in dataset.read_text().splitlines())
     assert all(r["tiers"] == ["shared"] and r["family"] == "qwen2_5_vl" and r["tokens"] > 0 for r in listing)
-    table = ok(vc(["ls"], node_b, tier)).stdout
+    table = ok(run_cli(["ls"], node_b, tier)).stdout
     assert "2 entries" in table and "shared" in table
     for mode in ("stock", "plugin"):
-        cfg = json.loads(ok(vc(["sglang-config", "--family", "qwen2_5_vl", "--mode", mode], node_b, tier)).stdout)
+        cfg = json.loads(ok(run_cli(["sglang-config", "--family", "qwen2_5_vl", "--mode", mode], node_b, tier)).stdout)
         assert cfg["mode"] == mode and cfg["cache"] == {"shared": str(tier), "identity": ident}
-    assert "verify: 0 ok, 0 bad" in ok(vc(["verify"], node_b, tier)).stdout
-    assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], node_b, tier)).stdout
-    doc = ok(vc(["doctor"], node_b, tier)).stdout
+    assert "verify: 0 ok, 0 bad" in ok(run_cli(["verify"], node_b, tier)).stdout
+    assert "verify: 2 ok, 0 bad" in ok(run_cli(["verify", "--shared"], node_b, tier)).stdout
+    doc = ok(run_cli(["doctor"], node_b, tier)).stdout
     assert f"identity {ident}" in doc and "doctor: all checks passed" in doc
     key = listing[0]["key"]
-    src = ok(vc(["inspect", listing[0]["sources"][0]], node_b, tier))
+    src = ok(run_cli(["inspect", listing[0]["sources"][0]], node_b, tier))
     assert json.loads(src.stdout)["key"] == key
     assert not node_b.exists()                   # the read-only commands created nothing on node B
 
-    r = ok(vc(["evict", key], node_b, tier))     # local by default: the cluster keeps it
+    r = ok(run_cli(["evict", key], node_b, tier))     # local by default: the cluster keeps it
     assert tier_files(tier) == before and not node_b.exists()
-    r = ok(vc(["evict", key], node_a, tier))
+    r = ok(run_cli(["evict", key], node_a, tier))
     assert r.stdout.startswith("evicted") and tier_files(tier) == before
-    assert json.loads(ok(vc(["stats", "--json"], node_a, tier)).stdout)["local"]["entries"] == 1
+    assert json.loads(ok(run_cli(["stats", "--json"], node_a, tier)).stdout)["local"]["entries"] == 1
 
 
 def test_evict_from_the_shared_tier_needs_the_flag_and_confirmation(tmp_path, dataset):
     tier, node = tmp_path / "tier", tmp_path / "node"
-    ok(vc(["prewarm", str(dataset)], node, tier))
-    key = json.loads(ok(vc(["ls", "--json"], node, tier)).stdout)[0]["key"]
+    ok(run_cli(["prewarm", str(dataset)], node, tier))
+    key = json.loads(ok(run_cli(["ls", "--json"], node, tier)).stdout)[0]["key"]
     before = tier_files(tier)
-    r = failed(vc(["evict", key, "--shared"], node, tier), "config")     # no TTY to ask on: refused
+    r = failed(run_cli(["evict", key, "--shared"], node, tier), "config")     # no TTY to ask on: refused
     assert "--yes" in r.stderr and tier_files(tier) == before
-    ok(vc(["evict", key, "--shared", "--yes"], node, tier))
+    ok(run_cli(["evict", key, "--shared", "--yes"], node, tier))
     after = tier_files(tier)
     has = lambda files: any(f.startswith("ac/") and f.endswith("/" + key) for f in files)   # noqa: E731
     # its manifest, its compact object and that object's digest record
     assert has(before) and not has(after) and len(after) == len(before) - 3
-    assert [e["key"] for e in json.loads(ok(vc(["ls", "--json"], tmp_path / "other", tier)).stdout)] != [key]
+    assert [e["key"] for e in json.loads(ok(run_cli(["ls", "--json"], tmp_path / "other", tier)).stdout)] != [key]
 
 
 def test_evict_keeps_a_blob_other_entries_share_and_drops_frozen_files(tmp_path, videos):
@@ -131,12 +123,12 @@ def test_evict_keeps_a_blob_other_entries_share_and_drops_frozen_files(tmp_path,
 
 def test_gc_takes_human_sizes_and_a_fresh_node_has_nothing_to_collect(tmp_path, dataset):
     tier, node = tmp_path / "tier", tmp_path / "node"
-    ok(vc(["prewarm", str(dataset)], node, tier))
-    out = json.loads(ok(vc(["gc", "--max-local-bytes", "1kB"], node, tier)).stdout)
+    ok(run_cli(["prewarm", str(dataset)], node, tier))
+    out = json.loads(ok(run_cli(["gc", "--max-local-bytes", "1kB"], node, tier)).stdout)
     assert out["evicted"] > 0 and out["used_bytes"] < out["freed_bytes"]
-    out = json.loads(ok(vc(["gc", "--max-local-bytes", "20GB"], tmp_path / "fresh", tier)).stdout)
+    out = json.loads(ok(run_cli(["gc", "--max-local-bytes", "20GB"], tmp_path / "fresh", tier)).stdout)
     assert out["evicted"] == 0 and not (tmp_path / "fresh").exists()
-    failed_parse = vc(["gc", "--max-local-bytes", "20 parsecs"], node, tier)
+    failed_parse = run_cli(["gc", "--max-local-bytes", "20 parsecs"], node, tier)
     assert failed_parse.returncode == 2 and "not a size" in failed_parse.stderr
     from vidcache.cli import parse_size
     assert (parse_size("20GB"), parse_size("1.5GiB"), parse_size("512")) == (20 * 10**9, 3 * 2**29, 512)
@@ -144,13 +136,13 @@ def test_gc_takes_human_sizes_and_a_fresh_node_has_nothing_to_collect(tmp_path, 
 
 def test_inspect_normalises_paths_and_names_the_options_a_source_is_cached_under(tmp_path, dataset, videos):
     tier, node = tmp_path / "tier", tmp_path / "node"
-    ok(vc(["prewarm", str(dataset), "--family", "qwen3_vl"], node, tier))
+    ok(run_cli(["prewarm", str(dataset), "--family", "qwen3_vl"], node, tier))
     clip = videos["ffv1_10_small"]
     rel = os.path.relpath(clip, ROOT)
     for form in (clip, rel, "./" + rel, "file://" + clip):
-        r = ok(vc(["inspect", form, "--family", "qwen3_vl"], node, tier))
+        r = ok(run_cli(["inspect", form, "--family", "qwen3_vl"], node, tier))
         assert json.loads(r.stdout)["options"]["family"] == "qwen3_vl"
-    r = vc(["inspect", rel, "--family", "qwen2_vl"], node, tier)
+    r = run_cli(["inspect", rel, "--family", "qwen2_vl"], node, tier)
     assert r.returncode == 1 and "cached under: --family qwen3_vl" in r.stderr
 
 
@@ -196,19 +188,19 @@ def test_eight_nodes_initialising_one_s3_tier_agree(tmp_path, s3):
 
 def test_a_tier_that_lost_its_identity_is_refused_with_the_repair(tmp_path, dataset):
     tier, node = tmp_path / "tier", tmp_path / "node"
-    ok(vc(["prewarm", str(dataset)], node, tier))
+    ok(run_cli(["prewarm", str(dataset)], node, tier))
     ident = tier_id_of(tier)
     next(tier.glob("meta/*/tier")).unlink()
     for args in (["prewarm", str(dataset)], ["stats"], ["tier-id", "--init"]):
-        r = failed(vc(args, tmp_path / "nodeB", tier), "store")
+        r = failed(run_cli(args, tmp_path / "nodeB", tier), "store")
         assert "tier-id --shared" in r.stderr and "--restore" in r.stderr
         assert not list(tier.glob("meta/*/tier"))           # never a new identity on its own
-    doc = vc(["doctor", "--fast"], tmp_path / "nodeB", tier)          # doctor names it and exits non-zero
+    doc = run_cli(["doctor", "--fast"], tmp_path / "nodeB", tier)          # doctor names it and exits non-zero
     assert doc.returncode == 1 and "FAIL VIDCACHE_SHARED" in doc.stdout and "--restore" in doc.stdout
     assert "doctor: some checks failed" in doc.stdout
-    assert ok(vc(["tier-id", "--restore", ident], node, tier)).stdout.strip() == ident
-    assert json.loads(ok(vc(["stats", "--json"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
-    failed(vc(["tier-id", "--restore", "tier-" + "0" * 32], node, tier), "config")   # never replaced
+    assert ok(run_cli(["tier-id", "--restore", ident], node, tier)).stdout.strip() == ident
+    assert json.loads(ok(run_cli(["stats", "--json"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
+    failed(run_cli(["tier-id", "--restore", "tier-" + "0" * 32], node, tier), "config")   # never replaced
 
 
 def test_local_hits_are_published_to_a_newly_configured_tier(tmp_path, dataset):
@@ -216,14 +208,14 @@ def test_local_hits_are_published_to_a_newly_configured_tier(tmp_path, dataset):
     (prewarm counts them `published`), so a fresh node on S2 reads them.  S2 is a new tier, started on purpose
     (`tier-id --init`): a node that belongs to S1 never makes one silently (issue 33)."""
     node, s1, s2, fresh = tmp_path / "nodeA", tmp_path / "s1", tmp_path / "s2", tmp_path / "nodeB"
-    assert "2 new, 0 hit" in ok(vc(["prewarm", str(dataset)], node, s1)).stdout
-    r = vc(["prewarm", str(dataset)], node, s2)
+    assert "2 new, 0 hit" in ok(run_cli(["prewarm", str(dataset)], node, s1)).stdout
+    r = run_cli(["prewarm", str(dataset)], node, s2)
     assert r.returncode != 0 and "refusing to start a new tier silently" in r.stdout + r.stderr
-    assert ok(vc(["tier-id", "--init"], node, s2)).stdout.startswith("tier-")
-    assert "0 new, 0 hit, 2 published" in ok(vc(["prewarm", str(dataset)], node, s2)).stdout
-    assert "0 new, 2 hit, 0 failed" in ok(vc(["prewarm", str(dataset)], node, s2)).stdout   # now a plain hit
-    assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], fresh, s2)).stdout
-    entries = json.loads(ok(vc(["ls", "--json"], fresh, s2)).stdout)
+    assert ok(run_cli(["tier-id", "--init"], node, s2)).stdout.startswith("tier-")
+    assert "0 new, 0 hit, 2 published" in ok(run_cli(["prewarm", str(dataset)], node, s2)).stdout
+    assert "0 new, 2 hit, 0 failed" in ok(run_cli(["prewarm", str(dataset)], node, s2)).stdout   # now a plain hit
+    assert "verify: 2 ok, 0 bad" in ok(run_cli(["verify", "--shared"], fresh, s2)).stdout
+    entries = json.loads(ok(run_cli(["ls", "--json"], fresh, s2)).stdout)
     assert len(entries) == 2 and all(e["tiers"] == ["shared"] for e in entries)
     c = VideoCache(fresh, shared=str(s2))
     for e in entries:                                  # the frames themselves, on the fresh node
@@ -236,17 +228,17 @@ def test_a_fresh_node_reads_an_s3_tier_through_the_cli_alone(tmp_path, dataset, 
     env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
            "AWS_DEFAULT_REGION": "us-east-1"}
     tier, node_a, node_b = "s3://cache/cli", tmp_path / "nodeA", tmp_path / "nodeB"
-    assert "2 new" in ok(vc(["prewarm", str(dataset)], node_a, tier, env)).stdout
-    listing = json.loads(ok(vc(["ls", "--json"], node_b, tier, env)).stdout)
+    assert "2 new" in ok(run_cli(["prewarm", str(dataset)], node_a, tier, env=env)).stdout
+    listing = json.loads(ok(run_cli(["ls", "--json"], node_b, tier, env=env)).stdout)
     assert len(listing) == 2 and all(r["tiers"] == ["shared"] for r in listing)
     names = [o["Key"] for o in s3.client.list_objects_v2(Bucket="cache", Prefix="cli/")["Contents"]]
     assert not [n for n in names if n.startswith("cli/cas/")]           # node B can only read compact objects
     for r in listing:
         a_png, b_png = tmp_path / f"a-{r['key']}.png", tmp_path / f"b-{r['key']}.png"
-        ok(vc(["inspect", r["key"], "--contact-sheet", str(b_png)], node_b, tier, env))
-        ok(vc(["inspect", r["key"], "--contact-sheet", str(a_png)], node_a, tier, env))
+        ok(run_cli(["inspect", r["key"], "--contact-sheet", str(b_png)], node_b, tier, env=env))
+        ok(run_cli(["inspect", r["key"], "--contact-sheet", str(a_png)], node_a, tier, env=env))
         assert b_png.read_bytes() == a_png.read_bytes()
-    assert "verify: 2 ok, 0 bad" in ok(vc(["verify", "--shared"], node_b, tier, env)).stdout
+    assert "verify: 2 ok, 0 bad" in ok(run_cli(["verify", "--shared"], node_b, tier, env=env)).stdout
 
 
 def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_tier_is_down(tmp_path, dataset,
@@ -262,25 +254,25 @@ def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_t
     env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
            "AWS_DEFAULT_REGION": "us-east-1"}
     tier, node = "s3://cache/down", tmp_path / "node"
-    ok(vc(["prewarm", str(dataset)], node, tier, env))
-    listing = json.loads(ok(vc(["ls", "--json"], node, tier, env)).stdout)
-    ident = json.loads(ok(vc(["stats", "--json"], node, tier, env)).stdout)["identity"]
+    ok(run_cli(["prewarm", str(dataset)], node, tier, env=env))
+    listing = json.loads(ok(run_cli(["ls", "--json"], node, tier, env=env)).stdout)
+    ident = json.loads(ok(run_cli(["stats", "--json"], node, tier, env=env)).stdout)["identity"]
     down = {**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "VIDCACHE_SHARED_TIMEOUT_S": "5"}
     for e in listing:
         up_png, down_png = tmp_path / f"up-{e['key']}.png", tmp_path / f"down-{e['key']}.png"
-        ok(vc(["inspect", e["key"], "--contact-sheet", str(up_png)], node, tier, env))
-        r = ok(vc(["inspect", e["key"], "--contact-sheet", str(down_png)], node, tier, down))
+        ok(run_cli(["inspect", e["key"], "--contact-sheet", str(up_png)], node, tier, env=env))
+        r = ok(run_cli(["inspect", e["key"], "--contact-sheet", str(down_png)], node, tier, env=down))
         assert ident in r.stderr and "unreachable" in r.stderr
         assert down_png.read_bytes() == up_png.read_bytes()
     # verify and ls check and list the node's own copies, saying that the tier was not reached ...
-    r = ok(vc(["verify"], node, tier, down))
+    r = ok(run_cli(["verify"], node, tier, env=down))
     assert "verify: 2 ok, 0 bad" in r.stdout and "checking this node's own copies only" in r.stderr
     assert r.stderr.count("vidcache: warning:") == 1                   # one wait on the tier, not one per entry
-    r = ok(vc(["ls", "--json"], node, tier, down))
+    r = ok(run_cli(["ls", "--json"], node, tier, env=down))
     assert sorted(e["key"] for e in json.loads(r.stdout)) == sorted(e["key"] for e in listing)
     assert "listing this node's own copies only" in r.stderr
-    failed(vc(["verify", "--shared"], node, tier, down), "shared_unavailable")      # ... the tier's, never
-    failed(vc(["ls"], tmp_path / "fresh", tier, down), "shared_unavailable")         # a fresh node has none
+    failed(run_cli(["verify", "--shared"], node, tier, env=down), "shared_unavailable")      # ... the tier's, never
+    failed(run_cli(["ls"], tmp_path / "fresh", tier, env=down), "shared_unavailable")         # a fresh node has none
     with pytest.raises(ConfigError, match=f"last used with the shared tier {tier}.*VIDCACHE_SHARED={tier}"):
         VideoCache(node, shared="", read_only=True).identity
 
@@ -290,13 +282,13 @@ def test_a_directory_tier_that_is_not_mounted_is_an_outage_to_a_node_that_knows_
     mounted: the mount point is left): its read-only commands say the tier is not mounted or reachable, not
     "nothing was prewarmed yet", and `verify` checks the node's own copies meanwhile."""
     tier, node = tmp_path / "tier", tmp_path / "node"
-    ok(vc(["prewarm", str(dataset)], node, tier))
+    ok(run_cli(["prewarm", str(dataset)], node, tier))
     ident = tier_id_of(tier)
     os.rename(tier, tmp_path / "exported")
     tier.mkdir()                                                   # the bare mount point
-    r = ok(vc(["verify"], node, tier))
+    r = ok(run_cli(["verify"], node, tier))
     assert "verify: 2 ok, 0 bad" in r.stdout and "not mounted or not reachable" in r.stderr and ident in r.stderr
-    failed(vc(["verify", "--shared"], node, tier), "shared_unavailable")
+    failed(run_cli(["verify", "--shared"], node, tier), "shared_unavailable")
     assert not os.listdir(tier)                                    # nothing written into the mount point
 
 
@@ -305,17 +297,17 @@ def test_a_node_of_a_tier_pointed_at_an_empty_directory_refuses_to_write(tmp_pat
     directory).  prewarm refuses, naming the known tier and the path and how to start a new tier on purpose;
     nothing is written there and the node's recorded tier is unchanged.  doctor calls a missing path missing."""
     node, s = tmp_path / "nodeA", tmp_path / "mnt"
-    assert "2 new" in ok(vc(["prewarm", str(dataset)], node, s)).stdout
-    ident = ok(vc(["tier-id"], node, s)).stdout.strip()
+    assert "2 new" in ok(run_cli(["prewarm", str(dataset)], node, s)).stdout
+    ident = ok(run_cli(["tier-id"], node, s)).stdout.strip()
     recorded = (node / "config.json").read_text()
     s.rename(tmp_path / "export-elsewhere")
     s.mkdir()                                             # the bare mount point
-    r = vc(["prewarm", str(dataset)], node, s)
+    r = run_cli(["prewarm", str(dataset)], node, s)
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "Traceback" not in out, out
     assert ident in out and str(s) in out and "tier-id --shared URL --init" in out, out
     assert list(s.iterdir()) == [] and (node / "config.json").read_text() == recorded
-    r = vc(["doctor", "--fast"], node, tmp_path / "not-there")
+    r = run_cli(["doctor", "--fast"], node, tmp_path / "not-there")
     line = next(ln for ln in r.stdout.splitlines() if "VIDCACHE_SHARED" in ln)
     assert "missing" in line and "reachable" not in line, r.stdout
 
@@ -325,20 +317,20 @@ def test_ls_key_prefixes_work_in_inspect_and_evict(tmp_path, dataset):
     `evict`, as git completes object names; a prefix of no entry, or of several, is refused by name; `ls` shows
     each entry's sampled fps."""
     node, s = tmp_path / "node", tmp_path / "s"
-    assert "2 new" in ok(vc(["prewarm", str(dataset)], node, s)).stdout
-    lines = ok(vc(["ls"], node, s)).stdout.splitlines()
+    assert "2 new" in ok(run_cli(["prewarm", str(dataset)], node, s)).stdout
+    lines = ok(run_cli(["ls"], node, s)).stdout.splitlines()
     assert lines[0].split()[:6] == ["KEY", "FAMILY", "T", "x", "H", "x"] and "FPS" in lines[0]
-    listing = json.loads(ok(vc(["ls", "--json"], node, s)).stdout)
+    listing = json.loads(ok(run_cli(["ls", "--json"], node, s)).stdout)
     shown = [ln.split()[0] for ln in lines[1:-1]]
     assert all(p.endswith("..") and len(p) == 18 for p in shown) and len(shown) == 2
     for p, e in zip(shown, listing):
         assert f"{e['fps']:.3g}" in next(ln for ln in lines if ln.startswith(p)).split()
-        got = json.loads(ok(vc(["inspect", p], node, s)).stdout)
+        got = json.loads(ok(run_cli(["inspect", p], node, s)).stdout)
         assert got["key"] == e["key"]
-    r = vc(["inspect", "ffff0000"], node, s)
+    r = run_cli(["inspect", "ffff0000"], node, s)
     assert r.returncode != 0 and "no cached entry's key starts with 'ffff0000'" in r.stderr and "Traceback" not in r.stderr
     common = os.path.commonprefix([e["key"] for e in listing])
     if len(common) >= 4:                                    # two keys of one source digest: ambiguous
-        r = vc(["inspect", common], node, s)
+        r = run_cli(["inspect", common], node, s)
         assert r.returncode != 0 and "ambiguous" in r.stderr
-    assert f"evicted {listing[0]['key']}" in ok(vc(["evict", shown[0]], node, s)).stdout
+    assert f"evicted {listing[0]['key']}" in ok(run_cli(["evict", shown[0]], node, s)).stdout

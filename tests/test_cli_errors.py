@@ -10,16 +10,9 @@ import sys
 
 import pytest
 
+from support.cli import run_cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def vc(args, tmp_path, extra_env=None, pythonpath=None, code=None):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node"),
-           **(extra_env or {})}
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([pythonpath, ROOT])
-    cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "vidcache.cli", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def refused(r, kind, *words):
@@ -40,14 +33,16 @@ def ds(tmp_path, videos):
 
 
 def test_missing_dataset(tmp_path):
-    refused(vc(["prewarm", str(tmp_path / "nope.jsonl")], tmp_path), "config", "dataset not found", "nope.jsonl")
+    refused(run_cli(["prewarm", str(tmp_path / "nope.jsonl")], tmp_path / "node"), "config", "dataset not found",
+            "nope.jsonl")
     nothing_created(tmp_path)
 
 
 def test_bad_multimodal_keys(tmp_path, ds):
-    refused(vc(["prewarm", str(ds), "--multimodal-keys", "{video: videos}"], tmp_path), "config",
+    refused(run_cli(["prewarm", str(ds), "--multimodal-keys", "{video: videos}"], tmp_path / "node"), "config",
             "--multimodal-keys is not JSON")
-    refused(vc(["prewarm", str(ds), "--multimodal-keys", '["videos"]'], tmp_path), "config", "JSON object")
+    refused(run_cli(["prewarm", str(ds), "--multimodal-keys", '["videos"]'], tmp_path / "node"), "config",
+            "JSON object")
     nothing_created(tmp_path, "d.jsonl")
 
 
@@ -55,14 +50,15 @@ def test_ray_without_ray_names_the_extra(tmp_path, ds):
     stub = tmp_path / "stub"
     (stub / "ray").mkdir(parents=True)          # a Python where Ray does not import
     (stub / "ray" / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
-    refused(vc(["prewarm", str(ds), "--ray"], tmp_path, pythonpath=str(stub)), "backend_unavailable",
+    refused(run_cli(["prewarm", str(ds), "--ray"], tmp_path / "node", pythonpath=str(stub)), "backend_unavailable",
             "pip install 'vidcache[ray]'")
     nothing_created(tmp_path, "d.jsonl", "stub")
 
 
 @pytest.mark.parametrize("where", ["missing-dir/f.jsonl", "."])
 def test_an_unwritable_failures_path_is_refused_up_front(tmp_path, ds, where):
-    refused(vc(["prewarm", str(ds), "--failures", str(tmp_path / where)], tmp_path), "config", "--failures")
+    refused(run_cli(["prewarm", str(ds), "--failures", str(tmp_path / where)], tmp_path / "node"), "config",
+            "--failures")
     nothing_created(tmp_path, "d.jsonl")
 
 
@@ -71,18 +67,21 @@ def test_an_unwritable_failures_path_is_refused_up_front(tmp_path, ds, where):
 def test_a_local_budget_of_zero_or_below_is_refused(tmp_path, ds, cmd, size):
     """A budget of 0 would evict every entry as it is written: a tier that silently keeps nothing (D30)."""
     args = [str(ds) if a == "DS" else a for a in cmd] + ["--max-local-bytes", size]
-    refused(vc(args, tmp_path), "config", "--max-local-bytes", "above 0 bytes")
+    refused(run_cli(args, tmp_path / "node"), "config", "--max-local-bytes", "above 0 bytes")
     nothing_created(tmp_path, "d.jsonl")
 
 
 def test_a_local_budget_below_one_entry_warns_once(tmp_path, ds):
-    r = vc(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100000"], tmp_path)   # an entry: ~1 MB
+    # an entry: ~1 MB
+    r = run_cli(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100000"], tmp_path / "node")
     assert r.returncode == 0 and "1 new" in r.stdout, r.stderr[-2000:]
     assert r.stderr.count("is below one entry") == 1 and "100000 bytes" in r.stderr, r.stderr[-2000:]
-    assert json.loads(vc(["stats", "--json"], tmp_path).stdout)["local"]["entries"] == 0      # what the warning says
-    r = vc(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100MB"], tmp_path)    # room for it: kept
+    # what the warning says
+    assert json.loads(run_cli(["stats", "--json"], tmp_path / "node").stdout)["local"]["entries"] == 0
+    # room for it: kept
+    r = run_cli(["prewarm", str(ds), "--no-progress", "--max-local-bytes", "100MB"], tmp_path / "node")
     assert r.returncode == 0 and "below one entry" not in r.stderr, r.stderr[-2000:]
-    assert json.loads(vc(["stats", "--json"], tmp_path).stdout)["local"]["entries"] == 1
+    assert json.loads(run_cli(["stats", "--json"], tmp_path / "node").stdout)["local"]["entries"] == 1
 
 
 def test_failed_rows_give_their_line_and_the_report_is_written_only_then(tmp_path, videos):
@@ -90,13 +89,13 @@ def test_failed_rows_give_their_line_and_the_report_is_written_only_then(tmp_pat
     p.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n\n"
                  + json.dumps({"prompt": "<video>", "videos": [str(tmp_path / "gone.mp4")]}) + "\n"
                  + "{not json\n")
-    r = vc(["prewarm", str(p), "--no-progress"], tmp_path)
+    r = run_cli(["prewarm", str(p), "--no-progress"], tmp_path / "node")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "row 2 (line 3): [not_found]" in r.stdout and "row 3 (line 4): [bad_row]" in r.stdout
     recs = [json.loads(ln) for ln in (tmp_path / "d.failures.jsonl").read_text().splitlines()]
     assert sorted((f["row"], f["line"], f["kind"]) for f in recs) == [(2, 3, "not_found"), (3, 4, "bad_row")]
     p.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n")
-    assert vc(["prewarm", str(p), "--no-progress"], tmp_path).returncode == 0
+    assert run_cli(["prewarm", str(p), "--no-progress"], tmp_path / "node").returncode == 0
     assert not (tmp_path / "d.failures.jsonl").exists()           # no failures: no (stale) report
 
 
@@ -104,7 +103,7 @@ def test_without_a_terminal_prewarm_logs_progress_lines(tmp_path, videos):
     p = tmp_path / "d.jsonl"
     p.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[v]]}) + "\n"
                          for v in ("ffv1_10_small", "mjpeg_24")))
-    r = vc(["prewarm", str(p), "--log-interval", "0.001"], tmp_path)      # stderr is a pipe here
+    r = run_cli(["prewarm", str(p), "--log-interval", "0.001"], tmp_path / "node")      # stderr is a pipe here
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("prewarm: ") and " videos (" in ln]
     assert len(lines) >= 2 and lines[-1].startswith("prewarm: 2/2 videos (2 new, 0 hit, 0 failed)")
@@ -114,7 +113,7 @@ def test_without_a_terminal_prewarm_logs_progress_lines(tmp_path, videos):
 def test_version_and_help_with_defaults_for_every_flag(tmp_path):
     from vidcache import __version__
     from vidcache.cli import build_parser
-    r = vc(["--version"], tmp_path)
+    r = run_cli(["--version"], tmp_path / "node")
     assert r.returncode == 0 and r.stdout.startswith(f"vidcache {__version__} ")
     ap = build_parser()
     subs = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices
@@ -136,22 +135,23 @@ TORCH_FREE = [["--help"], ["stats"], ["ls"], ["ls", "--json"], ["verify"], ["sgl
 
 def test_manifest_only_commands_do_not_import_torch(tmp_path, ds):
     """The CLI answers fast: commands that only read manifests never import torch (lazy imports)."""
-    assert vc(["prewarm", str(ds), "--no-progress", "--shared", str(tmp_path / "tier")], tmp_path).returncode == 0
+    r = run_cli(["prewarm", str(ds), "--no-progress", "--shared", str(tmp_path / "tier")], tmp_path / "node")
+    assert r.returncode == 0
     code = ("import sys\nfrom vidcache.cli import main\n"
             "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
             "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\nsys.exit(rc)")
-    key = json.loads(vc(["ls", "--json"], tmp_path).stdout)[0]["key"]
+    key = json.loads(run_cli(["ls", "--json"], tmp_path / "node").stdout)[0]["key"]
     for args in TORCH_FREE + [["inspect", key], ["inspect", json.loads(ds.read_text())["videos"][0]]]:
-        r = vc(args, tmp_path, code=code)
+        r = run_cli(args, tmp_path / "node", code=code)
         assert r.returncode == 0, (args, r.stderr[-2000:])
         assert r.stderr.strip().endswith("NO-TORCH"), (args, r.stderr[-500:])
-    r = vc(["inspect", key, "--contact-sheet", str(tmp_path / "s.png")], tmp_path, code=code)
+    r = run_cli(["inspect", key, "--contact-sheet", str(tmp_path / "s.png")], tmp_path / "node", code=code)
     assert r.returncode == 0 and r.stderr.strip().endswith("TORCH")        # frames: torch, as it should
 
 
 def test_prewarm_ray_keeps_rays_own_log_lines_out_of_the_terminal(tmp_path, ds):
     """Ray's raylet/gcs/worker lines stay in Ray's log directory: stderr holds vidcache's lines only."""
-    r = vc(["prewarm", str(ds), "--ray", "--shared", str(tmp_path / "tier")], tmp_path)
+    r = run_cli(["prewarm", str(ds), "--ray", "--shared", str(tmp_path / "tier")], tmp_path / "node")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "1 new" in r.stdout
     foreign = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("prewarm")]
@@ -175,12 +175,12 @@ def test_long_commands_say_what_they_do_before_the_heavy_imports(tmp_path, ds):
             "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\nsys.exit(rc)")
     for args, first in ((["prewarm", str(ds), "--no-progress"], "prewarm: cache"),
                         (["demo", "--dir", str(tmp_path / "demo"), "--videos", "1", "--rows", "1"], "demo: writing")):
-        r = vc(args, tmp_path, code=code)
+        r = run_cli(args, tmp_path / "node", code=code)
         assert r.returncode == 0, r.stderr[-2000:]
         lines = r.stderr.splitlines()
         assert lines and lines[0].startswith(first), lines[:5]
         assert any(ln.startswith("IMPORTING") for ln in lines), lines      # the heavy imports do come, later
-    r = vc(["prewarm", str(ds), "--no-progress"], tmp_path, code=code)      # everything cached: a resume
+    r = run_cli(["prewarm", str(ds), "--no-progress"], tmp_path / "node", code=code)      # everything cached: a resume
     assert r.returncode == 0 and "0 new, 1 hit" in r.stdout, r.stdout + r.stderr
     assert not [ln for ln in r.stderr.splitlines() if ln.startswith("IMPORTING")], r.stderr
 
@@ -231,7 +231,7 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_brand_new_node_on_a_full_disk_is_no_space(tmp_path, ds, shared):
     args = ["prewarm", str(ds)] + (["--shared", str(tmp_path / "tier")] if shared else [])
-    r = vc(args, tmp_path, code=FULL_DISK_AT_THE_NODE)
+    r = run_cli(args, tmp_path / "node", code=FULL_DISK_AT_THE_NODE)
     refused(r, "no_space", "no space left", str(tmp_path / "node"))
     assert not (tmp_path / "node").exists()
 

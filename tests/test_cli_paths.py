@@ -58,20 +58,15 @@ def test_prewarm_names_an_unverified_transformers_once(tmp_path, videos):
     """CLI only, on a fresh node: a transformers release the layout tests did not run (a distribution record of
     5.99.0 first on the path, as an image with another release has) draws one warning for Qwen3-VL, naming the
     verified releases, and none for Qwen2.5-VL (one layout in every release)."""
-    import os
-    import subprocess
-    import sys
-
+    from support.cli import run_cli
     from vidcache.token_layout import VERIFIED_TRANSFORMERS
     fake = tmp_path / "site" / "transformers-5.99.0.dist-info"
     fake.mkdir(parents=True)
     (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 5.99.0\n")
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    env.update(PYTHONPATH=str(tmp_path / "site"), VIDCACHE_DIR=str(tmp_path / "node"))
     ds = _ds(tmp_path, videos["ffv1_10_small"])
     for family, warned in (("qwen3_vl", True), ("qwen2_5_vl", False)):
-        r = subprocess.run([sys.executable, "-m", "vidcache.cli", "prewarm", ds, "--family", family, "--no-progress"],
-                           capture_output=True, text=True, env=env, timeout=600)
+        r = run_cli(["prewarm", ds, "--family", family, "--no-progress"], tmp_path / "node",
+                    inherit=("PATH", "HOME", "LANG"), pythonpath=tmp_path / "site", timeout=600)
         assert r.returncode == 0, r.stdout + r.stderr
         lines = [ln for ln in r.stderr.splitlines() if "unverified" in ln]
         assert len(lines) == int(warned), r.stderr
@@ -83,28 +78,23 @@ def test_doctor_names_a_pin_vidcache_would_fight(tmp_path):
     """Issue 33, CLI only: inside an image whose transformers is below vidcache's floor (a distribution record of
     5.10.0 first on the path), doctor fails that line, naming the floor and that installing would replace the pin;
     Miles' own image (transformers 5.12.1, scripts/setup_sglang_overlay.sh) draws no such line."""
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     import pytest
+
+    from support.cli import run_cli
     fake = tmp_path / "site" / "transformers-5.10.0.dist-info"
     fake.mkdir(parents=True)
     (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: transformers\nVersion: 5.10.0\n")
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
-    env.update(VIDCACHE_DIR=str(tmp_path / "node"), PYTHONPATH=str(tmp_path / "site"))
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "doctor", "--fast"], capture_output=True, text=True,
-                       env=env, timeout=300)
+    shell = ("PATH", "HOME", "LANG")
+    r = run_cli(["doctor", "--fast"], tmp_path / "node", inherit=shell, pythonpath=tmp_path / "site")
     line = next(ln for ln in r.stdout.splitlines() if " transformers " in ln)
     assert r.returncode == 1 and line.startswith("FAIL") and "5.10.0" in line and ">=5.12.1" in line, r.stdout
     assert "replace this image's pin" in line
     miles = Path(__file__).resolve().parent.parent / ".overlays" / "sglang-0.5.16"
     if not miles.parent.is_dir():
         pytest.skip("no overlays (.overlays/): run scripts/install.sh --test for the Miles-image half")
-    env["PYTHONPATH"] = str(miles)
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "doctor", "--fast"], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = run_cli(["doctor", "--fast"], tmp_path / "node", inherit=shell, pythonpath=miles)
     line = next(ln for ln in r.stdout.splitlines() if " transformers " in ln)
     assert line.startswith("OK") and "5.12.1" in line and "UNVERIFIED" not in line, r.stdout
 

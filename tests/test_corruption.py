@@ -13,6 +13,8 @@ from vidcache.errors import CorruptManifestError, DigestMismatchError, NotCached
 from vidcache.manifest import Manifest
 from vidcache.prewarming import prewarm
 
+from support.damage import flip_stored
+
 
 @pytest.fixture
 def built(tmp_path, videos):
@@ -29,10 +31,7 @@ def built(tmp_path, videos):
 
 
 def _flip_blob(cache, key, at=1000):
-    m = cache.manifest(key)
-    raw = bytearray(cache.local.get("cas/" + m.frames.blob))
-    raw[at] ^= 0x04
-    cache.local.set_many({"cas/" + m.frames.blob: bytes(raw)})
+    flip_stored(cache.local, "cas/" + cache.manifest(key).frames.blob, at, bit=0x04)
 
 
 def test_flipped_blob_bytes_are_never_served(built, videos):

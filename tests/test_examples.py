@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from support.cli import EVERYTHING, run_cli
 from support.miles_compat import miles_src
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +36,7 @@ def _env(**kw):
 
 
 def _cli(*argv: str) -> str:
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *argv], check=True, capture_output=True, text=True,
-                          env=_env(VIDCACHE_DIR="/nonexistent/vidcache-test")).stdout
+    return run_cli(argv, "/nonexistent/vidcache-test", inherit=EVERYTHING, pythonpath=[], check=True).stdout
 
 
 def test_docs_blocks_are_the_commands_output():

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +16,8 @@ from vidcache.dataset import InlineBytes, LazyVideoDataset
 from vidcache.errors import UnknownColumnError
 from vidcache.prewarming import prewarm
 from vidcache.testing.videos import make_video
+
+from support.cli import EVERYTHING, run_cli
 
 MM = json.dumps({"video": "videos", "image": "images"})
 
@@ -52,10 +52,7 @@ def _jsonl(path, rows):
 
 
 def _cli(*args, cache, cwd):
-    env = {**os.environ, "VIDCACHE_DIR": str(cache)}
-    env.pop("VIDCACHE_SHARED", None)
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=str(cwd), timeout=600)
+    return run_cli(args, cache, inherit=EVERYTHING, cwd=str(cwd), timeout=600)
 
 
 def test_cli_prewarms_mixed_jsonl_and_the_same_rows_as_parquet(tmp_path, media):

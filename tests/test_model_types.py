@@ -1,15 +1,13 @@
 """The one table of model types and the family derived from a checkpoint (``vidcache.rollout.models``), through
 the Python API and the CLI (``prewarm`` / ``sglang-config`` with ``--model DIR``), and the docs' copy of the table."""
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import transformers
 
+from support.cli import SHELL, run_cli
 from support.toy_processors import build_processor, save_checkpoint
 
 from vidcache.errors import ModelTypeError
@@ -124,10 +122,8 @@ def test_the_docs_carry_the_table():
 
 
 def _cli(tmp_path, *args):
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
-    env.update(VIDCACHE_DIR=str(tmp_path / "node"), VIDCACHE_SHARED=str(tmp_path / "shared"), HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], capture_output=True, text=True,
-                          timeout=600, env=env)
+    return run_cli(args, tmp_path / "node", tmp_path / "shared", inherit=SHELL, env={"HF_HUB_OFFLINE": "1"},
+                   timeout=600)
 
 
 def test_cli_prewarm_and_sglang_config_take_a_checkpoint(tmp_path, ckpts, videos):

@@ -18,6 +18,8 @@ import torch
 
 from vidcache import mrope
 
+from support.cli import EVERYTHING, run_cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "tests", "support", "rope_peer.py")
 OVERLAYS = os.path.join(ROOT, ".overlays")
@@ -182,19 +184,13 @@ def test_ids_and_grids_that_do_not_belong_together_are_refused():
         ours(c, "megatron")
 
 
-def _cli(args, overlay=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDCACHE_")}
-    env["PYTHONPATH"] = os.pathsep.join(([os.path.join(OVERLAYS, overlay)] if overlay else []) + [ROOT])
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
-
-
 @pytest.mark.parametrize("overlay,version", [(None, "5.24.0"), ("sglang-0.5.16", "5.12.1")])
 def test_check_trainer_flags_transformers_rule_naming_the_component_and_the_fix(overlay, version):
     """``vidcache check-trainer``, as a user runs it: this environment's transformers (the venv's 5.24.0, and Miles'
     production 5.12.1) computes Qwen2-VL's and Qwen2.5-VL's positions by another rule than SGLang and vLLM."""
     for engine in ("sglang", "vllm"):
-        p = _cli(["check-trainer", "--engine", engine], overlay)
+        p = run_cli(["check-trainer", "--engine", engine], inherit=EVERYTHING,
+                    pythonpath=[os.path.join(OVERLAYS, overlay)] if overlay else [])
         assert p.returncode == 1, p.stdout + p.stderr
         lines = p.stdout.splitlines()
         for fam, cls in (("qwen2_vl", "Qwen2VLModel"), ("qwen2_5_vl", "Qwen2_5_VLModel")):

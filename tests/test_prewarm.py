@@ -14,6 +14,8 @@ from vidcache.cli import main as cli
 from vidcache.prewarming import prewarm
 from vidcache.testing.videos import make_video
 
+from support.cli import run_cli
+
 
 def _write(path, rows):
     with open(path, "w") as f:
@@ -78,9 +80,7 @@ def test_too_few_frames_names_its_cause_from_the_cli(tmp_path, videos, bad_input
     rows = [{"prompt": "<video>", "videos": [{"type": "video", "video": videos["h264_30"], "nframes": 100000}]},
             {"prompt": "<video>", "videos": [str(bad_inputs / "oneframe.mkv")]}]
     ds = _write(tmp_path / "d.jsonl", rows)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node")}
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "prewarm", ds], env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = run_cli(["prewarm", ds], tmp_path / "node")
     assert r.returncode == 1, r.stdout + r.stderr
     got = {f["row"]: f for f in map(json.loads, open(tmp_path / "d.failures.jsonl"))}
     assert {f["kind"] for f in got.values()} == {"too_few_frames"}
@@ -240,8 +240,7 @@ def test_ctrl_c_stops_a_cli_prewarm_with_a_summary_and_a_rerun_completes(tmp_pat
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"prewarm: {20 - built} new, {built} hit, 0 failed" in r.stdout, r.stdout
-    v = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify"], env=env, capture_output=True, text=True,
-                       timeout=600)
+    v = run_cli(["verify"], inherit=(), env=env, timeout=600)
     assert v.returncode == 0 and "verify: 20 ok, 0 bad" in v.stdout, v.stdout + v.stderr
 
 
@@ -268,6 +267,5 @@ def test_a_second_ctrl_c_stops_a_cli_prewarm_at_once_and_loses_nothing(tmp_path)
     assert "vidcache prewarm: interrupted" in err, err
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and re.search(r"prewarm: \d+ new, \d+ hit, 0 failed", r.stdout), r.stdout + r.stderr
-    v = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify"], env=env, capture_output=True, text=True,
-                       timeout=600)
+    v = run_cli(["verify"], inherit=(), env=env, timeout=600)
     assert v.returncode == 0 and "verify: 8 ok, 0 bad" in v.stdout, v.stdout + v.stderr

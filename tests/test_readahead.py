@@ -22,6 +22,7 @@ from vidcache.compact import CompactLayout
 from vidcache.errors import CorruptManifestError, NotCachedError
 from vidcache.store.single_flight import SingleFlight
 
+from support.cli import run_cli
 from support.damage import flip_seen_by_decoder
 
 CLIPS = ("ffv1_10_small", "mjpeg_24", "h264_30", "mpeg4_25_odd")
@@ -34,11 +35,28 @@ def until(cond, timeout=60.0):
         time.sleep(0.02)
 
 
+def at_its_bound(ahead, timeout=60.0):
+    """Wait until ``ahead``'s thread is blocked on its bound (waiting on its own condition, which it only does
+    once every sample it took is in the window and the window is full) and every pull it started has ended.
+    From then on nothing changes until the reader moves, so what the test counts next is the bound's doing, not
+    the clock's.  Fails the test after ``timeout``."""
+    end = time.monotonic() + timeout
+    with ahead._cond:
+        # The read-ahead thread is the only waiter on its condition besides the reader (this thread, which
+        # holds the lock here): a waiter listed while we hold the lock is that thread, parked.
+        while not ahead._cond._waiters:
+            assert ahead._thread.is_alive(), f"read-ahead ran to the end of its samples: {ahead.counts}"
+            assert time.monotonic() < end, f"read-ahead never stopped at its bound: {ahead.counts}"
+            ahead._cond.wait(0.05)            # it notifies on each sample it adds; this also rechecks
+        pulls = [f for s in ahead._window for f in s.pulls]
+    for f in pulls:
+        f.exception(max(0.0, end - time.monotonic()))     # TimeoutError fails the test
+
+
 @pytest.fixture
-def tier(tmp_path, videos):
+def tier(node_a, tmp_path, videos):
     """A directory tier that node A filled with 4 compact entries: (shared path, keys, node A's frames)."""
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
+    shared, a = node_a.shared, node_a.cache
     ks = [a.ensure(videos[n], VideoOptions()).key for n in CLIPS]
     frames = {k: a.frames(k) for k in ks}
     a.close()
@@ -97,17 +115,14 @@ def test_the_window_is_bounded_by_samples_and_by_bytes(tmp_path, tier):
     handles = [vidcache.from_key(k, b) for k in ks]
     # max_bytes of 1: one sample ahead at a time, whatever its size
     with vidcache.read_ahead(handles, depth=64, max_bytes=1) as ahead:
-        until(lambda: ahead.counts["pulled"] == 1)
-        time.sleep(0.5)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 1 and local_blobs(b, ks) == [True, False, False, False]
         next(ahead)
-        until(lambda: ahead.counts["pulled"] == 2)
-        time.sleep(0.3)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 2
     c = VideoCache(tmp_path / "c", shared=shared)
     with vidcache.read_ahead([vidcache.from_key(k, c) for k in ks], depth=2) as ahead:
-        until(lambda: ahead.counts["pulled"] == 2)
-        time.sleep(0.5)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 2          # depth 2: two samples ahead of a reader that has read none
 
 
@@ -151,8 +166,7 @@ def test_a_local_budget_halves_the_window(tmp_path, tier):
     budget = 2 * sizes[0]                     # half of it: room for the first sample only
     b = VideoCache(tmp_path / "b", shared=shared, max_local_bytes=budget)
     with vidcache.read_ahead([vidcache.from_key(k, b) for k in ks], depth=64) as ahead:
-        until(lambda: ahead.counts["pulled"] >= 1)
-        time.sleep(0.5)
+        at_its_bound(ahead)
         assert ahead.counts["pulled"] == 1 and ahead.max_bytes == budget // 2
 
 
@@ -320,13 +334,6 @@ def test_kill_mid_read_ahead_leaves_the_local_tier_sound(tmp_path, tier):
 
 
 # --- the CLI, as a user runs it on a fresh node --------------------------------------------------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def vc(args, node, shared):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node), "VIDCACHE_SHARED": str(shared)}
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, videos):
@@ -336,12 +343,12 @@ def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, 
             {"prompt": "text only"}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     shared, a, b = tmp_path / "nfs", tmp_path / "node_a", tmp_path / "node_b"
-    r = vc(["prewarm", str(data), "--no-progress"], a, shared)
+    r = run_cli(["prewarm", str(data), "--no-progress"], a, shared)
     assert r.returncode == 0, r.stderr
-    r = vc(["pull", str(data)], b, shared)
+    r = run_cli(["pull", str(data)], b, shared)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert "pull: 2 pulled, 0 already here, 0 not cached" in r.stdout, r.stdout
-    r = vc(["pull", str(data)], b, shared)
+    r = run_cli(["pull", str(data)], b, shared)
     assert "pull: 0 pulled, 2 already here" in r.stdout, r.stdout
     # node B draws the same contact sheets as node A with the tier gone (its own copies only)
     sheets = {}
@@ -350,7 +357,7 @@ def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, 
             shutil.move(str(shared), str(tmp_path / "elsewhere"))
         for name in ("ffv1_10_small", "mjpeg_24"):
             out = tmp_path / f"{node.name}_{name}.png"
-            r = vc(["inspect", videos[name], "--contact-sheet", str(out)], node, shared)
+            r = run_cli(["inspect", videos[name], "--contact-sheet", str(out)], node, shared)
             assert r.returncode == 0, r.stderr
             sheets[node.name, name] = out.read_bytes()
     assert all(sheets["node_a", n] == sheets["node_b", n] for n in ("ffv1_10_small", "mjpeg_24"))
@@ -359,9 +366,7 @@ def test_cli_pull_fills_a_fresh_node_that_then_reads_without_the_tier(tmp_path, 
 def test_cli_pull_without_a_shared_tier_is_a_config_error(tmp_path):
     data = tmp_path / "t.jsonl"
     data.write_text("{}\n")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "n")}
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "pull", str(data)], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli(["pull", str(data)], tmp_path / "n", timeout=120)
     assert r.returncode == 1 and "[config]" in r.stderr and "no shared tier" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -451,12 +456,12 @@ def test_queued_hinted_pulls_are_dropped_at_exit(tmp_path, tier):
     assert len(started) <= WORKERS, started
 
 
-def test_a_pool_shut_down_under_it_is_taken_as_its_close(tmp_path, videos):
+def test_a_pool_shut_down_under_it_is_taken_as_its_close(node_a, tmp_path, videos):
     """At interpreter exit concurrent.futures shuts every pool down before the read-ahead's own thread stops, and
     refuses new work (``RuntimeError: cannot schedule new futures after shutdown``, a traceback from the thread at
     the end of every script that never closed it); the read-ahead takes that as its close."""
     from vidcache.readahead import ReadAhead, _Sample
-    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
+    a = node_a.cache
     h = vidcache.get(videos["ffv1_10_small"], VideoOptions(fps=1.0), a)
     b = VideoCache(tmp_path / "b", shared=str(tmp_path / "tier"))
     ra = ReadAhead(iter([]), depth=1)

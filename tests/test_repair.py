@@ -8,20 +8,15 @@ import torch
 from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 
-
-def _flip(store, key, at=500):
-    raw = bytearray(store.get(key))
-    raw[at] ^= 0x10
-    store.set_many({key: bytes(raw)})
+from support.damage import flip_stored
 
 
-def test_a_bad_local_blob_is_replaced_from_the_shared_tiers_sound_copy_without_rebuilding(tmp_path, videos):
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+def test_a_bad_local_blob_is_replaced_from_the_shared_tiers_sound_copy_without_rebuilding(node_a, tmp_path, videos):
+    tier, a = node_a.tier, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     want = a.frames(key)
     a.sync()
-    _flip(a.local, K.cas(a.manifest(key).frames.blob))
+    flip_stored(a.local, K.cas(a.manifest(key).frames.blob), at=500, bit=0x10)
     rebuilt = []
     a._repair.rebuild = lambda k, o: rebuilt.append(k) or False       # the RepairFunc must not be needed
     problems = a.verify(key, repair=True)
@@ -35,7 +30,7 @@ def test_no_sound_copy_anywhere_rebuilds_through_the_callback(tmp_path, videos):
     c = VideoCache(tmp_path / "a")
     key = c.ensure(videos["mjpeg_24"], VideoOptions()).key
     want = c.frames(key)
-    _flip(c.local, K.cas(c.manifest(key).frames.blob))
+    flip_stored(c.local, K.cas(c.manifest(key).frames.blob), at=500, bit=0x10)
     real, asked = c._repair.rebuild, []
     c._repair.rebuild = lambda k, o: asked.append((k, o)) or real(k, o)
     assert c.verify(key, repair=True)

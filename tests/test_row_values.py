@@ -5,9 +5,6 @@ used to reach the key's digest (``allow_nan=False``) and crash the whole prewarm
 """
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +15,8 @@ from vidcache.dataset import ITEM_KEYS, video_items
 from vidcache.errors import BadRowError, OptionsError
 from vidcache.options import CONTENT_ITEM_KEYS
 from vidcache.prewarming import plan
+
+from support.cli import SHELL, run_cli
 
 # Each raw line as a user's file may hold it (Python's json writes NaN/Infinity unquoted, and reads 1e400 as inf).
 NON_FINITE_ROWS = [
@@ -34,13 +33,6 @@ NON_FINITE_ROWS = [
 ]
 
 
-def _node_env(tmp_path):
-    """What a user's shell has: the two vidcache settings, and enough to start Python."""
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
-    env.update(VIDCACHE_DIR=str(tmp_path / "node"), VIDCACHE_SHARED=str(tmp_path / "shared"))
-    return env
-
-
 def test_non_finite_and_unknown_per_video_values_cost_only_their_rows(tmp_path, videos):
     good = [videos["ffv1_10_small"], videos["mjpeg_24"]]
     lines = [json.dumps({"prompt": "<video>", "videos": [good[0]]})]
@@ -49,9 +41,9 @@ def test_non_finite_and_unknown_per_video_values_cost_only_their_rows(tmp_path, 
     ds = tmp_path / "d.jsonl"
     ds.write_text("\n".join(lines) + "\n")
     fails = tmp_path / "failures.jsonl"
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--no-progress",
-                        "--failures", str(fails), "--allow-failures"],
-                       capture_output=True, text=True, timeout=600, env=_node_env(tmp_path))
+    # what a user's shell has: the two vidcache settings, and enough to start Python
+    r = run_cli(["prewarm", str(ds), "--no-progress", "--failures", str(fails), "--allow-failures"],
+                tmp_path / "node", tmp_path / "shared", inherit=SHELL, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert "2 new" in r.stdout and f"{len(NON_FINITE_ROWS)} failed" in r.stdout, r.stdout
@@ -61,8 +53,7 @@ def test_non_finite_and_unknown_per_video_values_cost_only_their_rows(tmp_path, 
     assert all(len(rec["error"]) < 2000 for rec in got.values())       # a 5000-digit number is not echoed
     assert "unknown per-video key" in got[9]["error"] and "size_factor" in got[9]["error"]
     assert "max_pixel" in got[10]["error"]
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify", "--shared"],
-                       capture_output=True, text=True, timeout=300, env=_node_env(tmp_path))
+    r = run_cli(["verify", "--shared"], tmp_path / "node", tmp_path / "shared", inherit=SHELL)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
 
 

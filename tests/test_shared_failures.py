@@ -10,7 +10,6 @@ import logging
 import os
 import pickle
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ from vidcache.store.memory import MemoryStore
 from vidcache.store.tiered import TieredStore, out_of_space
 
 from conftest import free_port
+from support.cli import run_cli
 
 S3_OPTS = {"client_kwargs": {"region_name": "us-east-1"}}
 
@@ -381,15 +381,11 @@ def test_every_command_is_bounded_and_named_when_the_s3_tier_is_down(tmp_path, r
     endpoint = request.getfixturevalue(endpoint_kind)
     ds = tmp_path / "d.jsonl"
     ds.write_text('{"prompt": "<video>", "videos": ["%s"]}\n' % videos["mjpeg_24"])
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node"),
-           "VIDCACHE_SHARED": "s3://cache/down", "FSSPEC_S3_ENDPOINT_URL": endpoint,
-           "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           store_fsspec.ENV_TIMEOUT: "3"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"FSSPEC_S3_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1", store_fsspec.ENV_TIMEOUT: "3"}
     for args in (["stats"], ["verify", "--shared"], ["prewarm", str(ds)]):
         t = time.monotonic()
-        r = subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=root, env=env, capture_output=True,
-                           text=True, timeout=240)
+        r = run_cli(args, tmp_path / "node", "s3://cache/down", env=env, timeout=240)
         took = time.monotonic() - t
         assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr[-2000:])
         assert "vidcache: error: [shared_" in r.stderr, (args, r.stderr[-2000:])

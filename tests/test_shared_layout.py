@@ -14,13 +14,10 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.errors import NoSpaceError, StoreError
 
+from support.cli import run_cli
+from support.damage import flip_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def vc(args, node, shared):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node), "VIDCACHE_SHARED": str(shared)}
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def tier_names(tier) -> list[str]:
@@ -31,10 +28,9 @@ def ns(tier, namespace) -> list[str]:
     return [n for n in tier_names(tier) if n.startswith(namespace)]
 
 
-def test_a_new_entry_crosses_the_network_once_and_compact(tmp_path, videos):
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    keys = [a.ensure(videos[n], VideoOptions()).key for n in ("h264_30", "mjpeg_24")]
+def test_a_new_entry_crosses_the_network_once_and_compact(node_a, tmp_path, videos):
+    tier, a = node_a.tier, node_a.cache
+    keys = node_a.build("h264_30", "mjpeg_24")
     assert ns(tier, "cas/") == [] and len(ns(tier, "frozen/")) == 2          # no raw frames in the tier
     compact = sum(os.path.getsize(tier / n) for n in ns(tier, "frozen/"))
     raw = sum(a.manifest(k).frames.nbytes for k in keys)
@@ -51,13 +47,12 @@ def test_a_new_entry_crosses_the_network_once_and_compact(tmp_path, videos):
     assert b.verify(keys[0]) == [] and a.verify(keys[0]) == []
 
 
-def test_a_first_read_hands_out_its_own_expanded_frames_and_later_reads_are_unaffected(tmp_path, videos):
+def test_a_first_read_hands_out_its_own_expanded_frames_and_later_reads_are_unaffected(node_a, tmp_path, videos):
     """The first read of a compact entry returns the expanded buffer itself (no copy out): it must be the
     caller's alone, so writing into it changes neither the local copy nor the next read; zero-copy views of an
     expanded entry are read-only like views into the memory map; ``out=`` still fills the caller's tensor."""
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    tier, a = node_a.tier, node_a.cache
+    (k,) = node_a.build("h264_30")
     want = a.frames(k)
     first = VideoCache(tmp_path / "b", shared=str(tier)).frames(k)
     assert torch.equal(first, want)
@@ -71,7 +66,7 @@ def test_a_first_read_hands_out_its_own_expanded_frames_and_later_reads_are_unaf
 
 
 @pytest.mark.parametrize("reader", ["frames(key)", "frames(key, manifest)", "plugin load_ref"])
-def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, videos, monkeypatch, reader):
+def test_a_first_read_decodes_the_compact_object_while_it_downloads(node_a, tmp_path, videos, monkeypatch, reader):
     """The decoder starts on the first half of the object while the tier holds the second half back (up to
     20 s): it fails on a reader that waits for the whole object before decoding.  Every read path: the
     plugin's ``load_ref`` and a read given its manifest did not stream before issue 30."""
@@ -79,9 +74,8 @@ def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, vi
 
     from vidcache.store.fsspec import FsspecStore
     from vidcache.store.prefetch import Prefetch
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    tier, a = node_a.tier, node_a.cache
+    (k,) = node_a.build("h264_30")
     decoding, early, real_read = threading.Event(), [], Prefetch.read
 
     def read(self, n=-1):
@@ -113,14 +107,14 @@ def test_a_first_read_decodes_the_compact_object_while_it_downloads(tmp_path, vi
     assert early == [True]
 
 
-def test_a_tier_failure_part_way_through_a_download_is_raised_and_the_object_stays(tmp_path, videos, monkeypatch):
+def test_a_tier_failure_part_way_through_a_download_is_raised_and_the_object_stays(node_a, tmp_path, videos,
+                                                                                   monkeypatch):
     """A fetch cut off mid-object is the tier's failure (SharedUnavailableError), never a corrupt object: the
     compact object is not quarantined, nothing half-decoded is served or kept, and the next read is exact."""
     from vidcache.errors import SharedUnavailableError
     from vidcache.store.fsspec import FsspecStore
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    tier, a = node_a.tier, node_a.cache
+    (k,) = node_a.build("h264_30")
     want, real_stream = a.frames(k), FsspecStore.stream
 
     def cut(self, key, sink):
@@ -138,16 +132,15 @@ def test_a_tier_failure_part_way_through_a_download_is_raised_and_the_object_sta
     assert torch.equal(b.frames(k), want) and b.verify(k) == []
 
 
-def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(tmp_path, videos, monkeypatch):
+def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(node_a, tmp_path, videos, monkeypatch):
     """One round trip, not two in a row: the manifest's fetch waits (up to 20 s) until the compact object's
     fetch has begun, which only happens when both are in flight at once.  A resume check does not pull
     the object."""
     import threading
 
     from vidcache.store.fsspec import FsspecStore
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    k = a.ensure(videos["h264_30"], VideoOptions()).key
+    tier, a = node_a.tier, node_a.cache
+    (k,) = node_a.build("h264_30")
     object_asked, fetched = threading.Event(), []
     real_get, real_stream = FsspecStore.get, FsspecStore.stream
 
@@ -186,20 +179,20 @@ def test_an_older_raw_tier_is_read_and_converted_only_when_asked(tmp_path, video
     before = tier_names(tier)
 
     b = tmp_path / "nodeB"
-    r = vc(["verify", "--shared"], b, tier)
+    r = run_cli(["verify", "--shared"], b, tier)
     assert r.returncode == 0 and "verify: 3 ok, 0 bad" in r.stdout, r.stdout + r.stderr
     reader = VideoCache(tmp_path / "reader", shared=str(tier))              # reads the old layout ...
     assert all(torch.equal(reader.frames(k), v) for k, v in want.items())
     assert tier_names(tier) == before                                        # ... and rewrites nothing
 
-    r = vc(["verify", "--shared", "--upgrade"], b, tier)
+    r = run_cli(["verify", "--shared", "--upgrade"], b, tier)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "upgrade: 3 converted to compact objects, 0 already compact, 0 kept raw" in r.stdout
     assert ns(tier, "cas/") == [] and len(ns(tier, "frozen/")) == 3
-    assert "verify: 3 ok, 0 bad" in vc(["verify", "--shared"], tmp_path / "nodeC", tier).stdout
+    assert "verify: 3 ok, 0 bad" in run_cli(["verify", "--shared"], tmp_path / "nodeC", tier).stdout
     fresh = VideoCache(tmp_path / "nodeD", shared=str(tier))
     assert all(torch.equal(fresh.frames(k), v) for k, v in want.items())
-    r = vc(["verify", "--shared", "--upgrade"], b, tier)
+    r = run_cli(["verify", "--shared", "--upgrade"], b, tier)
     assert "0 converted to compact objects, 3 already compact" in r.stdout
 
 
@@ -223,25 +216,24 @@ def test_a_tier_of_ut_video_objects_from_the_previous_format_is_still_read(tmp_p
         with av.open(str(o)) as box:
             assert box.streams.video[0].codec_context.name == "utvideo"      # really the old codec
     before = tier_names(tier)
-    r = vc(["verify", "--shared"], tmp_path / "nodeB", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "nodeB", tier)
     assert r.returncode == 0 and "verify: 2 ok, 0 bad" in r.stdout, r.stdout + r.stderr
     fresh = VideoCache(tmp_path / "nodeC", shared=str(tier))
     assert all(torch.equal(fresh.frames(k), a.frames(k)) for k in keys)
-    r = vc(["verify", "--shared", "--upgrade"], tmp_path / "nodeB", tier)
+    r = run_cli(["verify", "--shared", "--upgrade"], tmp_path / "nodeB", tier)
     assert r.returncode == 0 and "0 converted to compact objects, 2 already compact" in r.stdout, r.stdout
     assert tier_names(tier) == before
 
 
 def test_upgrade_needs_the_shared_tier_named(tmp_path):
-    r = vc(["verify", "--upgrade"], tmp_path / "n", tmp_path / "tier")
+    r = run_cli(["verify", "--upgrade"], tmp_path / "n", tmp_path / "tier")
     assert r.returncode == 1 and "vidcache: error: [config]" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_a_full_local_disk_still_serves_a_sound_compact_entry(tmp_path, videos, monkeypatch, caplog):
+def test_a_full_local_disk_still_serves_a_sound_compact_entry(node_a, tmp_path, videos, monkeypatch, caplog):
     """D20 for compact objects: the backfill is skipped with one warning; the checked frames are served."""
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    k = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    tier, a = node_a.tier, node_a.cache
+    (k,) = node_a.build("mjpeg_24")
     b = VideoCache(tmp_path / "b", shared=str(tier))
     b.manifest(k)
     real = type(b.local).set_many_staged
@@ -258,12 +250,12 @@ def test_a_full_local_disk_still_serves_a_sound_compact_entry(tmp_path, videos, 
     assert b.local.get("cas/" + b.manifest(k).frames.blob) is None
 
 
-def test_any_other_failure_of_a_local_copy_is_raised_by_the_next_read_not_dropped(tmp_path, videos, monkeypatch):
+def test_any_other_failure_of_a_local_copy_is_raised_by_the_next_read_not_dropped(node_a, tmp_path, videos,
+                                                                                  monkeypatch):
     """Only a full disk is tolerated (D20): a local copy that fails otherwise (a failing disk, a bug) in the
     background writer is raised in the reader's thread by its next read, not lost."""
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    k1, k2 = (a.ensure(videos[n], VideoOptions()).key for n in ("mjpeg_24", "h264_30"))
+    tier, a = node_a.tier, node_a.cache
+    k1, k2 = node_a.build("mjpeg_24", "h264_30")
     b = VideoCache(tmp_path / "b", shared=str(tier))
 
     real = type(b.local).set_many_staged
@@ -279,25 +271,23 @@ def test_any_other_failure_of_a_local_copy_is_raised_by_the_next_read_not_droppe
     b.frames(k2)                                                   # raised once, then reads go on
 
 
-def test_an_entry_no_frozen_file_can_hold_stays_raw(tmp_path, videos):
+def test_an_entry_no_frozen_file_can_hold_stays_raw(node_a, tmp_path, videos):
     """decord cannot open a 2-frame NUT: such an entry keeps raw frames in the tier rather than an object some
     SGLang decoder cannot read."""
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
+    tier, a = node_a.tier, node_a.cache
     k = a.ensure(videos["mjpeg_24"], VideoOptions(nframes=2, min_frames=2)).key
     assert a.manifest(k).num_frames == 2
     assert len(ns(tier, "cas/")) == 1 and ns(tier, "frozen/") == []
     assert torch.equal(VideoCache(tmp_path / "b", shared=str(tier)).frames(k), a.frames(k))
 
 
-def test_stock_mode_is_served_the_compact_object_itself(tmp_path, videos):
+def test_stock_mode_is_served_the_compact_object_itself(node_a, tmp_path, videos):
     """One object per entry for a stock-mode cluster: the shared transport's URL names the compact object."""
     from urllib.parse import unquote, urlparse
 
     import vidcache
     from vidcache.sglang.transport import video_uri
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
+    tier, a = node_a.tier, node_a.cache
     h = vidcache.get(videos["mjpeg_24"], VideoOptions(family="qwen2_5_vl"), a)
     before = tier_names(tier)
     uri = video_uri(h, transport="shared")
@@ -313,14 +303,14 @@ def test_prewarm_sweeps_old_partial_files_of_killed_publishes(tmp_path, videos):
     tier = tmp_path / "tier"
     ds = tmp_path / "d.jsonl"
     ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["mjpeg_24"]]}) + "\n")
-    r = vc(["prewarm", str(ds)], tmp_path / "a", tier)
+    r = run_cli(["prewarm", str(ds)], tmp_path / "a", tier)
     assert r.returncode == 0, r.stderr
     ac_dir = next(p for p in (tier / "ac").iterdir() if p.is_dir())
     old, young = ac_dir / ".x.deadbeef.partial", ac_dir / ".y.cafef00d.partial"
     old.write_bytes(b"\0" * 1000)
     young.write_bytes(b"\0" * 10)
     os.utime(old, (time.time() - 7200, time.time() - 7200))
-    r = vc(["prewarm", str(ds)], tmp_path / "b", tier)
+    r = run_cli(["prewarm", str(ds)], tmp_path / "b", tier)
     assert r.returncode == 0 and "removed 1 partial file(s)" in r.stderr, r.stderr
     assert not old.exists() and young.exists()
 
@@ -338,27 +328,24 @@ def test_upgrade_never_trusts_an_unsound_object_at_the_compact_name(tmp_path, vi
     writer = VideoCache(tmp_path / "writer", shared=str(tier))
     assert writer.compact.publish(k2, want[k2], old.manifest(k2))   # a sound object at k2's compact name ...
     name = tier / next(n for n in ns(tier, "frozen/") if k2 in n and n.endswith(".nut"))
-    data = bytearray(name.read_bytes())
-    data[len(data) // 2] ^= 0x55                                    # ... rotted in its middle
-    name.write_bytes(bytes(data))
-    r = vc(["verify", "--shared", "--upgrade"], tmp_path / "nodeB", tier)
+    flip_file(name, 0.5, bit=0x55)                                  # ... rotted in its middle
+    r = run_cli(["verify", "--shared", "--upgrade"], tmp_path / "nodeB", tier)
     assert "Traceback" not in r.stderr, r.stderr
     assert "2 converted to compact objects" in r.stdout, r.stdout + r.stderr
     assert any(k2 in n for n in ns(tier, "quarantine/")), tier_names(tier)       # the bad one, kept aside
     fresh = VideoCache(tmp_path / "nodeC", shared=str(tier))
     assert all(torch.equal(fresh.frames(k), v) for k, v in want.items())
-    r = vc(["verify", "--shared"], tmp_path / "nodeD", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "nodeD", tier)
     assert r.returncode == 0 and "verify: 2 ok, 0 bad" in r.stdout, r.stdout + r.stderr
 
 
-def test_a_symlink_planted_at_an_object_name_is_never_followed(tmp_path, videos):
+def test_a_symlink_planted_at_an_object_name_is_never_followed(node_a, tmp_path, videos):
     """D33: anyone who can write the export plants `frozen/.../<key>.nut -> /a/node/secret`.  A fresh node never
     reads through the link: the entry is as if that object were missing (the read fails by name or is rebuilt),
     and nothing of the secret reaches the tier (its quarantine/ included)."""
     from vidcache.errors import NotCachedError
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    tier, a = node_a.tier, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     obj = tier / next(n for n in ns(tier, "frozen/") if key in n and n.endswith(".nut"))
     secret = tmp_path / "secret"
     secret.write_bytes(b"TOPSECRET" * 1000)
@@ -367,7 +354,7 @@ def test_a_symlink_planted_at_an_object_name_is_never_followed(tmp_path, videos)
     b = VideoCache(tmp_path / "b", shared=str(tier))
     with pytest.raises(NotCachedError):
         b.frames(key)
-    r = vc(["verify", "--shared"], tmp_path / "c", tier)                 # CLI: named, no traceback
+    r = run_cli(["verify", "--shared"], tmp_path / "c", tier)                 # CLI: named, no traceback
     assert "Traceback" not in r.stderr and key in r.stdout + r.stderr
     for d, _, fs in os.walk(tier):
         for f in fs:
@@ -376,25 +363,24 @@ def test_a_symlink_planted_at_an_object_name_is_never_followed(tmp_path, videos)
                 assert b"TOPSECRET" not in open(p, "rb").read(), p
 
 
-def test_a_crash_between_the_object_and_its_record_heals_on_the_next_publish(tmp_path, videos):
+def test_a_crash_between_the_object_and_its_record_heals_on_the_next_publish(node_a, tmp_path, videos):
     """D39: a node dies after the compact object's PUT and before its digest record.  The next publish of that
     entry (the resumed prewarm rebuilding it) finds the sound object and writes the missing record, so `verify
     --shared` (CLI, a fresh node) passes without --repair."""
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    tier, a = node_a.tier, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     frames = a.frames(key)
     records = [n for n in ns(tier, "frozen-digest/") if key in n]
     assert records, tier_names(tier)
     for n in records:
         os.unlink(tier / n)                                     # the crash: the object, and no record
-    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "b", tier)
     # D39 reported it bad; verify now checks an unrecorded compact object by decoding it (and a look writes nothing)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
     assert not [n for n in ns(tier, "frozen-digest/") if key in n]
     assert a.compact.publish(key, frames, a.manifest(key))     # the resumed run's publish
     assert sorted(n for n in ns(tier, "frozen-digest/") if key in n) == sorted(records)   # the record is back
-    r = vc(["verify", "--shared"], tmp_path / "c", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "c", tier)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
 
 
@@ -447,21 +433,19 @@ def test_a_compact_object_without_its_record_is_sound_to_verify_and_repair_recor
     tier = tmp_path / "tier"
     ds = tmp_path / "d.jsonl"
     ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["mjpeg_24"]]}) + "\n")
-    r = vc(["prewarm", str(ds)], tmp_path / "a", tier)
+    r = run_cli(["prewarm", str(ds)], tmp_path / "a", tier)
     assert r.returncode == 0, r.stdout + r.stderr
     (rec,) = ns(tier, "frozen-digest/")
     os.unlink(tier / rec)                                  # the record never written
-    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "b", tier)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
     assert ns(tier, "frozen-digest/") == []                 # a look changes nothing
-    r = vc(["verify", "--shared", "--repair"], tmp_path / "c", tier)
+    r = run_cli(["verify", "--shared", "--repair"], tmp_path / "c", tier)
     assert r.returncode == 0 and ns(tier, "frozen-digest/") == [rec], r.stdout + r.stderr
     os.unlink(tier / rec)
     (obj,) = ns(tier, "frozen/")
-    data = bytearray((tier / obj).read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (tier / obj).write_bytes(bytes(data))
-    r = vc(["verify", "--shared"], tmp_path / "d", tier)
+    flip_file(tier / obj, 0.5)
+    r = run_cli(["verify", "--shared"], tmp_path / "d", tier)
     assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr
 
 
@@ -473,19 +457,19 @@ def test_cli_a_pull_that_meets_an_object_not_its_recorded_bytes_replaces_it(tmp_
     tier = tmp_path / "tier"
     ds = tmp_path / "d.jsonl"
     ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["mjpeg_24"]]}) + "\n")
-    r = vc(["prewarm", str(ds), "--no-progress"], tmp_path / "a", tier)
+    r = run_cli(["prewarm", str(ds), "--no-progress"], tmp_path / "a", tier)
     assert r.returncode == 0, r.stdout + r.stderr
     (rec,) = ns(tier, "frozen-digest/")
     (obj,) = ns(tier, "frozen/")
     before = (tier / obj).read_bytes()
     (tier / rec).write_text(str(Digest.of(b"other bytes")))
-    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "b", tier)
     assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr
-    r = vc(["pull", str(ds)], tmp_path / "c", tier)
+    r = run_cli(["pull", str(ds)], tmp_path / "c", tier)
     assert r.returncode == 0 and "pull: 1 pulled" in r.stdout and "Traceback" not in r.stderr, r.stdout + r.stderr
     (moved,) = ns(tier, "quarantine/")
     assert (tier / moved).read_bytes() == before                   # moved aside, not lost
-    r = vc(["verify", "--shared"], tmp_path / "d", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "d", tier)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
 
 
@@ -501,7 +485,7 @@ def test_cli_verify_repair_restores_an_entry_from_an_exactly_decoding_object_in_
     shutil.copy(videos["mjpeg_24"], src)
     ds = tmp_path / "d.jsonl"
     ds.write_text(json.dumps({"prompt": "<video>", "videos": [str(src)]}) + "\n")
-    r = vc(["prewarm", str(ds), "--no-progress"], tmp_path / "a", tier)
+    r = run_cli(["prewarm", str(ds), "--no-progress"], tmp_path / "a", tier)
     assert r.returncode == 0, r.stdout + r.stderr
     store = FsspecStore(str(tier))
     (obj,) = [k for k in store.keys("frozen/")]
@@ -513,10 +497,10 @@ def test_cli_verify_repair_restores_an_entry_from_an_exactly_decoding_object_in_
     src.unlink()                                                # and the source is gone
     import shutil as sh
     sh.rmtree(tmp_path / "a")                                   # and no node holds it
-    r = vc(["verify", "--shared"], tmp_path / "b", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "b", tier)
     assert r.returncode == 1 and "1 bad" in r.stdout, r.stdout + r.stderr    # lost on every node
-    r = vc(["verify", "--shared", "--repair"], tmp_path / "c", tier)
+    r = run_cli(["verify", "--shared", "--repair"], tmp_path / "c", tier)
     assert "Traceback" not in r.stderr, r.stderr
-    r = vc(["verify", "--shared"], tmp_path / "d", tier)
+    r = run_cli(["verify", "--shared"], tmp_path / "d", tier)
     assert r.returncode == 0 and "verify: 1 ok, 0 bad" in r.stdout, r.stdout + r.stderr
     assert torch.equal(VideoCache(tmp_path / "e", shared=str(tier)).frames(key), want)

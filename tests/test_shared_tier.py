@@ -13,21 +13,20 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.errors import DigestMismatchError
 
-from support.damage import flip_seen_by_decoder
+from support.damage import flip_file, flip_seen_by_decoder
 
 
 # --- nodes ---------------------------------------------------------------------------------------------
-def test_second_node_reads_through_without_decoding(tmp_path, videos, count_decodes):
-    shared = str(tmp_path / "nfs")
-    node_a = VideoCache(tmp_path / "node_a", shared=shared)
-    key = node_a.ensure(videos["h264_ntsc"], VideoOptions()).key
+def test_second_node_reads_through_without_decoding(node_a, tmp_path, videos, count_decodes):
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("h264_ntsc")
     decoded_before = len(count_decodes)
-    node_b = VideoCache(tmp_path / "node_b", shared=shared)
-    assert node_b.identity == node_a.identity       # one cluster-wide identity: the shared tier's
+    node_b = node_a.node("node_b")
+    assert node_b.identity == a.identity            # one cluster-wide identity: the shared tier's
     assert node_b.ensure(videos["h264_ntsc"], VideoOptions()).status == "hit"
     h = vidcache.lazy(videos["h264_ntsc"], VideoOptions(), node_b)
     assert h.resolve(build=False) == key
-    assert torch.equal(h.frames(), node_a.frames(key)) and len(count_decodes) == decoded_before
+    assert torch.equal(h.frames(), a.frames(key)) and len(count_decodes) == decoded_before
     # the node directory remembers its shared tier, for later commands on this node
     assert json.load(open(tmp_path / "node_b" / "config.json"))["shared"] == shared
     assert not os.path.exists(os.path.join(shared, "lmdb"))   # never LMDB on the shared tier
@@ -44,12 +43,12 @@ def test_corrupt_shared_object_is_never_served_and_is_repaired(tmp_path, videos,
     store_key = a.compact.key(key) if layout == "compact" else "cas/" + m.frames.blob
     assert (a.shared.get("cas/" + m.frames.blob) is None) == (layout == "compact")   # no raw copy, compact
     blob_path = a.shared._path(store_key)
-    raw = bytearray(open(blob_path, "rb").read())
     if layout == "compact":
-        raw = flip_seen_by_decoder(bytes(raw), m, bit=0x01)
+        raw = flip_seen_by_decoder(open(blob_path, "rb").read(), m, bit=0x01)
+        open(blob_path, "wb").write(raw)
     else:
-        raw[len(raw) // 2] ^= 0x01
-    open(blob_path, "wb").write(bytes(raw))
+        flip_file(blob_path, 0.5, bit=0x01)
+        raw = open(blob_path, "rb").read()
     b = VideoCache(tmp_path / "b", shared=shared)
     with pytest.raises(DigestMismatchError, match=key):
         b.frames(key)                                # node B pulls, checks, refuses
@@ -88,13 +87,13 @@ def test_shared_tier_on_s3(tmp_path, videos, s3):
     assert "secret" not in open(tmp_path / "b" / "config.json").read()
 
 
-def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(tmp_path, videos, count_decodes):
+def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(node_a, tmp_path, videos, count_decodes):
     from vidcache.prewarming import prewarm
-    shared = str(tmp_path / "nfs")
+    shared = node_a.shared
     ds = tmp_path / "d.jsonl"
     ds.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n"
                           for n in ("h264_30", "mjpeg_24")))
-    assert prewarm(str(ds), VideoCache(tmp_path / "a", shared=shared), VideoOptions(), progress=False).new == 2
+    assert prewarm(str(ds), node_a.cache, VideoOptions(), progress=False).new == 2
     decoded = len(count_decodes)
     b = VideoCache(tmp_path / "b", shared=shared)
     s = prewarm(str(ds), b, VideoOptions(), progress=False)
@@ -102,12 +101,11 @@ def test_resume_on_a_fresh_node_counts_hits_without_downloading_frames(tmp_path,
     assert list(b.local.keys("cas/")) == []          # hits were counted, no frames were pulled
 
 
-def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(tmp_path, videos, monkeypatch,
+def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(node_a, tmp_path, videos, monkeypatch,
                                                                            count_decodes):
     import vidcache.cache as cache_mod
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
-    key = a.ensure(videos["hevc_25"], VideoOptions()).key
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("hevc_25")
     decoded = len(count_decodes)
 
     def no_fetch(*args, **kw):
@@ -119,16 +117,15 @@ def test_a_lazy_handle_on_another_node_is_found_without_fetching_the_source(tmp_
     assert torch.equal(h.frames(), a.frames(key)) and len(count_decodes) == decoded
 
 
-def test_a_node_that_builds_an_entry_another_node_just_built_says_how_to_avoid_it(tmp_path, videos, monkeypatch,
-                                                                                     caplog):
+def test_a_node_that_builds_an_entry_another_node_just_built_says_how_to_avoid_it(node_a, tmp_path, videos,
+                                                                                   monkeypatch, caplog):
     """D31, refused with a clear message: two nodes prewarming the same rows at once may both decode a video
     (5-11 of 30 in the reliability run).  Never wrong (one key, one set of frames, the first object wins and the
     second is checked against it), but the second node says its decode was wasted and how to build once."""
     import logging
 
     from vidcache import errors
-    tier = str(tmp_path / "tier")
-    a = VideoCache(tmp_path / "a", shared=tier)
+    tier, a = node_a.shared, node_a.cache
     want = a.frames(a.ensure(videos["mjpeg_24"], VideoOptions()).key)
     b = VideoCache(tmp_path / "b", shared=tier)
     monkeypatch.setattr(type(b), "sound_manifest", lambda self, key: None)   # B looked before A's manifest landed
@@ -187,27 +184,23 @@ def test_the_object_bound_follows_the_decode_budget():
 
 
 def test_cli_verify_names_an_oversized_shared_object(tmp_path, videos):
-    import subprocess
-    import sys
+    from support.cli import EVERYTHING, run_cli
     bound = 1 << 20
     shared, key = _plant_oversized(tmp_path, videos, 8 * bound)
-    env = {**os.environ, "VIDCACHE_SHARED_MAX_OBJECT_BYTES": str(bound), "VIDCACHE_DIR": str(tmp_path / "b")}
-    env.pop("VIDCACHE_DEBUG", None)
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "verify", "--shared", shared], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = run_cli(["verify", "--shared", shared], tmp_path / "b", inherit=EVERYTHING,
+                env={"VIDCACHE_SHARED_MAX_OBJECT_BYTES": bound})
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr
     assert f"BAD {key}: [oversized]" in r.stdout and f"is {8 * bound} bytes" in r.stdout
 
 
 # --- D51: the directory tier's own directories, and each entry's own bound ---------------------------------------
-def test_a_symlinked_fan_out_directory_is_not_read_through(tmp_path, videos):
+def test_a_symlinked_fan_out_directory_is_not_read_through(node_a, tmp_path, videos):
     """D51 (2): ``frozen/<xx>`` moved outside the tier and linked back was served through the link.  A tier's
     directories are its own: the object behind the link is no object, so the read is a clean miss."""
     from vidcache.errors import NotCachedError
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     fan = os.path.dirname(a.shared._path(a.compact.key(key)))
     os.rename(fan, tmp_path / "elsewhere")
     os.symlink(tmp_path / "elsewhere", fan)
@@ -217,13 +210,12 @@ def test_a_symlinked_fan_out_directory_is_not_read_through(tmp_path, videos):
     assert b.shared.get(b.compact.key(key)) is None
 
 
-def test_a_symlinked_quarantine_directory_is_not_written_through(tmp_path, videos):
+def test_a_symlinked_quarantine_directory_is_not_written_through(node_a, tmp_path, videos):
     """D51 (1): ``quarantine/<fan-out>`` linked outside the tier, then a truncated object read by a fresh node:
     the read was refused, and the planter's 5,000 bytes were written outside the tier by the quarantine copy."""
     from vidcache.errors import DigestMismatchError, NotCachedError
-    shared = str(tmp_path / "nfs")
-    a = VideoCache(tmp_path / "a", shared=shared)
-    key = a.ensure(videos["mjpeg_24"], VideoOptions()).key
+    shared, a = node_a.shared, node_a.cache
+    (key,) = node_a.build("mjpeg_24")
     obj = a.shared._path(a.compact.key(key))
     qpath = a.shared._path(K.quarantined(a.compact.key(key)))
     outside = tmp_path / "outside_q"

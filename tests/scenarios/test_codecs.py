@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from support.cli import run_cli
 from support.qwen_vl_utils_ref import reference  # qwen-vl-utils itself, decord backend forced
 
 from vidcache import VideoOptions
@@ -384,12 +385,11 @@ def test_peak_rss_stays_under_the_estimate(tmp_path, codec):
     assert 0 < r["growth"] <= r["estimate"], r
 
 
-def test_every_landing_clip_comes_back_from_the_compact_shared_tier_exactly(clips, tmp_path):
+def test_every_landing_clip_comes_back_from_the_compact_shared_tier_exactly(node_a, clips, tmp_path):
     """Issue 17: node A builds each clip into a shared tier of compact objects; a fresh node B, which decodes
     nothing from the sources, expands every entry to exactly A's frames."""
     from vidcache import VideoCache
-    tier = str(tmp_path / "tier")
-    a = VideoCache(tmp_path / "a", shared=tier)
+    tier, a = node_a.shared, node_a.cache
     built = {n: a.ensure(clips(n), OPTS).key for n in LANDING}
     compact = [n for n, k in built.items() if a.shared.exists_many([a.compact.key(k)])[0]]
     assert len(compact) >= len(LANDING) - 2, f"only {compact} are compact"       # 2-frame clips may stay raw
@@ -412,9 +412,7 @@ def test_frames_decord_cannot_copy_out_land_through_pyav_from_the_cli(tmp_path, 
     clip = make_video(str(tmp_path / f"tiny{w}x{h}.mp4"), codec="h264", width=w, height=h, fps=10, n_frames=30)
     ds = tmp_path / "d.jsonl"
     ds.write_text(json.dumps({"prompt": "<video>", "videos": [clip]}) + "\n")
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(tmp_path / "node")}
-    run = lambda *a: subprocess.run([sys.executable, "-m", "vidcache.cli", *a], env=env, capture_output=True,
-                                    text=True, timeout=300)
+    run = lambda *a: run_cli(a, tmp_path / "node")
     r = run("prewarm", str(ds))
     assert r.returncode == 0 and "1 new, 0 hit, 0 failed" in r.stdout, r.stdout + r.stderr
     r = run("inspect", clip)

@@ -22,13 +22,15 @@ from vidcache.digest import Digest
 from vidcache.errors import DigestMismatchError, NotCachedError, SharedUnavailableError
 from vidcache.store.fsspec import FsspecStore
 
+from support.damage import flip_file
+
 TIMEOUT_S = 60.0         # the tier's default bound on one transfer (store/fsspec.DEFAULT_TIMEOUT_S)
 
 
 @pytest.fixture
-def tier(tmp_path, videos):
-    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
-    k = a.ensure(videos["h264_30"], VideoOptions()).key
+def tier(node_a, tmp_path, videos):
+    a = node_a.cache
+    (k,) = node_a.build("h264_30")
     other = a.ensure(videos["mjpeg_24"], VideoOptions()).key
     return a, k, other, a.frames(k)
 
@@ -49,9 +51,7 @@ def _other_entrys_object(a, k, other):
 
 def _flip(a, k, other):
     p = _object(a, k)
-    data = bytearray(open(p, "rb").read())
-    data[len(data) * 2 // 3] ^= 0x40
-    open(p, "wb").write(bytes(data))
+    flip_file(p, os.path.getsize(p) * 2 // 3, bit=0x40)
 
 
 FAULTS = {"truncated": _truncate, "another entry's valid object": _other_entrys_object, "a flipped byte": _flip}

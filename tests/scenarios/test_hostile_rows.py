@@ -1,8 +1,6 @@
 """Every row is its own fate: one JSONL full of hostile rows, with good rows between them."""
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -11,6 +9,8 @@ import pytest
 from vidcache import VideoCache, VideoOptions
 from vidcache.loader.fetch import FetchLimits
 from vidcache.prewarming import prewarm
+
+from support.cli import EVERYTHING, run_cli
 
 
 def _hostile_rows(tmp_path, good):
@@ -55,9 +55,8 @@ def test_every_good_row_lands_and_every_bad_row_has_its_own_record(tmp_path, vid
     good = [videos["h264_30"], videos["mjpeg_24"], videos["ffv1_10_small"]]
     ds, kinds = _hostile_rows(tmp_path, good)
     fails = tmp_path / "failures.jsonl"
-    cmd = [sys.executable, "-m", "vidcache.cli", "prewarm", ds, "--cache", str(tmp_path / "c"), "--workers", "2",
-           "--no-progress", "--failures", str(fails)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cmd = ["prewarm", ds, "--cache", str(tmp_path / "c"), "--workers", "2", "--no-progress", "--failures", str(fails)]
+    r = run_cli(cmd, inherit=EVERYTHING, timeout=600)
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     got = {rec["row"]: rec for rec in map(json.loads, open(fails))}
@@ -67,16 +66,15 @@ def test_every_good_row_lands_and_every_bad_row_has_its_own_record(tmp_path, vid
     assert "3 new" in r.stdout
     c = VideoCache(tmp_path / "c")
     assert len(c.entries()) == 3 and all(c.verify(k) == [] for k in c.entries())
-    r = subprocess.run(cmd + ["--allow-failures"], capture_output=True, text=True, timeout=600)
+    r = run_cli(cmd + ["--allow-failures"], inherit=EVERYTHING, timeout=600)
     assert r.returncode == 0 and "Traceback" not in r.stderr and "3 hit" in r.stdout
 
 
 def test_an_unwritable_failures_path_is_refused_before_any_work(tmp_path, videos, count_decodes):
     ds = tmp_path / "d.jsonl"
     ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["ffv1_10_small"]]}) + "\n")
-    r = subprocess.run([sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--cache", str(tmp_path / "c"),
-                        "--failures", str(tmp_path / "no" / "such" / "dir" / "f.jsonl"), "--no-progress"],
-                       capture_output=True, text=True, timeout=300)
+    r = run_cli(["prewarm", str(ds), "--cache", str(tmp_path / "c"),
+                 "--failures", str(tmp_path / "no" / "such" / "dir" / "f.jsonl"), "--no-progress"], inherit=EVERYTHING)
     assert r.returncode == 1 and "[config]" in r.stderr and "Traceback" not in r.stderr
     assert not os.path.exists(tmp_path / "c" / "lmdb")        # refused at start: nothing was built
 

@@ -575,6 +575,45 @@ def test_eval_dataset_is_lazy(env, decode_counter):
     assert ev.Dataset is Dataset                                      # the patch is scoped to the call
 
 
+def test_the_eval_swap_waits_for_another_swap_without_stopping_the_event_loop():
+    """Both Dataset swaps (the data source's, eval's) go through one lock: the eval's waits while the data
+    source's is held, keeps the event loop running meanwhile, then swaps and restores its own name."""
+    import asyncio
+    import threading
+
+    import miles.rollout.data_source as mds
+    from miles.rollout.inference_rollout import inference_rollout_eval as ev
+    from miles.utils.data import Dataset
+
+    from miles_integration.data_source import miles_builds, miles_builds_async
+
+    held, release, seen = threading.Event(), threading.Event(), []
+
+    def data_source_builds():
+        with miles_builds(mds, "train factory"):
+            held.set()
+            assert release.wait(30)
+
+    t = threading.Thread(target=data_source_builds)
+    t.start()
+    assert held.wait(30)
+
+    async def main():
+        async def eval_builds():
+            async with miles_builds_async(ev, "eval factory"):
+                seen.append(ev.Dataset)
+        task = asyncio.create_task(eval_builds())
+        for _ in range(20):
+            await asyncio.sleep(0)                      # the loop runs on while the eval waits for the lock
+        assert seen == [] and ev.Dataset is Dataset and mds.Dataset == "train factory"
+        release.set()
+        await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    t.join(30)
+    assert seen == ["eval factory"] and ev.Dataset is Dataset and mds.Dataset is Dataset
+
+
 # --------------------------------------------------------------------------------------------------
 # handles mode, merge_samples, Ray
 # --------------------------------------------------------------------------------------------------

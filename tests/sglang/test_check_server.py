@@ -83,15 +83,11 @@ def test_stock_mode_on_a_gpu_server_names_torchcodec(tmp_path, monkeypatch):
 
 
 def _cli(url, tmp_path, *args, **settings):
-    """`python -m vidcache.cli check-server` as a user runs it: the node's two settings (``settings`` may
-    replace them or add others), nothing else."""
-    import os
-    import subprocess
-    import sys
-    env = {k: os.environ[k] for k in ("PATH", "HOME", "PYTHONPATH", "LANG") if k in os.environ}
-    env.update({"VIDCACHE_DIR": str(tmp_path / "node"), "VIDCACHE_SHARED": str(tmp_path / "shared"), **settings})
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", "check-server", url, *args],
-                          capture_output=True, text=True, timeout=600, env=env)
+    """`vidcache check-server` as a user runs it: the node's two settings (``settings`` may replace them or add
+    others), nothing else."""
+    from support.cli import SHELL, run_cli
+    return run_cli(["check-server", url, *args], tmp_path / "node", tmp_path / "shared", inherit=SHELL,
+                   env=settings, timeout=600)
 
 
 def test_cli_check_server_on_a_fresh_node(tmp_path, monkeypatch):

@@ -5,8 +5,6 @@ A flipped byte in a frozen file (UT Video or FFV1, this node's copy or the share
 to SGLang: the copy is checked against the digest recorded when it was verified, moved aside, and remade
 from the frames.  ``verify --shared`` reports it and ``--repair`` restores it."""
 import os
-import subprocess
-import sys
 from urllib.parse import unquote, urlparse
 
 import pytest
@@ -20,6 +18,9 @@ from vidcache.sglang.frozen import (FORMATS, available_decoders, decode_all, loc
                                     published_frozen_key)
 from vidcache.sglang.transport import video_uri
 
+from support.cli import EVERYTHING, run_cli
+from support.damage import flip_file
+
 
 @pytest.fixture
 def node(tmp_path, videos):
@@ -32,13 +33,6 @@ def _new_process_view():
     """What a new process knows: no copy checked yet."""
     frozen._SOUND_FILES.clear()
     frozen._SOUND_SHARED.clear()
-
-
-def _flip(path: str, at: float = 0.6) -> None:
-    raw = bytearray(open(path, "rb").read())
-    raw[int(len(raw) * at)] ^= 0x10
-    with open(path, "wb") as f:
-        f.write(raw)
 
 
 def _shared_file(tmp_path, key, suffix) -> str:
@@ -74,7 +68,7 @@ def test_a_flipped_local_frozen_file_is_never_handed_out(node, fmt):
     c, h, _ = node
     path = local_frozen_path(c, h.key, fmt)
     assert c.local.get(K.frozen_digest(h.key, FORMATS[fmt].suffix)) is not None      # recorded when made
-    _flip(path)
+    flip_file(path, 0.6, bit=0x10)
     _new_process_view()
     again = local_frozen_path(c, h.key, fmt)
     assert again == path and _exact(again, h.frames())                 # remade from the frames
@@ -89,17 +83,11 @@ def test_a_flipped_shared_frozen_file_is_never_handed_out(node, fmt):
     uri = video_uri(h, transport="shared", frozen_format=fmt)
     shared_path = _shared_file(tmp_path, h.key, suffix)
     assert unquote(urlparse(uri).path) == shared_path
-    _flip(shared_path)
+    flip_file(shared_path, 0.6, bit=0x10)
     _new_process_view()
     again = video_uri(h, transport="shared", frozen_format=fmt)
     assert unquote(urlparse(again).path) == shared_path and _exact(shared_path, h.frames())   # republished
     assert c.shared.get(K.quarantined(K.frozen(h.key, suffix))) is not None
-
-
-def _cli(args, env_dir, shared):
-    env = {**os.environ, "VIDCACHE_DIR": str(env_dir), "VIDCACHE_SHARED": str(shared)}
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -109,17 +97,17 @@ def test_verify_shared_reports_flipped_frozen_files_and_repair_restores_them(nod
     suffix = FORMATS[fmt].suffix
     published_frozen_key(c, h.key, fmt)
     local = local_frozen_path(c, h.key, fmt)
-    _flip(_shared_file(tmp_path, h.key, suffix))
-    _flip(local, 0.4)
-    a = _cli(["verify"], c.path, tmp_path / "shared")                     # node A: both copies bad
+    flip_file(_shared_file(tmp_path, h.key, suffix), 0.6, bit=0x10)
+    flip_file(local, 0.4, bit=0x10)
+    a = run_cli(["verify"], c.path, tmp_path / "shared", inherit=EVERYTHING)        # node A: both copies bad
     assert a.returncode == 1 and f"local: frozen file {suffix}" in a.stdout and f"shared: frozen file {suffix}" in a.stdout
     b_dir = tmp_path / "nodeB"
-    b = _cli(["verify", "--shared"], b_dir, tmp_path / "shared")
+    b = run_cli(["verify", "--shared"], b_dir, tmp_path / "shared", inherit=EVERYTHING)
     assert b.returncode == 1 and f"BAD {h.key}" in b.stdout and "frozen file" in b.stdout, b.stdout + b.stderr
     assert not b_dir.exists()                                            # a read-only look creates nothing
-    r = _cli(["verify", "--repair"], c.path, tmp_path / "shared")
+    r = run_cli(["verify", "--repair"], c.path, tmp_path / "shared", inherit=EVERYTHING)
     assert r.returncode == 1 and "-> repaired" in r.stdout, r.stdout + r.stderr
-    ok = _cli(["verify", "--shared"], b_dir, tmp_path / "shared")
+    ok = run_cli(["verify", "--shared"], b_dir, tmp_path / "shared", inherit=EVERYTHING)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert _exact(_shared_file(tmp_path, h.key, suffix), h.frames()) and _exact(local, h.frames())
 
@@ -135,7 +123,7 @@ def test_frozen_files_of_an_older_vidcache_are_checked_by_decoding(node):
     published_frozen_key(c, h.key)
     assert c.shared.get(K.frozen_digest(h.key, suffix)) is not None and not c.frozen.problems(h.key)
     c.shared.delete(K.frozen_digest(h.key, suffix))
-    _flip(_shared_file(tmp_path, h.key, suffix))                          # unrecorded and wrong: aside, remade
+    flip_file(_shared_file(tmp_path, h.key, suffix), 0.6, bit=0x10)    # unrecorded and wrong: aside, remade
     _new_process_view()
     published_frozen_key(c, h.key)
     assert _exact(_shared_file(tmp_path, h.key, suffix), h.frames())
@@ -149,17 +137,6 @@ def test_evict_removes_frozen_files_and_their_records(node):
     assert not list(c.local.keys(K.FROZEN_DIGEST + h.key))
 
 
-def _flip_in_place_keeping_mtime(path: str, at: float = 0.6) -> None:
-    """Bit rot, as a long-lived process meets it: same inode, size and mtime, one byte different."""
-    st = os.stat(path)
-    with open(path, "r+b") as f:
-        f.seek(int(st.st_size * at))
-        b = f.read(1)
-        f.seek(int(st.st_size * at))
-        f.write(bytes([b[0] ^ 0x10]))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def test_a_copy_rotting_in_place_is_caught_once_its_check_expires(node, monkeypatch):
     """D37: a check held for the life of the process, so a byte flipped in place with the mtime kept was handed
     out for ever (a file by a long-lived `serve`, a shared object to a trainer).  A check now holds RECHECK_S."""
@@ -167,8 +144,9 @@ def test_a_copy_rotting_in_place_is_caught_once_its_check_expires(node, monkeypa
     path = local_frozen_path(c, h.key)
     skey = published_frozen_key(c, h.key)
     shared_path = _shared_file(tmp_path, h.key, skey[len(K.FROZEN) + len(h.key):])
-    _flip_in_place_keeping_mtime(path)
-    _flip_in_place_keeping_mtime(shared_path)
+    # bit rot as a long-lived process meets it: same inode, size and mtime, one byte different
+    flip_file(path, 0.6, bit=0x10, keep_mtime=True)
+    flip_file(shared_path, 0.6, bit=0x10, keep_mtime=True)
     monkeypatch.setattr(frozen, "RECHECK_S", 0.0)             # the window has passed
     assert local_frozen_path(c, h.key) == path and _exact(path, h.frames())          # moved aside and remade
     assert published_frozen_key(c, h.key) == skey and _exact(_shared_file(tmp_path, h.key, skey[len(K.FROZEN) + len(h.key):]), h.frames())

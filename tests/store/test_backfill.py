@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -19,7 +17,7 @@ from vidcache import VideoCache, VideoOptions
 from vidcache import keys as K
 from vidcache.store.lmdb import LMDBStore
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.cli import run_cli
 
 
 @pytest.fixture
@@ -44,10 +42,9 @@ def held_commit(monkeypatch):
 
 
 @pytest.fixture
-def entry(tmp_path, videos):
-    tier = tmp_path / "tier"
-    a = VideoCache(tmp_path / "a", shared=str(tier))
-    k = a.ensure(videos["h264_30"], VideoOptions()).key
+def entry(node_a, tmp_path, videos):
+    tier, a = node_a.tier, node_a.cache
+    (k,) = node_a.build("h264_30")
     return tier, k, a.frames(k)
 
 
@@ -121,24 +118,21 @@ def test_a_reader_that_exits_without_closing_leaves_its_local_copy_committed(tmp
     ds = tmp_path / "ds.jsonl"
     ds.write_text(json.dumps({"prompt": "<video> what happens?", "videos": [videos["h264_30"]]}) + "\n")
 
-    def run(argv, node, shared=tier):
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node)}
-        if shared is not None:
-            env["VIDCACHE_SHARED"] = str(shared)
-        r = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    def run(args, node, shared=tier, code=None):
+        r = run_cli(args, node, shared, code=code)
         assert r.returncode == 0, r.stdout + r.stderr
         return r.stdout
-    run(["-m", "vidcache.cli", "prewarm", str(ds)], a)
-    key = json.loads(run(["-m", "vidcache.cli", "ls", "--json"], a))[0]["key"]
+    run(["prewarm", str(ds)], a)
+    key = json.loads(run(["ls", "--json"], a))[0]["key"]
     read = f"import vidcache; print(tuple(vidcache.open_cache().frames({key!r}).shape))"
-    shape = run(["-c", read], b)                                # exits right after the read, no close()
+    shape = run([], b, code=read)                               # exits right after the read, no close()
     os.rename(tier, tmp_path / "tier-gone")                     # node B on its own now
-    out = run(["-m", "vidcache.cli", "verify", key], b, shared=None)
+    out = run(["verify", key], b, shared=None)
     assert "verify: 1 ok, 0 bad" in out, out
     os.rename(tmp_path / "tier-gone", tier)
-    st = json.loads(run(["-m", "vidcache.cli", "stats", "--json"], b))
+    st = json.loads(run(["stats", "--json"], b))
     assert st["local"] == {"entries": 1, "blobs": 1}, st                  # the frames, not only the manifest
-    assert json.loads(run(["-m", "vidcache.cli", "ls", "--json"], b))[0]["frames"] == int(shape.strip("()\n").split(",")[0])
+    assert json.loads(run(["ls", "--json"], b))[0]["frames"] == int(shape.strip("()\n").split(",")[0])
 
 
 def test_close_stops_the_writer_thread_and_a_later_read_starts_another(tmp_path, entry):

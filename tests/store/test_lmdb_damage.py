@@ -2,8 +2,6 @@
 (review D9): from every verb of LMDBStore, and from `vidcache stats` / `vidcache verify` run as users run them."""
 import os
 import struct
-import subprocess
-import sys
 
 import lmdb
 import pytest
@@ -13,7 +11,9 @@ from vidcache.errors import StoreError
 from vidcache.store.lmdb import LMDBStore
 from vidcache.testing.videos import make_video
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.cli import run_cli
+from support.damage import flip_file
+
 PAGE = 4096
 P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
 
@@ -35,14 +35,6 @@ def structural_pages(raw: bytes) -> list[int]:
 FLIP_OFFSETS = (10, 13, 15)
 
 
-def flip(path, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)[0]
-        f.seek(at)
-        f.write(bytes([b ^ 0xFF]))
-
-
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     """A node directory holding three small entries, closed (as after a prewarm)."""
@@ -55,12 +47,6 @@ def node(tmp_path_factory):
     return d / "node"
 
 
-def vc(cmd, node):
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "VIDCACHE_DIR": str(node)}
-    return subprocess.run([sys.executable, "-m", "vidcache.cli", cmd], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-
-
 def test_structural_page_flips_give_a_clean_error_never_a_traceback(node):
     data = node / "lmdb" / "data.mdb"
     pristine = data.read_bytes()
@@ -71,9 +57,9 @@ def test_structural_page_flips_give_a_clean_error_never_a_traceback(node):
         for k in pages:
             for off in FLIP_OFFSETS:
                 data.write_bytes(pristine)
-                flip(data, k * PAGE + off)
+                flip_file(data, k * PAGE + off)
                 for cmd in ("stats", "verify"):
-                    r = vc(cmd, node)
+                    r = run_cli([cmd], node, timeout=120)
                     where = f"page {k} +{off}, {cmd}: rc {r.returncode}"
                     if r.returncode not in (0, 1) or "Traceback" in r.stderr:
                         problems.append(f"{where}: {r.stderr.strip()[-300:]}")
@@ -104,8 +90,8 @@ def test_a_flip_that_kills_lmdb_with_sigbus_is_one_store_line(node):
         for k in reversed(leaves):                        # the newest leaves hold the entries' keys
             for off in range(17, min(lower[k], 41), 2):   # the high byte of each node offset
                 data.write_bytes(pristine)
-                flip(data, k * PAGE + off)
-                r = vc("verify", node)
+                flip_file(data, k * PAGE + off)
+                r = run_cli(["verify"], node, timeout=120)
                 seen.append((k, off, r.returncode))
                 assert r.returncode in (0, 1) and "Traceback" not in r.stderr, (k, off, r.stderr[-300:])
                 if "crashed with SIGBUS" in r.stderr:
@@ -115,13 +101,13 @@ def test_a_flip_that_kills_lmdb_with_sigbus_is_one_store_line(node):
                 break
         assert crashed, f"no flip made LMDB fault; tried {seen}"
         for cmd in ("verify", "stats", "ls"):
-            r = vc(cmd, node)
+            r = run_cli([cmd], node, timeout=120)
             assert r.returncode == 1, (cmd, r.returncode, r.stderr)
             assert r.stderr.startswith("vidcache: error: [store] the LMDB file at"), (cmd, r.stderr)
             assert str(node / "lmdb") in r.stderr and "vidcache prewarm" in r.stderr and "SIGBUS" in r.stderr
     finally:
         data.write_bytes(pristine)
-    assert vc("verify", node).returncode == 0                  # the pristine file: the child path is clean too
+    assert run_cli(["verify"], node, timeout=120).returncode == 0  # the pristine file: the child path is clean too
 
 
 def _damage_every_structural_page(path) -> None:
@@ -129,7 +115,7 @@ def _damage_every_structural_page(path) -> None:
     with open(data, "rb") as f:
         pages = structural_pages(f.read())
     for k in pages:
-        flip(data, k * PAGE + 10)      # the page's flags: every walk through it finds the wrong page type
+        flip_file(data, k * PAGE + 10)      # the page's flags: every walk through it finds the wrong page type
 
 
 @pytest.mark.parametrize("verb", ["get", "read", "exists_many", "size", "keys", "set_many", "delete", "gc"])

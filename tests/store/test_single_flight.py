@@ -17,9 +17,9 @@ from vidcache.store import single_flight
 
 
 @pytest.fixture
-def tier(tmp_path, videos):
-    a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
-    ks = [a.ensure(videos[n], VideoOptions()).key for n in ("h264_30", "mjpeg_24")]
+def tier(node_a, tmp_path, videos):
+    a = node_a.cache
+    ks = node_a.build("h264_30", "mjpeg_24")
     return str(tmp_path / "tier"), ks, [a.frames(k) for k in ks]
 
 
