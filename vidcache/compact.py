@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import TYPE_CHECKING, Callable
 
 from . import keys
@@ -27,7 +26,7 @@ from .frozen_copies import FrozenCopies
 from .integrity import compact_frames, frozen_problem, tier_copy
 from .manifest import Manifest, blob_of
 from .serving import COMPACT_FORMAT
-from .store.backfill import Backfill
+from .store.backfill import Backfill, OneWriter
 from .store.base import Store
 from .store.prefetch import Prefetch
 
@@ -247,24 +246,14 @@ def max_object_bytes(m: Manifest) -> int:
     return m.frames.nbytes + m.frames.nbytes // 8 + (1 << 20)
 
 
-class Republish:
+class Republish(OneWriter):
     """Replacements of damaged shared objects, run by one writer thread per process so that a read never
     encodes (``CompactLayout._check_bytes`` queues them; ``drain`` waits for them, as ``ReadPath.settle`` does
     before the cache looks at the tiers).  One job per entry at a time.  A process killed with jobs queued loses only
     the jobs: the objects they would replace are still in place, and the next reader queues them again."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-
-    def _state(self):
-        with self._lock:
-            if self._pid != os.getpid():      # first use, or a forked child: nothing of the parent's
-                from concurrent.futures import ThreadPoolExecutor
-                self._pid = os.getpid()
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidcache-republish")
-                self._pending: dict = {}
-            return self._pool, self._pending
+        super().__init__("vidcache-republish")
 
     def submit(self, key: str, job: Callable[[], None]) -> None:
         pool, pending = self._state()
@@ -284,12 +273,7 @@ class Republish:
 
     def drain(self) -> None:
         """Return once every replacement this process queued has run."""
-        if self._pid != os.getpid():
-            return
-        with self._lock:
-            futs = list(self._pending.values())
-        for f in futs:
-            f.result()
+        self._wait_all()
 
 
 def as_tensor(frames, m: Manifest) -> "torch.Tensor":

@@ -377,6 +377,14 @@ def _dataset_dir(dataset) -> str:
     return os.path.abspath(dataset) if isinstance(dataset, (str, os.PathLike)) else os.getcwd()
 
 
+def _row_media(row, options, input_key, video_key, image_key, base) -> list:
+    """A row's media items, or the row's own error (``_placed_rows`` yields a row it could not read as its
+    ``BadRowError``): one rule for prewarm and pull."""
+    if isinstance(row, BadRowError):
+        raise row
+    return media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key, base_dir=base)
+
+
 def _placed_rows(dataset, split, progress: bool, carried: set, desc: str = "prewarm"):
     """``_rows`` with each row's place for its failure records (``{"row": i}``, plus its line in a JSONL file);
     the fields of the first rows go into ``carried``, for the message when no row has media."""
@@ -436,10 +444,7 @@ def plan(dataset, options: VideoOptions, input_key: str = INPUT_KEY, video_key: 
     for i, row, where in _placed_rows(reader, split, progress, seen_keys):
         n_rows += 1
         try:
-            if isinstance(row, BadRowError):
-                raise row
-            media = media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key,
-                                base_dir=base)
+            media = _row_media(row, options, input_key, video_key, image_key, base)
             items = [(src if not (isinstance(src, InlineBytes) and rows_again is not None) else
                       InlineRef(rows_again, i, nth, src.digest, len(src.data)),
                       opts, (str(src.digest) if isinstance(src, InlineBytes) else src, opts.digest))
@@ -820,10 +825,7 @@ def pull(dataset, cache: VideoCache, options: VideoOptions, *, input_key: str = 
         for i, row, where in _placed_rows(reader, split, progress, carried, desc="pull"):
             n_rows += 1
             try:
-                if isinstance(row, BadRowError):
-                    raise row
-                media = media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key,
-                                    base_dir=base)
+                media = _row_media(row, options, input_key, video_key, image_key, base)
             except BadRowError as e:
                 s.failed += 1
                 s.failures.append({**where, "source": None, "kind": e.kind, "error": str(e)})

@@ -16,15 +16,18 @@ The server is started with exactly what ``vidcache sglang-config --mode M`` give
 """
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+try:
+    from support.server_process import ServerProcess
+except ImportError:       # run as a script (write-checkpoint): this folder is on sys.path, tests/ is not
+    from server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIM = Path(__file__).resolve().parent / "sgl_kernel_shim"
@@ -111,7 +114,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Server:
+class Server(ServerProcess):
     """``python -m sglang.launch_server`` on ``ckpt`` in the server venv, in its own process group (SGLang forks a
     scheduler and a detokenizer), stopped on exit.  ``start_s``: launch to the first answered ``/health``."""
 
@@ -122,9 +125,9 @@ class Server:
         self.log_path = Path(log)
         cmd = [str(server_python()), "-m", "sglang.launch_server", "--model-path", str(ckpt),
                "--host", "127.0.0.1", "--port", str(self.port), *CPU_FLAGS, *server_args(mode)]
-        self._log = open(self.log_path, "w")
+        self.log = open(self.log_path, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir), stdout=self._log,
+        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir), stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
         try:
             self._wait(t0 + timeout)
@@ -152,29 +155,7 @@ class Server:
 
     def generate(self, payload: dict, timeout: float = 600) -> tuple[int, dict]:
         """POST ``/generate``: (status, JSON body), errors included (SGLang answers a refused request with 400)."""
-        req = urllib.request.Request(self.url + "/generate", json.dumps(payload).encode(),
-                                     {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)          # our own group only: launch_server and its children
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        self._log.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self.post_json("/generate", payload, timeout)
 
 
 def sglang_positions(ckpt, expanded_ids, video_grid_thw, second_per_grid_ts):

