@@ -22,7 +22,7 @@ from vidcache.cli import parse_size        # the CLI's sizes (20GB, 500MiB, byte
 from vidcache.errors import ModelTypeError
 from vidcache.options import OPTION_HELP, PATCH_SIZE
 from vidcache.rollout import models
-from vidcache.sglang.facts import MODES, STOCK_QWEN3_GRID, default_mode, stock_sglang_problems
+from vidcache.sglang_facts import MODES, STOCK_QWEN3_GRID, default_mode, stock_sglang_problems
 from vidcache.sglang.transport import TRANSPORTS
 
 TRAIN_INPUTS = ("tensors", "handles")

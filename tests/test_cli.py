@@ -184,7 +184,7 @@ def test_the_printed_check_command_is_complete_and_parses(tmp_path, mode, capsys
     import shlex
 
     from vidcache.cli import build_parser
-    from vidcache.sglang.facts import STOCK_GPU_TORCHCODEC
+    from vidcache.sglang_facts import STOCK_GPU_TORCHCODEC
     assert cli(["sglang-config", "--family", "qwen2_5_vl", "--mode", mode, "--cache", str(tmp_path / "c")]) == 0
     check = json.loads(capsys.readouterr().out)["check"]
     assert "#" not in check          # issue 40: a command, no shell comment inside the JSON value

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from vidcache import VideoOptions, cache_key
 from vidcache.digest import Digest
 from vidcache.errors import OptionsError
-from vidcache.sglang.facts import STOCK_QWEN3_GRID as STOCK_SGLANG_QWEN3_SIZE_FACTOR
+from vidcache.sglang_facts import STOCK_QWEN3_GRID as STOCK_SGLANG_QWEN3_SIZE_FACTOR
 
 
 def test_defaults_are_resolved_explicitly():

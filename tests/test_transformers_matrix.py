@@ -1,5 +1,5 @@
 """The layout, id and parity tests (stock and plugin mode, every family) again under the other verified transformers
-releases (``token_layout.VERIFIED_TRANSFORMERS``) and SGLang 0.5.16 (``sglang.facts.VERIFIED_SGLANG_VERSIONS``), each in
+releases (``token_layout.VERIFIED_TRANSFORMERS``) and SGLang 0.5.16 (``sglang_facts.VERIFIED_SGLANG_VERSIONS``), each in
 a pytest of its own with that overlay first on ``PYTHONPATH`` (``scripts/setup_transformers.sh``,
 ``scripts/setup_sglang_overlay.sh``; ``install.sh --test`` makes them).  The main venv's releases run them in this
 suite itself.

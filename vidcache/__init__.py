@@ -4,7 +4,7 @@ Names are imported lazily, so ``vidcache.dataset`` (lazy datasets, no frames) ca
 used without importing torch.
 
 Floors, bottom up (each imports only from below; vidcache/floors.py states them, tests/test_layers.py keeps them):
-  errors, digest, keys, options, serving, sglang.facts, token_layout, attest, rollout.models   facts: exceptions, digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests, the model types served
+  errors, digest, keys, options, serving, sglang_facts, token_layout, attest, rollout.models   facts: exceptions, digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests, the model types served
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config, identity   entry records; the video writer; the frozen-file format; node settings; the cache's identity

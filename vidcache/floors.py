@@ -1,16 +1,16 @@
 """The import floors, bottom up: the one statement of them.  Each module imports only from its own floor or
 below (``tests/test_layers.py`` checks every import against this table; it also checks that the package docstring
 of ``vidcache/__init__.py`` and the README's code map say the same).  A dotted name covers its submodules:
-``store`` is ``vidcache/store/`` and everything in it; the most specific name wins (``rollout.models`` and
-``sglang.facts`` sit on the facts floor, the rest of ``rollout/`` and ``sglang/`` on the rollout floor).  On the
-rollout floor ``sglang/`` and ``vllm/`` stand side by side on ``rollout/`` and never import each other
-(``ENGINES``).  Data only: nothing here is imported at run time.
+``store`` is ``vidcache/store/`` and everything in it; the most specific name wins (``rollout.models`` sits on
+the facts floor, the rest of ``rollout/`` on the rollout floor; SGLang's facts are ``sglang_facts``, beside
+``sglang/``, since the trainer side reads them).  On the rollout floor ``sglang/`` and ``vllm/`` stand side by
+side on ``rollout/`` and never import each other (``ENGINES``).  Data only: nothing here is imported at run time.
 """
 from __future__ import annotations
 
 # (floor, modules, what the floor is for)
 FLOORS: list[tuple[str, list[str], str]] = [
-    ("facts", ["errors", "digest", "keys", "options", "serving", "sglang.facts", "token_layout", "attest",
+    ("facts", ["errors", "digest", "keys", "options", "serving", "sglang_facts", "token_layout", "attest",
                "rollout.models"],
      "exceptions, digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests, the model "
      "types served"),

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import xxhash
 
 from .errors import OptionsError
-from .sglang.facts import STOCK_QWEN3_GRID, stock_sglang_problems
+from .sglang_facts import STOCK_QWEN3_GRID, stock_sglang_problems
 
 # The decoders a cache can be configured with (vidcache.loader.decode implements them; the CLI offers them).
 # A decoder is not part of any key: where two decode one stream, their bytes are equal (tests/scenarios).
@@ -167,7 +167,7 @@ class VideoOptions:
     def for_stock_sglang(cls, family: str = "qwen2_5_vl", **kw: Any) -> "VideoOptions":
         """Options on a grid stock SGLang 0.5.23 leaves alone (``mode='stock'`` refuses any other).
 
-        Only Qwen3-VL needs this: its frames move to the 224 grid (``sglang.facts.STOCK_QWEN3_GRID``), which
+        Only Qwen3-VL needs this: its frames move to the 224 grid (``sglang_facts.STOCK_QWEN3_GRID``), which
         distorts aspect ratios (see benchmarks/aspect_distortion.py); plugin mode serves the default 32
         grid exactly.  Qwen2/2.5-VL options are returned unchanged: their 28 grid already is SGLang's.
         """

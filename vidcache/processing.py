@@ -26,7 +26,7 @@ import xxhash
 # (plugin: the source's timeline, stock: the frozen file's) are SGLang's names for the two.
 from .errors import TokenLayoutError
 from .serving import FROZEN_FPS
-from .sglang.facts import MODES
+from .sglang_facts import MODES
 from .token_layout import LAYOUTS, MODEL_LAYOUT, check_layout, convert, env_layout
 
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"

@@ -2,7 +2,7 @@
 
 Imports nothing of vidcache (the facts floor): the frozen-file writer, the compact shared tier, the trainer side
 (``processing``: ``FROZEN_FPS``) and both engines' adapters read these.  SGLang's own facts (its releases, modes,
-resize grid, pixel bounds, ``vidcache serve``'s limits) are ``vidcache.sglang.facts``'.
+resize grid, pixel bounds, ``vidcache serve``'s limits) are ``vidcache.sglang_facts``'.
 """
 from __future__ import annotations
 

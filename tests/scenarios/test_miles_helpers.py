@@ -27,7 +27,7 @@ from support.toy_processors import build_processor
 from vidcache import Digest, PreparedRequest, VideoHandle, VideoOptions
 from vidcache.errors import InvalidKeyError, TierMismatchError
 from vidcache.keys import cache_key
-from vidcache.sglang.facts import STOCK_QWEN3_GRID as STOCK_SGLANG_QWEN3_SIZE_FACTOR
+from vidcache.sglang_facts import STOCK_QWEN3_GRID as STOCK_SGLANG_QWEN3_SIZE_FACTOR
 
 
 def _parser():

@@ -73,7 +73,7 @@ def test_stock_server_passes_in_stock_mode_and_names_the_missing_plugin(tmp_path
 
 
 def test_stock_mode_on_a_gpu_server_names_torchcodec(tmp_path, monkeypatch):
-    from vidcache.sglang.facts import STOCK_GPU_TORCHCODEC
+    from vidcache.sglang_facts import STOCK_GPU_TORCHCODEC
     with _stock_server(tmp_path, monkeypatch, device="cuda") as srv:
         res = check_server(srv.url, mode="stock", processor=build_processor(FAMILY))
         assert [c.kind for c in res.causes] == ["torchcodec"], res.lines()

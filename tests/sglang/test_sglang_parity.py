@@ -37,7 +37,7 @@ from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config  # noqa: E402
 from vidcache.sglang.frozen import local_frozen_path  # noqa: E402
 from vidcache.rollout.ref import REF_PREFIX  # noqa: E402
 from vidcache.sglang.transport import file_uri  # noqa: E402
-from vidcache.sglang.facts import stock_pixel_bounds  # noqa: E402
+from vidcache.sglang_facts import stock_pixel_bounds  # noqa: E402
 
 pytestmark = pytest.mark.peer
 
@@ -53,7 +53,7 @@ PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}Describe the video.<|im_end|>\n<
 TIGHT = {"min_pixels": 3136, "max_pixels": 50176}
 # Stock-mode Qwen3-VL frames sit on the 224 grid (for_stock_sglang), where no non-square frame fits under
 # 50176 pixels (one 224x224 cell): its tight budget is 2 cells.  The plugin's 32 grid takes TIGHT itself.
-# On SGLang 0.5.16 Qwen3-VL's stock frames must also hold its fixed minimum (sglang.facts.stock_pixel_bounds: 100352
+# On SGLang 0.5.16 Qwen3-VL's stock frames must also hold its fixed minimum (sglang_facts.stock_pixel_bounds: 100352
 # pixels, two cells), which its transformers does not let the config lower.
 Q3_STOCK_MIN = stock_pixel_bounds("qwen3_vl", md.version("sglang"))[0]
 TIGHT_Q3_STOCK = {"min_pixels": max(3136, Q3_STOCK_MIN), "max_pixels": max(100352, 2 * Q3_STOCK_MIN)}

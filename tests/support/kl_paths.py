@@ -35,7 +35,7 @@ import vidcache
 from vidcache import VideoOptions, prepare
 from vidcache.processing import (VIDEO_PLACEHOLDER, _final_frames_kwargs, expanded_ids, layout_of, model_tensors,
                                  request_layout, special_ids)
-from vidcache.sglang.facts import stock_pixel_bounds
+from vidcache.sglang_facts import stock_pixel_bounds
 from vidcache.token_layout import convert
 
 PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}Describe the video.<|im_end|>\n<|im_start|>assistant\n"

@@ -83,7 +83,7 @@ def options_of(args):
 
 def mode_default_help() -> str:
     from ..options import PATCH_SIZE
-    from ..sglang.facts import default_mode
+    from ..sglang_facts import default_mode
     return "default: " + ", ".join(f"{default_mode(f)} for {f}" for f in sorted(PATCH_SIZE))
 
 

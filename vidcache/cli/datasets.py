@@ -124,7 +124,7 @@ def _check_format(dataset: str) -> None:
 
 def _path_note(options) -> str:
     """Which SGLang path these options allow (issue: say it before the work, not at serving time)."""
-    from ..sglang.facts import stock_sglang_problems
+    from ..sglang_facts import stock_sglang_problems
     r = options.resolved()
     if stock_sglang_problems(options.family, r.size_factor):
         return (f"{options.family} on the {r.size_factor}-pixel grid (faithful aspect ratios): SGLang plugin mode "

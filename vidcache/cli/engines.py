@@ -37,7 +37,7 @@ def _add_sglang_config(sub) -> None:
     p = command(sub, "sglang-config", help="SGLang server flags that reproduce the cache")
     add_cache_flags(p)
     from ..options import PATCH_SIZE
-    from ..sglang.facts import MODES
+    from ..sglang_facts import MODES
     p.add_argument("--family", choices=sorted(PATCH_SIZE), help="model family (or --model DIR)")
     p.add_argument("--model", metavar="DIR", help=MODEL_HELP)
     p.add_argument("--mode", choices=sorted(MODES), help=mode_default_help())
@@ -93,7 +93,7 @@ def cmd_vllm_config(args) -> int:
 
 def _add_check_server(sub) -> None:
     from ..options import PATCH_SIZE
-    from ..sglang.facts import MODES
+    from ..sglang_facts import MODES
     p = command(sub, "check-server", help="check that a live SGLang server reproduces the trainer's inputs "
                                           "(exit 0 only when parity is established)")
     p.add_argument("url", metavar="URL", help="the SGLang server, e.g. http://127.0.0.1:30000")
@@ -137,7 +137,7 @@ def _add_serve(sub) -> None:
     add_cache_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8765, help="port to listen on")
-    from ..sglang import facts as srv     # the server's defaults (a facts module: cheap to import)
+    from .. import sglang_facts as srv     # the server's defaults (a facts module: cheap to import)
     p.add_argument("--workers", type=int, metavar="N",
                    help=f"threads handling requests; idle connections hold none (default {srv.DEFAULT_WORKERS})")
     p.add_argument("--timeout", type=float, metavar="S",

@@ -31,7 +31,7 @@ from ..rollout.ref import REF_PREFIX, ref_uri
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
                             unverified_warning)
 from .config import mm_process_config
-from .facts import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode,
+from ..sglang_facts import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode,
                     stock_pixel_bounds)
 from .request import ATTESTATION_MARK, check_prompt_ids, prepare
 from .transport import ENV_SERVER_PATH
@@ -49,7 +49,7 @@ CLI_FLAGS = {"allow_unverified": "--allow-unverified-sglang", "server_torchcodec
 def canary_options(family: str, mode: str, sglang_version: str | None = None) -> VideoOptions:
     """Plugin mode: the exact canary (``rollout.check.exact_canary_options``: two small frames).  Stock mode: four
     (decord cannot open a two-frame frozen NUT file: "broken metadata"), on a grid stock SGLang keeps (Qwen3-VL
-    stock: 224), and within the release's pixel bounds (``sglang.facts.stock_pixel_bounds``: 224x448 for Qwen3-VL
+    stock: 224), and within the release's pixel bounds (``sglang_facts.stock_pixel_bounds``: 224x448 for Qwen3-VL
     on SGLang 0.5.16)."""
     if mode == "plugin":
         return exact_canary_options(family)

@@ -19,7 +19,7 @@ from ..options import PATCH_SIZE
 from ..serving import FROZEN_FPS
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
                             env_layout, implied_layout)
-from .facts import (MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS, SGLANG_TOTAL_PIXELS_ENV,
+from ..sglang_facts import (MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS, SGLANG_TOTAL_PIXELS_ENV,
                     SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS, default_mode, refused_video_keys,
                     stock_pixel_bounds)
 from .versions import installed_sglang, installed_transformers, qwen_vl_processor_modules

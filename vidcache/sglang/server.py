@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..cache import VideoCache
 from ..keys import KEY_PATTERN
 from ..errors import NotCachedError
-from .facts import (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_PER_CLIENT, DEFAULT_MIN_RATE,  # noqa: F401 (re-exported)
+from ..sglang_facts import (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_PER_CLIENT, DEFAULT_MIN_RATE,  # noqa: F401 (re-exported)
                     DEFAULT_TIMEOUT_S, DEFAULT_WORKERS, default_max_workers_per_client)
 from .frozen import BY_SUFFIX as _SUFFIX
 from .frozen import local_frozen_path

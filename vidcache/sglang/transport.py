@@ -24,7 +24,7 @@ from urllib.parse import quote
 from ..errors import ConfigError, OptionsError
 from ..rollout.ref import ref_uri
 from ..serving import SERVING_FORMAT, URL_EXPIRY_S
-from .facts import SGLANG_URL_CAP, stock_sglang_problems
+from ..sglang_facts import SGLANG_URL_CAP, stock_sglang_problems
 from .frozen import BY_SUFFIX, local_frozen_path, published_frozen_key
 
 TRANSPORTS = ("shared", "file", "http", "data")

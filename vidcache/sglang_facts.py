@@ -1,6 +1,6 @@
 """What SGLang does to a video, and how vidcache configures it: the SGLang facts, each in one place.
 
-Imports nothing of vidcache (the facts floor, although it lives in ``vidcache/sglang/``), because the trainer side
+Imports nothing of vidcache (the facts floor, beside ``vidcache/sglang/`` rather than in it), because the trainer side
 (``processing``: ``MODES``), the options preset (``VideoOptions.for_stock_sglang``), the CLI, ``sglang-config``,
 ``check-server``, ``vidcache serve`` and the Miles adapters all read these.  The facts every engine shares (the
 frozen files' rate and format, a presigned URL's lifetime) are ``vidcache.serving``'s.
