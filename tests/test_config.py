@@ -7,8 +7,8 @@ import pickle
 import pytest
 
 from vidcache import keys
-from vidcache.config import (ENCODINGS, NODE_FILE, SHARED_LAYOUTS, VERIFY_READS, CacheConfig, NodeLayout,
-                             read_node_file)
+from vidcache.config import NODE_FILE, SHARED_LAYOUTS, VERIFY_READS, CacheConfig, NodeLayout, read_node_file
+from vidcache.manifest import ENCODINGS
 from vidcache.store.fsspec import FsspecStore
 from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore

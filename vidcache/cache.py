@@ -23,7 +23,7 @@ from .identity import resolve_identity
 from .integrity import blob_matches
 from .loader.fetch import fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir
-from .manifest import Manifest, SourceRecord, blob_of, build_manifest
+from .manifest import Manifest, SourceRecord, blob_of, blob_users, build_manifest
 from .options import VideoOptions
 from .reads import ReadPath
 from .repair import Repair
@@ -257,11 +257,6 @@ class VideoCache:
         return self.compact.upgrade(entry_keys, self.manifest, stop)
 
     # --- eviction, listing, stats ------------------------------------------------------
-    def _blobs_in_use(self, tier: Store, but: str) -> set[str]:
-        """Blobs that manifests in ``tier`` other than entry ``but`` reference (the same frames under
-        other options share one blob: deleting it would break those entries too)."""
-        return {b for k in tier.keys(keys.AC) if k != keys.ac(but) and (b := blob_of(tier.get(k))) is not None}
-
     def evict(self, key: str, shared: bool = False) -> bool:
         """Drop an entry from this node: its manifest, its blob unless another entry shares it, and its
         frozen files.  ``shared=True`` drops it from the cluster's shared tier as well, so every node loses
@@ -274,7 +269,7 @@ class VideoCache:
         for tier in [self.local] + ([self.shared] if shared else []):
             doomed = [keys.ac(key)]
             blob = blob_of(tier.get(keys.ac(key)))
-            if blob is not None and blob not in self._blobs_in_use(tier, key):
+            if blob is not None and all(u == key for u in blob_users(tier).get(blob, [])):
                 doomed.append(keys.cas(blob))
             doomed += [*tier.keys(keys.FROZEN + key), *tier.keys(keys.FROZEN_DIGEST + key)]
             for k in doomed:

@@ -24,7 +24,7 @@ from .digest import Digest, StreamingDigest
 from .errors import ConfigError, DigestMismatchError, SharedUnavailableError, warn_once
 from .frozen_copies import FrozenCopies
 from .integrity import compact_frames, frozen_problem, tier_copy
-from .manifest import Manifest, blob_of
+from .manifest import Manifest, blob_users
 from .serving import COMPACT_FORMAT
 from .store.backfill import Backfill, OneWriter
 from .store.base import Store
@@ -209,10 +209,7 @@ class CompactLayout:
         if sh is None or not self.writes:
             raise ConfigError("upgrading needs a writable shared tier in the compact layout")
         out = {"converted": 0, "already": 0, "kept_raw": 0, "freed_bytes": 0, "interrupted": 0}
-        users: dict[str, list[str]] = {}           # blob -> every entry of the tier that names it
-        for k in sh.keys(keys.AC):
-            if (b := blob_of(sh.get(k))) is not None:
-                users.setdefault(b, []).append(keys.entry_key(k))
+        users = blob_users(sh)                    # blob -> every entry of the tier that names it
         touched = set()
         for i, key in enumerate(entry_keys):
             if stop():

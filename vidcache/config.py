@@ -21,13 +21,13 @@ from pathlib import Path
 from .errors import NoSpaceError
 from .keys import LOCAL_ONLY
 from .loader.fetch import FetchLimits
+from .options import DEFAULT_DECODER
 from .store.base import Store
 from .store.lmdb_env import DATA_FILE
 from .store.publish import publish_bytes
 
 ENV_DIR = "VIDCACHE_DIR"
 ENV_SHARED = "VIDCACHE_SHARED"
-ENCODINGS = ("raw", "zlib")
 VERIFY_READS = ("first", "always", "never")
 # How entries are written to the shared tier: "compact", one lossless MagicYUV object per entry (frozen/,
 # also what stock SGLang reads); "raw", the frames' bytes (cas/), as vidcache 0.1 wrote.  Both are read.
@@ -75,7 +75,7 @@ class CacheConfig:
     shared: str | None = None                      # shared tier URL
     shared_storage_options: dict = field(default_factory=dict, compare=False, repr=False)   # may hold credentials
     store: Store | None = field(default=None, compare=False)   # a custom store replaces the tiers
-    decoder: str = "decord"
+    decoder: str = DEFAULT_DECODER
     limits: FetchLimits = field(default_factory=FetchLimits)
     encoding: str = "raw"                          # LMDB values; "zlib" trades reads for size
     max_decoded_bytes: int | None = None           # None: the pipeline's own estimate-based default
@@ -86,6 +86,7 @@ class CacheConfig:
     read_only: bool = False
 
     def __post_init__(self) -> None:
+        from .manifest import ENCODINGS     # the entry format's (imported here: the CLI's light commands skip it)
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}")
         if self.verify_reads not in VERIFY_READS:

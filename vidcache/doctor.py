@@ -108,43 +108,44 @@ def _fstype(path: str) -> str | None:
 
 
 def node_dir(path: str) -> Check:
+    from .config import ENV_DIR
     where = path
     while not os.path.exists(where) and os.path.dirname(where) != where:
         where = os.path.dirname(where)
     fs = _fstype(where)
     if fs in NETWORK_FS:
-        return Check("VIDCACHE_DIR", False, f"{path} is on {fs}",
-                     "LMDB must be on a local disk: point VIDCACHE_DIR at node-local storage")
+        return Check(ENV_DIR, False, f"{path} is on {fs}",
+                     f"LMDB must be on a local disk: point {ENV_DIR} at node-local storage")
     from .config import NodeLayout
     if not NodeLayout(path).has_local_tier():
-        return Check("VIDCACHE_DIR", True, f"{path} (empty: a fresh node; prewarm or the first read fills it)")
+        return Check(ENV_DIR, True, f"{path} (empty: a fresh node; prewarm or the first read fills it)")
     if not os.access(path, os.W_OK):
-        return Check("VIDCACHE_DIR", False, f"{path} is not writable", "fix its permissions or choose another")
-    return Check("VIDCACHE_DIR", True, f"{path}" + (f" ({fs})" if fs else ""))
+        return Check(ENV_DIR, False, f"{path} is not writable", "fix its permissions or choose another")
+    return Check(ENV_DIR, True, f"{path}" + (f" ({fs})" if fs else ""))
 
 
 def shared_tier(url: str | None) -> Check:
-    from .config import open_shared_tier
+    from .config import ENV_SHARED, open_shared_tier
     from .identity import shared_identity, tier_holds_objects
     from .errors import VidcacheError
     if not url:
-        return Check("VIDCACHE_SHARED", True, "not set: a single-node cache (other nodes cannot resolve its "
+        return Check(ENV_SHARED, True, "not set: a single-node cache (other nodes cannot resolve its "
                                               "handles; set it for a cluster)")
     if "://" not in url and not os.path.isdir(url):
-        return Check("VIDCACHE_SHARED", False, f"{url}: missing (no such directory here)",
-                     "mount the shared tier there (an NFS export?), or fix VIDCACHE_SHARED")
+        return Check(ENV_SHARED, False, f"{url}: missing (no such directory here)",
+                     f"mount the shared tier there (an NFS export?), or fix {ENV_SHARED}")
     try:
         store = open_shared_tier(url, read_only=True)
         try:
-            return Check("VIDCACHE_SHARED", True, f"{url}: reachable, identity {shared_identity(store, False)}")
+            return Check(ENV_SHARED, True, f"{url}: reachable, identity {shared_identity(store, False)}")
         except VidcacheError:
             if tier_holds_objects(store):
                 raise
-            return Check("VIDCACHE_SHARED", True, f"{url}: reachable, new (prewarm gives it its identity)")
+            return Check(ENV_SHARED, True, f"{url}: reachable, new (prewarm gives it its identity)")
     except VidcacheError as e:
-        return Check("VIDCACHE_SHARED", False, f"{url}: [{e.kind}] {e}", "see the message above")
+        return Check(ENV_SHARED, False, f"{url}: [{e.kind}] {e}", "see the message above")
     except Exception as e:  # noqa: BLE001  any reachability failure (credentials, DNS, permissions) is reported
-        return Check("VIDCACHE_SHARED", False, f"{url}: {type(e).__name__}: {str(e)[:200]}",
+        return Check(ENV_SHARED, False, f"{url}: {type(e).__name__}: {str(e)[:200]}",
                      "check the URL, the mount or the credentials (AWS_* / storage options)")
 
 

@@ -25,7 +25,7 @@ import xxhash
 
 from .digest import Digest
 from .errors import CorruptManifestError, InvalidKeyError, OptionsError
-from .keys import check_blob, check_key
+from .keys import AC, check_blob, check_key, entry_key
 from .loader.record import Built, Sampling, Source
 from .options import MERGE_SIZE, TEMPORAL_PATCH_SIZE, VideoOptions
 
@@ -63,6 +63,10 @@ def grid_thw(options: VideoOptions, num_frames: int, height: int, width: int) ->
 def pad_tokens(grid: tuple[int, int, int]) -> int:
     t, h, w = grid
     return t * h * w // (MERGE_SIZE * MERGE_SIZE)
+
+
+# How a blob's frame bytes may be stored (``Frames.encode`` / ``decode``; a cache picks one: CacheConfig.encoding).
+ENCODINGS = ("raw", "zlib")
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,7 @@ class Manifest:
         shape = self.frames.shape
         if len(shape) != 4 or any(not isinstance(x, int) or x <= 0 for x in shape) or shape[1] != 3:
             raise bad(f"frames shape {shape} is not T x 3 x H x W")
-        if (self.frames.dtype, self.frames.layout) != ("uint8", "TCHW") or self.frames.encoding not in ("raw", "zlib"):
+        if (self.frames.dtype, self.frames.layout) != ("uint8", "TCHW") or self.frames.encoding not in ENCODINGS:
             raise bad("frames are not uint8 TCHW raw/zlib")
         if blob.size_bytes != self.frames.nbytes:
             raise bad(f"blob holds {blob.size_bytes} bytes, shape {shape} needs {self.frames.nbytes}")
@@ -317,6 +321,16 @@ def blob_of(raw) -> str | None:
         return json.loads(bytes(raw))["frames"]["blob"]
     except (ValueError, TypeError, KeyError, UnicodeDecodeError):
         return None
+
+
+def blob_users(tier) -> dict[str, list[str]]:
+    """Blob digest -> the entries of ``tier`` (a store) whose manifests name it: the same frames under other
+    options share one blob, so deleting a blob is for its last user only (``evict``, ``upgrade``)."""
+    users: dict[str, list[str]] = {}
+    for k in tier.keys(AC):
+        if (b := blob_of(tier.get(k))) is not None:
+            users.setdefault(b, []).append(entry_key(k))
+    return users
 
 
 def options_of(raw) -> dict | None:

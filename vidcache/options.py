@@ -22,6 +22,7 @@ from .sglang_facts import STOCK_QWEN3_GRID, stock_sglang_problems
 # The decoders a cache can be configured with (vidcache.loader.decode implements them; the CLI offers them).
 # A decoder is not part of any key: where two decode one stream, their bytes are equal (tests/scenarios).
 DECODERS = ("decord", "torchcodec", "pyav")
+DEFAULT_DECODER = "decord"          # qwen-vl-utils' own default reader
 
 # Bump when vidcache's own sampling/resizing/storage code or a default changes the bytes:
 # it disowns every earlier entry (Bazel's "salt").

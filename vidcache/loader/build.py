@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import FrameBudgetError, UnsupportedCodecError
-from ..options import VideoOptions
+from ..options import DEFAULT_DECODER, VideoOptions
 from .decode import open_reader
 from .record import Built, Sampling, Source
 from .resize import aspect_distortion, resize_frames, target_size
@@ -87,7 +87,7 @@ def _provenance(reader) -> dict:
     return out
 
 
-def decode_sample_resize(path: str, options: VideoOptions, decoder: str = "decord",
+def decode_sample_resize(path: str, options: VideoOptions, decoder: str = DEFAULT_DECODER,
                          max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
                          decoder_threads: int = 0, fallback: bool = True) -> tuple[torch.Tensor, Built]:
     """Canonical frames of ``path`` plus the :class:`Built` record the manifest is made from.

@@ -20,8 +20,9 @@ PARTIAL = ".partial"
 PARTIAL_MAX_AGE_S = 3600.0
 
 
-def _fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY)
+def _fsync(path: str) -> None:
+    """fsync a file or a directory (opened read-only: both can be)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -42,11 +43,7 @@ def publish(path: str, fill: Callable[[str], None], *, exclusive: bool = False, 
     try:
         fill(tmp)
         if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
         if exclusive:
             try:
                 os.link(tmp, path)
@@ -55,7 +52,7 @@ def publish(path: str, fill: Callable[[str], None], *, exclusive: bool = False, 
         else:
             os.replace(tmp, path)
         if fsync:
-            _fsync_dir(d)
+            _fsync(d)
         return True
     finally:
         if os.path.lexists(tmp):
