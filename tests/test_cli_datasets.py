@@ -310,7 +310,10 @@ def _start_hung_prewarm(tmp_path, hung_endpoint, timeout_s):
     env.pop("VIDCACHE_SHARED", None)
     proc = subprocess.Popen([sys.executable, "-m", "vidcache.cli", "prewarm", str(ds), "--no-progress",
                              "--timeout", str(timeout_s), "--fetch-timeout", "300"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            # SIGHUP at its default, as a terminal's shell starts a command (a runner under
+                            # `nohup` would hand the driver SIG_IGN, and it would rightly outlive a hang-up)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     driver = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
     while not driver.children() and time.monotonic() < deadline:

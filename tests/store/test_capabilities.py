@@ -9,6 +9,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
+from vidcache import errors
 from vidcache.errors import ReadOnlyStoreError
 from vidcache.store import FsspecStore, LMDBStore, MemoryStore, Store, TieredStore
 from vidcache.store.base import CAPABILITIES
@@ -175,7 +176,10 @@ class TestCapabilities:
         assert store.sync() is None
         assert store.get("ac/s") == b"durable"
 
-    def test_a_local_copy_failure_is_forgiven_only_in_front_of_a_shared_tier(self, case):
+    def test_a_local_copy_failure_is_forgiven_only_in_front_of_a_shared_tier(self, case, monkeypatch):
+        # The tiered store warns once per process for a full disk: a set of its own here, so the warning a later
+        # test counts (tests/test_shared_layout.py, D20) is not spent by this one.
+        monkeypatch.setattr(errors, "_WARNED", set())
         name, _, store = case
         full = OSError(28, os.strerror(28))           # ENOSPC
         assert store.local_copy_failed(full, 1) is DECLARED[name]["tiered"]
