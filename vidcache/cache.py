@@ -70,7 +70,7 @@ class VideoCache:
         self.compact = CompactLayout(self.shared, self.local, frozen=self.frozen, backfill=self._backfill,
                                      tmp_dir=self.tmp_dir,
                                      writes=not self.read_only and self.config.shared_layout == "compact")
-        self.reads = ReadPath(self.store, self.local, self.shared, self.config, compact=self.compact,
+        self.reads = ReadPath(self.store, self.config, compact=self.compact,
                               backfill=self._backfill, name=repr(self))
         self._repair = Repair(self.reads.tiers, self.compact, self.frozen, reads=self.reads, rebuild=self._rebuild,
                               read_only=self.read_only)

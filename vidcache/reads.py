@@ -81,9 +81,10 @@ class ReadPath:
     tier's ``compact`` layout, and the ``backfill`` that commits pulled copies locally.  Its repair strategy is the
     compact layout's ``republish`` queue: a read hands that writer the replacement of a damaged object."""
 
-    def __init__(self, store: Store, local: Store, shared: Store | None, config: CacheConfig, *,
-                 compact: CompactLayout, backfill: Backfill, name: str) -> None:
-        self.store, self.local, self.shared, self.config = store, local, shared, config
+    def __init__(self, store: Store, config: CacheConfig, *, compact: CompactLayout, backfill: Backfill,
+                 name: str) -> None:
+        self.store, self.config = store, config
+        self.local, self.shared = store.tiers()
         self.compact, self.backfill, self.name = compact, backfill, name
         self.republish = compact.republish      # the writer's queue: what a read found to re-encode waits there
         self.pulls = SingleFlight(config.layout.locks_dir)      # one pull of an entry per node
