@@ -51,6 +51,7 @@ DEFAULTS = {
     "vidcache_check_servers": True,
     "vidcache_allow_unverified_sglang": None,
     "vidcache_server_torchcodec": None,
+    "vidcache_server_vision": None,     # "package": the servers run vidcache's model package (stock mode states it)
     **{"vidcache_" + n: None for n in OPTION_NAMES},
 }
 
@@ -111,6 +112,9 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                    help="accept this exact SGLang version although vidcache is not verified with it")
     g.add_argument("--vidcache-server-torchcodec", default=None, metavar="VERSION",
                    help="stock mode on GPU servers: the torchcodec version installed there")
+    g.add_argument("--vidcache-server-vision", default=None, choices=("package",),
+                   help="stock mode: the SGLang servers run vidcache's model package (SGLANG_EXTERNAL_MODEL_PACKAGE; "
+                        "nothing reports it in stock mode); `vidcache sglang-config --vision package` adds it")
     return parser
 
 

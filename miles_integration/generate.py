@@ -116,7 +116,9 @@ def start_video_sample(sample: Sample, prep: PreparedRequest, cfg: VidcacheConfi
         image_tensors = {k: prep.train_inputs[k] for k in ("pixel_values", "image_grid_thw") if k in prep.train_inputs}
         sample.multimodal_train_inputs = {**handle_train_inputs(handles, prep.mode), **image_tensors}
     else:
-        sample.multimodal_train_inputs = dict(prep.train_inputs)    # shared tensors, own dict
+        # shared tensors, own dict; not the prompt's mm_token_type_ids: Miles concatenates every key over a
+        # micro-batch (training_utils/data.py) and builds its own from the full sequence (processing_utils.py:143)
+        sample.multimodal_train_inputs = {k: v for k, v in prep.train_inputs.items() if k != "mm_token_type_ids"}
     return set_request_state(sample.metadata, prep)
 
 

@@ -14,12 +14,15 @@ import threading
 
 from vidcache.errors import ParityError
 
+from vidcache.sglang.config import MILES_TRAIN_HOOK
+
 from .args import VidcacheConfig, _get
 
 logger = logging.getLogger(__name__)
 # The fixes a failure names, in this run's spelling (Miles' train.py flags), not the CLI's.
 MILES_FLAGS = {"allow_unverified": "--vidcache-allow-unverified-sglang",
-               "server_torchcodec": "--vidcache-server-torchcodec", "mode": "--vidcache-mode"}
+               "server_torchcodec": "--vidcache-server-torchcodec", "mode": "--vidcache-mode",
+               "server_vision": "--vidcache-server-vision package"}
 _DONE: dict[tuple, list[str] | None] = {}      # (urls, family, mode) -> None (passed) or the failure lines
 _LOCK = threading.Lock()                        # the check runs in worker threads; one at a time
 
@@ -57,9 +60,27 @@ def _checked(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
 def trainer_gets_engine_positions(args) -> bool:
     """Whether Miles' trainer computes SGLang's M-RoPE positions: vidcache's train hooks are its
     ``--custom-megatron-init-path`` and ``--vidcache-positions`` is not ``transformers`` (docs/miles.md,
-    "Positions").  Otherwise the startup check warns, naming the flag."""
+    "Positions")."""
     hook = getattr(args, "custom_megatron_init_path", None) or ""
-    return hook.endswith("train_hooks.install_train_hooks") and _get(args, "vidcache_positions") != "transformers"
+    return hook == MILES_TRAIN_HOOK and _get(args, "vidcache_positions") != "transformers"
+
+
+def positions_verdict(args, family: str) -> tuple[bool, str]:
+    """(ok, line): does this run's trainer put every token where SGLang does?  Yes with the train hook; yes when the
+    trainer's own transformers agrees (``check-trainer``'s canary); a stated ``--vidcache-positions transformers`` is
+    the operator's choice (a warning).  Otherwise the job fails at startup, naming the flag."""
+    from vidcache.positions import trainer_rule_problem
+    if trainer_gets_engine_positions(args):
+        return True, f"OK   [positions] the train hook ({MILES_TRAIN_HOOK}) gives the trainer SGLang's M-RoPE rule"
+    problem = trainer_rule_problem(family, "sglang")
+    if problem is None:
+        return True, f"OK   [positions] this transformers' own {family} rule is SGLang's"
+    if _get(args, "vidcache_positions") == "transformers":
+        return True, (f"WARN [positions] --vidcache-positions transformers: the trainer keeps transformers' own rule, "
+                      f"which is not SGLang's: {problem}")
+    return False, (f"FAIL [positions] {problem}. Set --custom-megatron-init-path {MILES_TRAIN_HOOK} (`vidcache "
+                   "sglang-config --format miles` includes it), or --vidcache-positions transformers to train at "
+                   "transformers' positions knowingly")
 
 
 def _check_all(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
@@ -68,12 +89,17 @@ def _check_all(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
         return [f"FAIL [processor] --hf-checkpoint has no processor: vidcache cannot send {urls[0]} a canary"]
     cache = cfg.open_cache()
     failed = []
+    ok, line = positions_verdict(args, cfg.options.family)
+    (logger.info if line.startswith("OK") else logger.warning)("vidcache: %s", line)
+    if not ok:
+        failed.append(line)
     for url in urls:
         res = check_server(url, cfg.options.family, cfg.mode, processor,
                            allow_unverified=_get(args, "vidcache_allow_unverified_sglang"),
                            server_torchcodec=_get(args, "vidcache_server_torchcodec"), cache=cache,
-                           flags=MILES_FLAGS, trainer_positions=not trainer_gets_engine_positions(args))
-        logger.info("vidcache: %s", "\n".join(res.lines()))
+                           flags=MILES_FLAGS, trainer_positions=False,     # positions_verdict above decides
+                           server_vision=_get(args, "vidcache_server_vision"))
+        (logger.info if res.ok and not res.warnings else logger.warning)("vidcache: %s", "\n".join(res.lines()))
         if not res.ok:
             failed += res.lines()
     return failed or None

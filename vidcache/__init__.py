@@ -30,6 +30,7 @@ _EXPORTS = {
     "from_key": "vidcache.handle", "VideoOptions": "vidcache.options", "Digest": "vidcache.digest",
     "PreparedRequest": "vidcache.sglang.request", "prepare": "vidcache.sglang.request",
     "train_inputs": "vidcache.handle", "rope_positions": "vidcache.positions",
+    "mm_token_type_ids": "vidcache.positions",
     "train_inputs_batch": "vidcache.handle", "LazyVideoDataset": "vidcache.dataset",
     "read_ahead": "vidcache.readahead", "ReadAhead": "vidcache.readahead",
     "prewarm": "vidcache.prewarming", "PrewarmSummary": "vidcache.prewarming",
@@ -47,7 +48,7 @@ if TYPE_CHECKING:      # the same names, for type checkers and IDEs (at run time
     from vidcache.handle import VideoHandle, from_key, get, lazy, train_inputs, train_inputs_batch
     from vidcache.keys import cache_key
     from vidcache.options import VideoOptions
-    from vidcache.positions import rope_positions
+    from vidcache.positions import mm_token_type_ids, rope_positions
     from vidcache.prewarming import PrewarmSummary, prewarm
     from vidcache.readahead import ReadAhead, read_ahead
     from vidcache.sglang.request import PreparedRequest, prepare

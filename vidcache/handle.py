@@ -107,7 +107,7 @@ class VideoHandle:
             cache.ensure(self.source, self.options)      # the bad copy was quarantined: a miss now
             return cache.frames(key, out=out)
 
-    def train_inputs(self, processor, mode: str = "plugin", memo: bool = True,
+    def train_inputs(self, processor, mode: str | None = None, memo: bool = True,
                      device: "str | torch.device | None" = None) -> "dict[str, torch.Tensor]":
         """Model kwargs for the trainer: tensors only, on ``device`` (see :func:`train_inputs`)."""
         return train_inputs(processor, [self], mode=mode, memo=memo, device=device)
@@ -162,9 +162,13 @@ def from_key(key: str, cache: "VideoCache | None" = None) -> VideoHandle:
 
 
 # --- the trainer's tensors ------------------------------------------------------------------------------
-def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True,
+def train_inputs(processor, handles, mode: str | None = None, memo: bool = True,
                  device: "str | torch.device | None" = None, batched: bool = True) -> "dict[str, torch.Tensor]":
     """HF processor outputs for the handles' cached frames (one sample's videos), on ``device``.
+
+    ``mode``: the processing mode the rollout was made in (``"stock"`` or ``"plugin"``; a ``PreparedRequest``'s
+    ``mode``).  Required for Qwen2.5-VL, whose ``second_per_grid_ts`` differ by mode (``processing.resolve_mode``);
+    the other families' tensors are the same in both.
 
     Sampling and resizing are off (both were done once).  On a CUDA device the uint8 frames go there from
     pinned memory and HF's processor runs there, when shown bit-identical to the CPU for this processor
@@ -175,7 +179,7 @@ def train_inputs(processor, handles, mode: str = "plugin", memo: bool = True,
     return train_inputs_batch(processor, [handles], mode=mode, memo=memo, device=device, batched=batched)[0]
 
 
-def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = True,
+def train_inputs_batch(processor, groups, mode: str | None = None, memo: bool = True,
                        device: "str | torch.device | None" = None, batched: bool = True,
                        workers: int = 8) -> "list[dict[str, torch.Tensor]]":
     """:func:`train_inputs` for each group of handles of one micro-batch, in one call.
@@ -191,7 +195,12 @@ def train_inputs_batch(processor, groups, mode: str = "plugin", memo: bool = Tru
     from .device import exact_device
     from .processing import MEMO, join_videos, process, processor_fingerprint
 
+    from .processing import resolve_mode
+
     groups = [list(g) for g in groups]
+    if mode is None:
+        for fam in sorted({h.options.family for g in groups for h in g}):
+            mode = resolve_mode(fam, None)
     fp = processor_fingerprint(processor)
     target = torch.device("cpu" if device is None else device)
     run_on = exact_device(processor, target, fp)

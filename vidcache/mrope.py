@@ -28,6 +28,7 @@ computes the grids from a sample's handles.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +123,9 @@ def items(ids: list[int], *, family: str, merge: int, image_token_id: int, video
             grid, s = (next(it_i), None) if modality == "image" else next(it_v)
         except StopIteration:
             raise ValueError(f"the ids hold more {modality} pad runs than {modality} grids were given") from None
+        if min(grid) < 1 or grid[1] % merge or grid[2] % merge:
+            raise ValueError(f"the {modality} grid {list(grid)} at index {start} is not a grid of this model: its "
+                             f"height and width must be positive multiples of the merge size {merge}")
         want = grid[0] * grid[1] * grid[2] // (merge * merge)
         if n != want:
             raise ValueError(f"a {modality} pad run at index {start} has {n} ids, but its grid {list(grid)} "
@@ -130,6 +134,10 @@ def items(ids: list[int], *, family: str, merge: int, image_token_id: int, video
     if next(it_i, None) is not None or next(it_v, None) is not None:
         raise ValueError("more grids were given than the ids hold pad runs")
     return out
+
+
+# A bound far above any checkpoint (2), so a unit mistake (ms for s) or an overflow is refused, not computed.
+MAX_TOKENS_PER_SECOND = 1000
 
 
 def _temporal(item: Item, family: str, rule: str, tokens_per_second, h: int, w: int,
@@ -160,9 +168,20 @@ def positions(ids, *, rule: str, family: str, merge: int, image_token_id: int, v
     seconds = "float"
     if rule == "transformers" and TEMPORAL.get(family) == "scaled":
         seconds = transformers_seconds(transformers_version or installed_transformers())
+    if torch.is_tensor(ids) and ids.dim() != 1:
+        raise ValueError(f"input_ids must be one sequence (1-D), got shape {tuple(ids.shape)}: positions are per "
+                         "sequence; pass input_ids[i] for each row of a batch")
     ids = ids.tolist() if torch.is_tensor(ids) else list(ids)
-    if TEMPORAL.get(family) == "scaled" and tokens_per_second is None:
-        raise ValueError("Qwen2.5-VL's positions need the checkpoint's vision_config.tokens_per_second")
+    if ids and isinstance(ids[0], (list, tuple)):
+        raise ValueError(f"input_ids must be one sequence (a flat list of ids), got a list of {len(ids)} lists")
+    if TEMPORAL.get(family) == "scaled":
+        if tokens_per_second is None:
+            raise ValueError("Qwen2.5-VL's positions need the checkpoint's vision_config.tokens_per_second")
+        if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, (int, float)) \
+                or not math.isfinite(tokens_per_second) or not 0 < tokens_per_second <= MAX_TOKENS_PER_SECOND:
+            raise ValueError(f"tokens_per_second must be a finite number in (0, {MAX_TOKENS_PER_SECOND}], got "
+                             f"{tokens_per_second!r} (the checkpoint's vision_config.tokens_per_second: 2 in every "
+                             "published Qwen2.5-VL)")
     parts, cursor, nxt = [], 0, 0          # nxt: the position the next text token gets
     for item in items(ids, family=family, merge=merge, image_token_id=image_token_id,
                       video_token_id=video_token_id, image_grid_thw=image_grid_thw,

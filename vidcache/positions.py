@@ -60,24 +60,59 @@ def positions_from_tensors(processor, input_ids, tensors: dict, family: str, eng
         raise ConfigError(f"M-RoPE positions ({engine}): {e}") from None
 
 
-def rope_positions(processor, input_ids, handles, engine: str = "sglang", *, mode: str = "plugin",
-                   config=None, tokens_per_second: float | None = None,
+def rope_positions(processor, input_ids, handles=None, engine: str = "sglang", *, request=None,
+                   mode: str | None = None, config=None, tokens_per_second: float | None = None,
                    image_grid_thw=None) -> torch.Tensor:
-    """The ``[3, len(input_ids)]`` int64 M-RoPE position ids of a whole sequence (prompt, response, later turns)
+    """The ``[3, len(input_ids)]`` int64 M-RoPE position ids of one whole sequence (prompt, response, later turns)
     whose videos are ``handles`` (in order), computed by ``engine``'s rule: ``"sglang"``, ``"vllm"`` or
-    ``"transformers"`` (transformers' own ``get_rope_index``, kept for comparison).
+    ``"transformers"`` (transformers' own ``get_rope_index``, kept for comparison).  Required as ``position_ids`` for
+    every Qwen-VL family: transformers' models otherwise compute their own rule, or none.
 
-    ``mode``: the processing mode of the rollout (``train_inputs``'s; it sets Qwen2.5-VL's seconds per grid).
+    The mode and the grids come from what made the rollout, never from a guess:
+    ``request``: the ``PreparedRequest`` the rollout was sent with (its mode and its ``train_inputs``' grids; then
+    ``handles`` may be left out).  Else ``mode``: the processing mode (``"stock"`` / ``"plugin"``), required for
+    Qwen2.5-VL, whose seconds per grid differ by mode (``processing.resolve_mode``; vLLM: plugin).  The rule's
+    family is the processor's (its class); handles built for another family are refused.
     ``config`` / ``tokens_per_second``: the checkpoint's ``vision_config.tokens_per_second`` (Qwen2.5-VL; default
     the published checkpoints' 2).  ``image_grid_thw``: the sample's images' grids, when it has images.
     """
-    handles = list(handles)
-    tensors = dict(train_inputs(processor, handles, mode=mode)) if handles else {}
+    from .processing import check_family, resolve_mode
+    from .rollout.models import family_of_processor
+    mrope._check_rule(engine)
+    handles = list(handles or [])
+    manifests = [h.manifest for h in handles]
+    check_family(processor, manifests)
+    family = family_of_processor(processor) or (manifests[0].family if manifests else "qwen2_vl")
+    if request is not None:
+        if mode is not None and mode != request.mode:
+            raise ConfigError(f"mode={mode!r} but the request was prepared in {request.mode!r} mode")
+        src = request.train_inputs
+        tensors = {k: src[k] for k in ("video_grid_thw", "second_per_grid_ts", "image_grid_thw") if k in src}
+    elif handles:
+        mode = "plugin" if engine == "vllm" and mode is None else mode     # vLLM gets the source's timeline
+        tensors = dict(train_inputs(processor, handles, mode=resolve_mode(family, mode, "rope_positions")))
+    else:                                               # text (and images): the mode changes nothing
+        tensors = {}
     if image_grid_thw is not None:
         tensors["image_grid_thw"] = torch.as_tensor(image_grid_thw).reshape(-1, 3)
-    family = handles[0].manifest.family if handles else "qwen2_vl"     # text and images: one rule for all
     return positions_from_tensors(processor, input_ids, tensors, family, engine, config=config,
                                   tokens_per_second=tokens_per_second)
+
+
+def mm_token_type_ids(processor, input_ids) -> torch.Tensor:
+    """``[1, len(input_ids)]`` int64: 1 at image pads, 2 at video pads, 0 elsewhere, as the HF Qwen-VL processors
+    return with ``return_mm_token_type_ids=True`` (transformers 5.2x's models compute M-RoPE only when given them,
+    or ``position_ids``)."""
+    ids = list(input_ids.tolist() if torch.is_tensor(input_ids) else input_ids)
+    own = getattr(processor, "create_mm_token_type_ids", None)       # the processor's own, where it has one
+    if own is not None:
+        return torch.tensor(own([ids]), dtype=torch.long)
+    ids = torch.tensor([ids])
+    t = token_ids(processor)
+    out = torch.zeros_like(ids, dtype=torch.long)
+    out[ids == t["image_token_id"]] = 1
+    out[ids == t["video_token_id"]] = 2
+    return out
 
 
 # --- is the trainer's own rule the engine's? ------------------------------------------------------------
@@ -196,6 +231,29 @@ PATCHABLE = {"qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwe
              "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel")}
 
 
+_NEW_FORM = ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attention_mask")
+_OLD_FORM = _NEW_FORM[1:]
+
+
+def _rope_index_args(input_ids, args: tuple, kwargs: dict):
+    """(image_grid_thw, video_grid_thw, second_per_grid_ts, attention_mask) of a ``get_rope_index`` call in either
+    of its forms: transformers >= 5.3's ``(input_ids, mm_token_type_ids, image_grid_thw, ...)``, which
+    Megatron-Bridge uses since #3040 (positionally), or the older ``(input_ids, image_grid_thw, video_grid_thw,
+    ...)``.  The first positional argument after the ids is token types only if it has the ids' shape (a grid is
+    ``[n, 3]``; a caller of the new form always builds the types)."""
+    first = args[0] if args else None
+    new = not args or (torch.is_tensor(first) and tuple(first.shape) == tuple(input_ids.shape))
+    names = _NEW_FORM if new else _OLD_FORM
+    if len(args) > len(names):
+        raise TypeError(f"get_rope_index takes at most {len(names) + 1} positional arguments, got {len(args) + 1}")
+    bound = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k in bound:
+            raise TypeError(f"get_rope_index got two values for {k!r}")
+        bound[k] = v
+    return tuple(bound.get(k) for k in _OLD_FORM)
+
+
 def engine_get_rope_index(engine: str, family: str):
     """A drop-in for transformers' ``get_rope_index(self, input_ids, mm_token_type_ids, image_grid_thw=None,
     video_grid_thw=None, second_per_grid_ts=None, attention_mask=None)`` that computes ``engine``'s rule: for a
@@ -203,8 +261,8 @@ def engine_get_rope_index(engine: str, family: str):
     transformers' class in its ``__init__``, and ignores any ``position_ids`` it is given)."""
     mrope._check_rule(engine)
 
-    def get_rope_index(self, input_ids, mm_token_type_ids=None, image_grid_thw=None, video_grid_thw=None,
-                       second_per_grid_ts=None, attention_mask=None, **kwargs):
+    def get_rope_index(self, input_ids, *args, **kwargs):
+        image_grid_thw, video_grid_thw, second_per_grid_ts, attention_mask = _rope_index_args(input_ids, args, kwargs)
         vision = self.config.vision_config
         merge = int(vision.spatial_merge_size)
         tps = getattr(vision, "tokens_per_second", None)

@@ -52,10 +52,19 @@ def video_processor(processor):
 
 
 def check_family(processor, manifests) -> None:
-    """Refuse frames of one family given to another family's processor (Qwen2.5-VL entries with a Qwen3-VL
-    processor fail deep in transformers with a reshape error): the patch sizes must agree."""
+    """Refuse frames of one family given to another family's processor: the processor's class names its family
+    (``rollout.models.family_of_processor``: Qwen2-VL and Qwen2.5-VL entries share a patch size, but not a rule for
+    time), and the patch sizes must agree (Qwen2.5-VL entries with a Qwen3-VL processor fail deep in transformers
+    with a reshape error)."""
     from .errors import ConfigError
     from .options import PATCH_SIZE
+    from .rollout.models import family_of_processor
+    own = family_of_processor(processor)
+    for m in manifests:
+        if own is not None and m.family != own:
+            raise ConfigError(f"entry {m.key} was built for {m.family}, but the processor is {own}'s "
+                              f"({type(processor).__name__}): its tensors and M-RoPE positions follow {own}'s "
+                              f"rules. Use the {m.family} checkpoint's processor, or prewarm with --family {own}")
     patch = getattr(video_processor(processor), "patch_size", None)
     if not isinstance(patch, int):
         return
@@ -65,6 +74,24 @@ def check_family(processor, manifests) -> None:
             raise ConfigError(f"the processor's patch size is {patch} ({' / '.join(fams)}), but entry {m.key} is "
                               f"{m.family} (patch {PATCH_SIZE[m.family]}): use the {m.family} checkpoint's "
                               f"processor, or prewarm with --family {fams[-1]}")
+
+
+def resolve_mode(family: str, mode: str | None, what: str = "train_inputs") -> str:
+    """The processing mode of a sample's videos: ``mode`` when given, never a guess where it changes the result.
+    Only Qwen2.5-VL's tensors and positions depend on it (``second_per_grid_ts``: the source's 2/sample_fps in
+    plugin mode, the frozen file's 2/24 in stock mode); the other families' tensors are the same in both."""
+    from .errors import ConfigError
+    from .mrope import TEMPORAL
+    if mode is not None:
+        if mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
+        return mode
+    if TEMPORAL.get(family) == "scaled":
+        raise ConfigError(f"{what}: {family}'s second_per_grid_ts (and so its M-RoPE positions) depend on the mode "
+                          "the rollout was made in: pass the PreparedRequest (request=req, or req.train_inputs) or "
+                          "mode='stock' / mode='plugin' (the mode of your SGLang servers; `vidcache sglang-config` "
+                          "defaults to stock for this family; vLLM: plugin)")
+    return "plugin"
 
 
 def processor_kwargs(processor, manifests, mode: str) -> dict:

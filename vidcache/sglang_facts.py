@@ -52,6 +52,52 @@ SGLANG_URL_CAP = 64 << 20
 STOCK_GPU_TORCHCODEC = "0.16.0"
 
 
+# --- the vision tower SGLang computes -------------------------------------------------------------------------
+# The families whose SGLang model code (its own implementation, ``--model-impl auto``/``sglang``) computes the vision
+# tower otherwise than the original model and transformers (every trainer): SGLang's Qwen2.5-VL gives its
+# full-attention blocks one sequence per *video* (``cu_seqlens`` of ``t*h*w``: srt/models/qwen2_5_vl.py, 0.5.16
+# :465-473, 0.5.23 :548-557), the model attends within each temporal patch (``h*w``).  Measured on SGLang 0.5.23's
+# real server: 1.6-2.6 nats/token with identical inputs and positions.  Qwen2-VL (``compute_cu_seqlens_from_grid``:
+# per frame) and Qwen3-VL (``qwen3_vl.py:968``: per frame) attend as the model does.  Upstream: SGLang #12261 (the
+# Qwen2.5-VL fix) closed unmerged.  The releases listed are the ones whose code was read and run.
+VISION_ACROSS_FRAMES = {"qwen2_5_vl": ("0.5.16", "0.5.23")}
+TRAINER_VISION = "per_temporal_patch"       # transformers' (get_vision_cu_seqlens, merge_temporal=False)
+SGLANG_VISION = "across_frames"             # SGLang's own Qwen2.5-VL, above
+# Two ways to make SGLang compute the original tower, chosen by ``sglang-config --vision``:
+#   package       vidcache's external model package (a subclass of SGLang's class; keeps SGLang's fast path: radix
+#                 cache and chunked prefill for multimodal requests).  The default in plugin mode, where vidcache
+#                 is on the servers anyway, and the plugin reports it to check-server.
+#   transformers  SGLang's ``--model-impl transformers`` (configuration only: no vidcache code on the server; the
+#                 default in stock mode).  SGLang 0.5.23 then disables the radix cache and chunked prefill for
+#                 multimodal requests, so a GRPO group's samples no longer share their prompt's prefill.
+MODEL_PACKAGE = "vidcache.sglang.models"
+MODEL_PACKAGE_ENV = "SGLANG_EXTERNAL_MODEL_PACKAGE"
+VISION_FIXES = ("package", "transformers")
+TRANSFORMERS_IMPL_ARGS = ("--model-impl", "transformers")
+
+
+def default_vision_fix(mode: str) -> str:
+    return "package" if mode == "plugin" else "transformers"
+
+
+def vision_differs(family: str, sglang_version: str | None = None) -> bool:
+    """Whether SGLang's own model code for ``family`` attends otherwise than the trainer (``VISION_ACROSS_FRAMES``).
+    A release not listed is taken to keep the newest listed release's code (unverified: check-server says so)."""
+    return family in VISION_ACROSS_FRAMES
+
+
+def server_vision(family: str, model_impl: str | None, model_package: str | None,
+                  sglang_version: str | None = None) -> str:
+    """The vision attention a server computes for ``family``: ``TRAINER_VISION`` when it runs transformers' code
+    (``--model-impl transformers``) or vidcache's model package, or when SGLang's own code attends as the trainer;
+    else ``SGLANG_VISION``."""
+    if not vision_differs(family, sglang_version):
+        return TRAINER_VISION
+    if str(model_impl or "").lower() == "transformers" or model_package == MODEL_PACKAGE:
+        return TRAINER_VISION
+    return SGLANG_VISION
+
+
 def default_mode(family: str) -> str:
     """Qwen3-VL's faithful (32-grid) frames only survive SGLang through the plugin; the 28-grid
     families are served exactly by stock SGLang too."""

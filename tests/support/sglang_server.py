@@ -88,13 +88,31 @@ def write_checkpoint(path, seed: int = 0) -> str:
     return str(path)
 
 
-def server_env(mode: str, node_dir, shared_dir=None) -> dict:
-    """The server process's environment: ``vidcache sglang-config``'s ``env`` for ``mode``, the CPU engine, the
-    shim on ``PYTHONPATH`` (first) and this checkout's vidcache (the plugin's package)."""
+# ``vision``: "package" / "transformers" (sglang-config's --vision), None (its default for the mode), or SHIPPED:
+# SGLang's own model code as shipped, sglang-config's vision fix taken out (to show what it fixes).
+SHIPPED = "shipped"
+
+
+def _config(family: str, mode: str, vision: str | None) -> dict:
     from vidcache.sglang.config import sglang_config
+    from vidcache.sglang_facts import MODEL_PACKAGE_ENV, TRANSFORMERS_IMPL_ARGS
+    cfg = sglang_config(family, mode, vision=None if vision == SHIPPED else vision)
+    if vision == SHIPPED:
+        cfg["env"].pop(MODEL_PACKAGE_ENV, None)
+        args = cfg["server_args"]
+        for i in range(len(args) - 1):
+            if tuple(args[i:i + 2]) == TRANSFORMERS_IMPL_ARGS:
+                del args[i:i + 2]
+                break
+    return cfg
+
+
+def server_env(mode: str, node_dir, shared_dir=None, family: str = FAMILY, vision: str | None = None) -> dict:
+    """The server process's environment: ``vidcache sglang-config``'s ``env`` for ``mode``, the CPU engine, the
+    shim on ``PYTHONPATH`` (first) and this checkout's vidcache (the plugin's and the model package's)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VIDCACHE_"))}
     # sglang-config's env, less the node's two directories it can only describe (set just below)
-    env.update({k: v for k, v in sglang_config(FAMILY, mode)["env"].items() if not v.startswith("<")})
+    env.update({k: v for k, v in _config(family, mode, vision)["env"].items() if not v.startswith("<")})
     env.update({"SGLANG_USE_CPU_ENGINE": "1", "VIDCACHE_DIR": str(node_dir),
                 "PYTHONPATH": os.pathsep.join([str(SHIM), str(ROOT)])})
     if shared_dir is not None:
@@ -102,9 +120,8 @@ def server_env(mode: str, node_dir, shared_dir=None) -> dict:
     return env
 
 
-def server_args(mode: str) -> list[str]:
-    from vidcache.sglang.config import sglang_config
-    return list(sglang_config(FAMILY, mode)["server_args"])
+def server_args(mode: str, family: str = FAMILY, vision: str | None = None) -> list[str]:
+    return list(_config(family, mode, vision)["server_args"])
 
 
 def free_port() -> int:
@@ -118,16 +135,17 @@ class Server(ServerProcess):
     """``python -m sglang.launch_server`` on ``ckpt`` in the server venv, in its own process group (SGLang forks a
     scheduler and a detokenizer), stopped on exit.  ``start_s``: launch to the first answered ``/health``."""
 
-    def __init__(self, ckpt, mode: str, node_dir, log, shared_dir=None, timeout: float = 600):
-        self.mode = mode
+    def __init__(self, ckpt, mode: str, node_dir, log, shared_dir=None, timeout: float = 600,
+                 family: str = FAMILY, vision: str | None = None):
+        self.mode, self.family, self.vision = mode, family, vision
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log)
         cmd = [str(server_python()), "-m", "sglang.launch_server", "--model-path", str(ckpt),
-               "--host", "127.0.0.1", "--port", str(self.port), *CPU_FLAGS, *server_args(mode)]
+               "--host", "127.0.0.1", "--port", str(self.port), *CPU_FLAGS, *server_args(mode, family, vision)]
         self.log = open(self.log_path, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir), stdout=self.log,
+        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir, family, vision), stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
         try:
             self._wait(t0 + timeout)
@@ -169,9 +187,10 @@ def sglang_positions(ckpt, expanded_ids, video_grid_thw, second_per_grid_ts):
     pos, _ = get_rope_index(
         spatial_merge_size=cfg.vision_config.spatial_merge_size, image_token_id=cfg.image_token_id,
         video_token_id=cfg.video_token_id, vision_start_token_id=cfg.vision_start_token_id,
-        model_type=cfg.model_type, tokens_per_second=cfg.vision_config.tokens_per_second,
+        model_type=cfg.model_type, tokens_per_second=getattr(cfg.vision_config, "tokens_per_second", None),
         input_ids=torch.tensor([list(expanded_ids)]), video_grid_thw=torch.as_tensor(video_grid_thw).reshape(-1, 3),
-        second_per_grid_ts=torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1))
+        second_per_grid_ts=None if second_per_grid_ts is None
+        else torch.as_tensor(second_per_grid_ts, dtype=torch.float32).reshape(-1))
     return pos
 
 

@@ -43,6 +43,12 @@ def _add_sglang_config(sub) -> None:
     p.add_argument("--mode", choices=sorted(MODES), help=mode_default_help())
     p.add_argument("--sglang-version", metavar="VERSION", help="the SGLang release the server runs (default: the "
                    "one installed here, else the newest verified)")
+    from ..sglang_facts import VISION_FIXES
+    p.add_argument("--vision", choices=VISION_FIXES,
+                   help="where SGLang's own vision tower differs from the model's (Qwen2.5-VL: it attends across "
+                        "frames), how the server computes the model's: package (vidcache's model package; keeps "
+                        "SGLang's radix cache; default in plugin mode) or transformers (--model-impl transformers; "
+                        "configuration only, no radix cache for video; default in stock mode)")
     p.add_argument("--format", choices=("json", "miles", "shell"), default="json",
                    help="json: the whole record; miles: a bash fragment for a Miles launch script (the SGLang "
                         "servers' env_vars as VIDCACHE_SGLANG_ENV, train.py's flags as the array "
@@ -60,7 +66,7 @@ def cmd_sglang_config(args) -> int:
     if family is None:
         from ..errors import ConfigError
         raise ConfigError("sglang-config needs --family or --model DIR (the checkpoint)")
-    cfg = sglang_config(family, args.mode, cache, args.sglang_version)
+    cfg = sglang_config(family, args.mode, cache, args.sglang_version, vision=args.vision)
     sys.stdout.write(render(cfg, args.format))
     if family == "qwen3_vl" and cfg["mode"] == "stock":
         print("note: stock mode serves Qwen3-VL only on the 224 grid (VideoOptions.for_stock_sglang), which "
@@ -107,6 +113,9 @@ def _add_check_server(sub) -> None:
                    help="accept this exact SGLang version although vidcache is not verified with it")
     p.add_argument("--server-torchcodec", metavar="VERSION",
                    help="stock mode on a GPU server: the torchcodec version installed there")
+    p.add_argument("--server-vision", choices=("package",),
+                   help="stock mode: the servers run vidcache's model package (SGLANG_EXTERNAL_MODEL_PACKAGE; no "
+                        "endpoint reports it, and in stock mode there is no plugin to ask)")
     p.add_argument("--token-layout", metavar="LAYOUT", help="the token layout the trainer's ids are in (default: "
                    "$VIDCACHE_TOKEN_LAYOUT, else the model's own in plugin mode and this transformers' in stock mode)")
     p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
@@ -127,7 +136,8 @@ def cmd_check_server(args) -> int:
         return 0 if res.ok else 1
     from ..sglang.check import check_server
     res = check_server(args.url, args.family, args.mode, args.processor, args.allow_unverified_sglang,
-                       args.server_torchcodec, cache=cache, token_layout=args.token_layout)
+                       args.server_torchcodec, cache=cache, token_layout=args.token_layout,
+                       server_vision=args.server_vision)
     print("\n".join(res.lines()))
     return 0 if res.ok else 1
 

@@ -85,6 +85,13 @@ FAMILY_OF_MODEL_TYPE = {name: m.family for name, m in MODEL_TYPES.items()}
 FAMILIES = tuple(sorted(set(FAMILY_OF_MODEL_TYPE.values())))
 
 
+def family_of_processor(processor) -> str | None:
+    """The family of an HF processor object, from its class (``MODEL_TYPES``' processor classes): Qwen2-VL and
+    Qwen2.5-VL share a patch size, so only the class tells them apart.  None: a class no family has."""
+    fams = {m.family for m in MODEL_TYPES.values() if m.processor == type(processor).__name__}
+    return fams.pop() if len(fams) == 1 else None
+
+
 def family_signature(family: str) -> tuple[frozenset, frozenset, frozenset]:
     """The processor classes, video processor classes and geometries the table's model types of ``family`` have."""
     rows = [m for m in MODEL_TYPES.values() if m.family == family]

@@ -31,9 +31,10 @@ from ..rollout.ref import REF_PREFIX, ref_uri
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
                             unverified_warning)
 from .config import mm_process_config
-from ..sglang_facts import (MODES, STOCK_GPU_TORCHCODEC, STOCK_QWEN3_GRID, VERIFIED_SGLANG_VERSIONS, default_mode,
-                    stock_pixel_bounds)
-from .request import ATTESTATION_MARK, check_prompt_ids, prepare
+from ..sglang_facts import (MODEL_PACKAGE, MODEL_PACKAGE_ENV, MODES, STOCK_GPU_TORCHCODEC,
+                            STOCK_QWEN3_GRID, TRAINER_VISION, VERIFIED_SGLANG_VERSIONS, VISION_ACROSS_FRAMES,
+                            default_mode, server_vision, stock_pixel_bounds, vision_differs)
+from .request import ATTESTATION_MARK, check_prompt_ids, parse_server_facts, prepare
 from .transport import ENV_SERVER_PATH
 
 # SGLang's model_type -> vidcache family: the one table of model types (vidcache.rollout.models).
@@ -43,7 +44,7 @@ CANARY_PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}vidcache canary.<|im_end|
 # startup check (miles_integration/server_check.py) passes its --vidcache-* flags, so the fix named is the one
 # its user can type.
 CLI_FLAGS = {"allow_unverified": "--allow-unverified-sglang", "server_torchcodec": "--server-torchcodec",
-             "mode": "--mode"}
+             "mode": "--mode", "server_vision": "--server-vision package"}
 
 
 def canary_options(family: str, mode: str, sglang_version: str | None = None) -> VideoOptions:
@@ -71,7 +72,8 @@ def canary_handle(family: str, mode: str, cache=None, sglang_version: str | None
 def check_server(url: str, family: str | None = None, mode: str | None = None, processor=None,
                  allow_unverified: str | None = None, server_torchcodec: str | None = None,
                  cache=None, timeout: float = 120.0, token_layout: str | None = None,
-                 flags: dict[str, str] | None = None, trainer_positions: bool = True) -> ServerCheck:
+                 flags: dict[str, str] | None = None, trainer_positions: bool = True,
+                 server_vision: str | None = None) -> ServerCheck:
     """Run every check against the SGLang server at ``url``; never raises for a failed check (see
     ``ServerCheck.causes``).  ``processor``: an HF processor or a directory (default: the server's
     ``tokenizer_path`` when it exists here).  ``allow_unverified``: the exact SGLang version to accept
@@ -80,7 +82,8 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
     trainer's ids are in (``processing.request_layout``'s default otherwise).  ``flags``: the caller's names for
     ``CLI_FLAGS``' settings, used in the fixes the failures name.  ``trainer_positions``: warn when this
     environment's transformers computes other M-RoPE positions than SGLang (``vidcache.positions``); off where
-    the trainer is given SGLang's (Miles with vidcache's train hooks)."""
+    the trainer is given SGLang's (Miles with vidcache's train hooks).  ``server_vision``: ``"package"`` states that
+    the servers run vidcache's model package (stock mode: nothing reports it; plugin mode: the plugin does)."""
     flags = {**CLI_FLAGS, **(flags or {})}
     url = url.rstrip("/")
     res = ServerCheck(url, engine="SGLang", mode_flag=flags["mode"])
@@ -161,8 +164,47 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
         return res
     if isinstance(processor, (str, os.PathLike)):
         processor = load_processor(str(processor))
-    _canary(res, url, processor, family, mode, cache, timeout, info, token_layout, trainer_positions)
+    facts = _canary(res, url, processor, family, mode, cache, timeout, info, token_layout, trainer_positions)
+    _vision(res, family, mode, info, facts, server_vision, flags)
     return res
+
+
+def _vision(res: ServerCheck, family: str, mode: str, info: dict, facts: dict | None,
+            stated: str | None, flags: dict) -> None:
+    """Does the server compute the trainer's vision tower?  The trainer runs transformers' (per temporal patch);
+    SGLang's own code for ``VISION_ACROSS_FRAMES`` families attends across frames unless the server runs
+    transformers' code (``model_impl`` in /server_info) or vidcache's model package (reported by the plugin in
+    plugin mode, stated with ``server_vision`` in stock mode)."""
+    if mode == "plugin" and facts is None and res.causes:
+        return          # the canary failed before the plugin could report: that failure is the one to fix first
+    version = str(info.get("version"))
+    impl = info.get("model_impl")
+    if facts is not None:
+        package = facts.get("model_package")
+        how = f"the plugin reports {MODEL_PACKAGE_ENV}={package or '(unset)'}"
+    elif stated == "package":
+        package, how = MODEL_PACKAGE, f"stated: {flags['server_vision']}"
+    else:
+        package, how = None, ("stock mode: nothing reports a model package" if mode == "stock"
+                              else "the plugin did not report its model package (an older vidcache there?)")
+    got = server_vision(family, impl, package, version)
+    if got == TRAINER_VISION:
+        what = ("transformers' model code (--model-impl transformers)" if str(impl).lower() == "transformers"
+                else f"vidcache's model package ({how})" if package == MODEL_PACKAGE and vision_differs(family)
+                else f"SGLang's own {family} code, which attends as the model does")
+        res.passed.append(f"vision tower attends per temporal patch, as the trainer's: {what}")
+        return
+    verified = VISION_ACROSS_FRAMES[family]
+    seen = "" if version in verified else f" (read in SGLang {', '.join(verified)}; {version} is unverified)"
+    fix = (f"start the servers with {MODEL_PACKAGE_ENV}={MODEL_PACKAGE} (vidcache sglang-config --mode {mode} "
+           "prints it)" if mode == "plugin" else
+           "add --model-impl transformers to the server's flags (vidcache sglang-config --mode stock prints it), or "
+           f"run vidcache's model package ({MODEL_PACKAGE_ENV}={MODEL_PACKAGE}) and pass {flags['server_vision']}")
+    res.causes.append(Cause("vision", f"SGLang {version}'s own {family} vision tower attends across each video's "
+                                      f"frames{seen}; the model and the trainer (transformers) attend within each "
+                                      f"temporal patch: with identical inputs and positions the rollout's "
+                                      f"logprobs are 1.6-2.6 nats/token from the trainer's on multi-patch videos "
+                                      f"(model_impl {impl!r}; {how}). Fix: {fix}"))
 
 
 def _transformers_here() -> str:
@@ -220,7 +262,8 @@ def _send(url: str, prep, timeout: float) -> tuple[int, dict]:
 
 
 def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache, timeout: float,
-            info: dict, token_layout: str | None, trainer_positions: bool = True) -> None:
+            info: dict, token_layout: str | None, trainer_positions: bool = True) -> dict | None:
+    """The canary requests; returns what the plugin reported of the server (``parse_server_facts``), if any."""
     h = canary_handle(family, mode, cache, str(info.get("version")))
     sides = layout_sides(processor, family, mode, info, token_layout)
     res.token_layout = sides["request"]
@@ -249,7 +292,7 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
                 hint = (f" (if the SGLang nodes mount the shared tier at another path, set ${ENV_SERVER_PATH} to "
                         "theirs here)")
             res.causes.append(Cause("server", f"the canary request failed with HTTP {status}: {msg[:500]}{hint}"))
-        return
+        return None
     try:
         check_prompt_ids(prep.expanded_ids, body)
         res.passed.append(f"canary ids match ({len(prep.expanded_ids)} tokens)")
@@ -259,10 +302,8 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
         got = got[0] if got and isinstance(got[0], list) else got
         res.causes.append(_layout_cause(sides, family, mode, prep.expanded_ids, list(got))
                           or Cause("ids", f"the canary's expanded ids differ: {e}"))
-    if mode != "plugin":
-        return
-    if res.causes:
-        return
+    if mode != "plugin" or res.causes:
+        return None
     res.passed.append("canary attested (pixels, grid, second_per_grid_ts)")
     # The plugin must refuse a wrong attestation, or a 200 proves nothing about the pixels.
     rec = json.loads(base64.b64decode(prep.video_data[0][len(REF_PREFIX):]))
@@ -270,8 +311,10 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
     rec["attest"].pop("values", None)
     prep.video_data = [ref_uri(rec["tier"], rec["key"], rec["attest"], rec.get("layout"))]
     status, body = _send(url, prep, timeout)
-    if status == 200 or ATTESTATION_MARK not in error_message(body):
+    msg = error_message(body)
+    if status == 200 or ATTESTATION_MARK not in msg:
         res.causes.append(Cause("plugin", "the server accepted a canary with a wrong attestation: its vidcache "
                                           "plugin does not check attestations (an older vidcache on the server?)"))
-    else:
-        res.passed.append("a wrong attestation is refused")
+        return None
+    res.passed.append("a wrong attestation is refused")
+    return parse_server_facts(msg)

@@ -19,9 +19,10 @@ from ..options import PATCH_SIZE
 from ..serving import FROZEN_FPS
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
                             env_layout, implied_layout)
-from ..sglang_facts import (MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS, SGLANG_MIN_PIXELS, SGLANG_TOTAL_PIXELS_ENV,
-                    SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC, VERIFIED_SGLANG_VERSIONS, default_mode, refused_video_keys,
-                    stock_pixel_bounds)
+from ..sglang_facts import (MODEL_PACKAGE, MODEL_PACKAGE_ENV, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS,
+                            SGLANG_MIN_PIXELS, SGLANG_TOTAL_PIXELS_ENV, SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC,
+                            TRAINER_VISION, TRANSFORMERS_IMPL_ARGS, VERIFIED_SGLANG_VERSIONS, VISION_FIXES,
+                            default_mode, default_vision_fix, refused_video_keys, stock_pixel_bounds, vision_differs)
 from .versions import installed_sglang, installed_transformers, qwen_vl_processor_modules
 
 PLUGIN_PACKAGE = "vidcache.sglang.plugin"
@@ -76,15 +77,21 @@ def sglang_report() -> dict:
     return out
 
 
-def sglang_config(family: str, mode: str | None = None, cache=None, sglang_version: str | None = None) -> dict:
+def sglang_config(family: str, mode: str | None = None, cache=None, sglang_version: str | None = None,
+                  vision: str | None = None) -> dict:
     """The SGLang server configuration for ``family`` in ``mode`` (None: ``facts.default_mode``, plugin
     for Qwen3-VL as in Miles), for the SGLang release ``sglang_version`` (``target_sglang``).  With ``cache``
-    (a ``VideoCache``), stock mode also lifts SGLang's URL download cap when the largest frozen file needs it."""
+    (a ``VideoCache``), stock mode also lifts SGLang's URL download cap when the largest frozen file needs it.
+    ``vision``: how the server computes the original model's vision tower where SGLang's own code does not
+    (``sglang_facts.VISION_FIXES``; None: ``default_vision_fix(mode)``)."""
     if family not in PATCH_SIZE:
         raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
     mode = default_mode(family) if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
+    vision = default_vision_fix(mode) if vision is None else vision
+    if vision not in VISION_FIXES:
+        raise ValueError(f"vision must be one of {VISION_FIXES}, got {vision!r}")
     target = target_sglang(sglang_version)
     cfg = mm_process_config(target, family)
     out = {
@@ -105,6 +112,7 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
             f" --server-torchcodec {STOCK_GPU_TORCHCODEC}" if mode == "stock" else ""),
         "token_layout": token_layout_record(family, mode, target),
     }
+    _vision(out, family, mode, vision)
     if target not in VERIFIED_SGLANG_VERSIONS:
         out["notes"].append(f"this config is for SGLang {target}, which is UNVERIFIED: vidcache is verified with "
                             f"{', '.join(VERIFIED_SGLANG_VERSIONS)} only")
@@ -144,6 +152,32 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
                 out["notes"].append(f"the largest frozen file exceeds SGLang's {SGLANG_URL_CAP >> 20} MiB URL "
                                     f"download cap: {' '.join(extra)} lifts it")
     return out
+
+
+def _vision(out: dict, family: str, mode: str, vision: str) -> None:
+    """Make the server compute the trainer's vision tower (``sglang_facts.VISION_ACROSS_FRAMES``) the ``vision``
+    way, and record it (``out["vision"]``: what check-server verifies)."""
+    if not vision_differs(family, out["sglang_version"]):
+        out["vision"] = {"attention": TRAINER_VISION, "fix": None}
+        return
+    out["vision"] = {"attention": TRAINER_VISION, "fix": vision}
+    why = (f"SGLang's own {family} vision tower attends across a video's frames; the model (and the trainer: "
+           "transformers) attends within each temporal patch")
+    if vision == "package":
+        out["env"][MODEL_PACKAGE_ENV] = MODEL_PACKAGE
+        out["notes"].append(f"{why}: {MODEL_PACKAGE_ENV}={MODEL_PACKAGE} makes the server run vidcache's subclass "
+                            "of SGLang's model, which attends per temporal patch and keeps SGLang's radix cache "
+                            "and chunked prefill (vidcache must be importable on the servers)")
+        if mode == "stock":
+            out["check"] += " --server-vision package"
+            out["notes"].append("stock mode has no vidcache plugin to report the model package: check-server "
+                                "needs --server-vision package to take it as stated")
+    else:
+        out["server_args"] += list(TRANSFORMERS_IMPL_ARGS)
+        out["notes"].append(f"{why}: --model-impl transformers runs transformers' model code in the server "
+                            "(configuration only), at a cost: SGLang then disables the radix cache and chunked "
+                            "prefill for multimodal requests (a GRPO group's samples no longer share their prompt's "
+                            "prefill). With vidcache on the servers, --vision package keeps both")
 
 
 def token_layout_record(family: str, mode: str, sglang_version: str | None = None) -> dict:
@@ -186,15 +220,30 @@ NODE_ENV = (ENV_DIR, "VIDCACHE_SHARED")     # each node's own settings (docs/mil
 
 def _command(cfg: dict) -> str:
     """The ``vidcache sglang-config`` call that prints ``cfg`` (no cache path: it differs per node)."""
+    fix = (cfg.get("vision") or {}).get("fix")
     return (f"vidcache sglang-config --family {cfg['family']} --mode {cfg['mode']} "
-            f"--sglang-version {cfg['sglang_version']}")
+            f"--sglang-version {cfg['sglang_version']}" + (f" --vision {fix}" if fix else ""))
+
+
+# Miles' train hook: the trainer's transformers Qwen2-VL / Qwen2.5-VL models compute the engine's M-RoPE positions
+# (and rebuild handles, --vidcache-train-inputs handles).  miles_integration/train_hooks.py.
+MILES_TRAIN_HOOK = "miles_integration.train_hooks.install_train_hooks"
+# The families whose transformers models compute other positions than the engines (vidcache.mrope: a video is one
+# item whose temporal extent can pass its spatial one); Qwen3-VL and its successors place one item per frame.
+OWN_RULE_DIFFERS = ("qwen2_vl", "qwen2_5_vl")
 
 
 def miles_args(cfg: dict) -> list[str]:
     """``cfg`` as Miles' ``train.py`` flags: the ``--vidcache-*`` flags that select the same family and mode, and
     every SGLang server argument in Miles' spelling (``--sglang-<field>``: Miles forwards them to ``ServerArgs``).
-    Stock mode states the GPU servers' torchcodec (the startup check asks for it; a CPU server ignores it)."""
+    Stock mode states the GPU servers' torchcodec (the startup check asks for it; a CPU server ignores it).
+    Qwen2-VL and Qwen2.5-VL add the train hook, so the trainer computes SGLang's positions (the startup check fails
+    without it)."""
     out = ["--vidcache-family", cfg["family"], "--vidcache-mode", cfg["mode"]]
+    if cfg["family"] in OWN_RULE_DIFFERS:
+        out += ["--custom-megatron-init-path", MILES_TRAIN_HOOK]
+    if (cfg.get("vision") or {}).get("fix") == "package" and cfg["mode"] == "stock":
+        out += ["--vidcache-server-vision", "package"]
     for a in cfg["server_args"]:
         out.append("--sglang-" + a[2:] if a.startswith("--") else a)
     if cfg["mode"] == "stock":

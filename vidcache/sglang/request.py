@@ -9,6 +9,7 @@ import torch
 
 from ..attest import attest as attest_tensors
 from ..errors import ParityError
+from ..positions import mm_token_type_ids
 from ..processing import model_tensors, processor_kwargs, request_layout, to_layout
 from ..rollout.prompt import image_prompt, video_prompt
 from ..serving import URL_EXPIRY_S
@@ -17,6 +18,19 @@ from .transport import video_uri
 
 # The plugin's rejection of a request whose tensors differ from the trainer's (SGLang answers 400 with it).
 ATTESTATION_MARK = "vidcache attestation failed"
+# ... which ends with what the server computes that no endpoint reports: ``[vidcache-server key=value ...]``.
+SERVER_MARK = "vidcache-server"
+
+
+def parse_server_facts(message: str) -> dict[str, str] | None:
+    """The ``key=value`` facts a plugin put into a refusal (``plugin.qwen_vl.server_facts``); None: an older plugin
+    that reports none.  ``-`` stands for unset."""
+    start = message.rfind("[" + SERVER_MARK + " ")
+    end = message.find("]", start)
+    if start < 0 or end < 0:
+        return None
+    pairs = (p.partition("=") for p in message[start + len(SERVER_MARK) + 2:end].split())
+    return {k: (None if v == "-" else v) for k, _, v in pairs if k}
 
 
 def check_prompt_ids(expected_ids: list[int], response: dict) -> None:
@@ -184,6 +198,10 @@ def prepare(processor, prompt: str | list[dict], handles, mode: str = "plugin", 
             rec["position"] = [i, len(records)]
     if images:
         tensors = {**tensors, "pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    if handles or images:
+        # The prompt's, as the HF processor returns it: transformers 5.2x's Qwen-VL models compute M-RoPE only when
+        # given them (or position_ids).  A trainer scoring prompt + response extends it (mm_token_type_ids(ids)).
+        tensors["mm_token_type_ids"] = mm_token_type_ids(processor, expanded)
     hint = _keys_of(ahead) if mode == "plugin" else []
     uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout, hint if i == 0 else None)
             for i, (h, rec) in enumerate(zip(handles, records))]

@@ -30,6 +30,7 @@ import contextvars
 import importlib
 import inspect
 import logging
+import os
 import threading
 
 import torch
@@ -41,7 +42,8 @@ from ...errors import VidcacheError
 from ...options import PATCH_SIZE
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
 from ...rollout.ref import open_ref, parse_ref
-from ..request import ATTESTATION_MARK
+from ...sglang_facts import MODEL_PACKAGE_ENV
+from ..request import ATTESTATION_MARK, SERVER_MARK
 from ..versions import installed_sglang, qwen_vl_processor_modules
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,13 @@ PREPROCESS_KEYS = frozenset({"fps", "nframes", "min_frames", "max_frames", "min_
 # several requests at once).  Older SGLang reads ``self.video_config`` inside process_mm_data with no way
 # to pass another, so the plugin's ``video_config`` is a property that consults this first.
 _CALL_VIDEO_CONFIG: contextvars.ContextVar = contextvars.ContextVar("vidcache_video_config", default=None)
+
+
+def server_facts() -> str:
+    """What this server computes that no SGLang endpoint reports, in the form ``check-server`` reads from a refused
+    canary (``request.parse_server_facts``): the external model package its processes were started with (SGLang's
+    scheduler is started by the same launcher, with this environment)."""
+    return f"[{SERVER_MARK} model_package={os.environ.get(MODEL_PACKAGE_ENV) or '-'}]"
 
 
 class Counters:
@@ -167,7 +176,7 @@ def check_attestations(refs: list[VidcacheVideo], ret) -> None:
         Counters.add("rejected")
         raise ValueError(f"{ATTESTATION_MARK}: SGLang {SGLANG_VERSION}'s processor output differs from the "
                          "trainer's for " + "; ".join(problems) + ". The server's processor, transformers or "
-                         "checkpoint revision differs from the trainer's.")
+                         "checkpoint revision differs from the trainer's. " + server_facts())
     Counters.add("attested")
 
 
