@@ -61,14 +61,14 @@ def first_touch(clips: list[str], family: str, cache: VideoCache) -> list[tuple[
 
         ref = from_source()
         t0 = time.perf_counter()
-        got = h.train_inputs(proc, memo=False, device="cuda")
+        got = h.train_inputs(proc, memo=False, device="cuda", mode="plugin")
         torch.cuda.synchronize()
         t_first_call = time.perf_counter() - t0          # includes this process's first CUDA work for this shape
         assert all(torch.equal(got[k].cpu(), ref[k]) for k in ref), "GPU tensors differ from the source path"
         t_src = timed(from_source, 3, sync=False)
-        t_gpu = timed(lambda: h.train_inputs(proc, memo=False, device="cuda"), 10)
-        t_cpu = timed(lambda: h.train_inputs(proc, memo=False, device="cpu"), 3, sync=False)
-        t_memo = timed(lambda: [h.train_inputs(proc, device="cuda") for _ in range(100)], 3) / 100
+        t_gpu = timed(lambda: h.train_inputs(proc, memo=False, device="cuda", mode="plugin"), 10)
+        t_cpu = timed(lambda: h.train_inputs(proc, memo=False, device="cpu", mode="plugin"), 3, sync=False)
+        t_memo = timed(lambda: [h.train_inputs(proc, device="cuda", mode="plugin") for _ in range(100)], 3) / 100
         m = h.manifest
         host = torch.empty(m.frames.shape, dtype=torch.uint8, pin_memory=True)
         t_read = timed(lambda: _read_into(h, host), 10, sync=False)
@@ -109,14 +109,14 @@ def micro_batch(clips: list[str], family: str, cache: VideoCache, n: int = 32) -
     frames = [h.frames() for h in handles]
     want = cpu_processor()
     t_cpu_proc = timed(cpu_processor, 3, sync=False)
-    t_cpu_all = timed(lambda: vidcache.train_inputs_batch(proc, groups, memo=False, device="cpu"), 3, sync=False)
+    t_cpu_all = timed(lambda: vidcache.train_inputs_batch(proc, groups, memo=False, device="cpu", mode="plugin"), 3, sync=False)
     outs = {}
     for batched in (True, False):
-        got = vidcache.train_inputs_batch(proc, groups, memo=False, device="cuda", batched=batched)
+        got = vidcache.train_inputs_batch(proc, groups, memo=False, device="cuda", batched=batched, mode="plugin")
         assert all(torch.equal(g[k].cpu(), w[k]) for g, w in zip(got, want) for k in w)
         outs[batched] = timed(lambda b=batched: vidcache.train_inputs_batch(proc, groups, memo=False, device="cuda",
-                                                                           batched=b), 5)
-    t_seq = timed(lambda: [h.train_inputs(proc, memo=False, device="cuda") for h in handles], 5)
+                                                                           batched=b, mode="plugin"), 5)
+    t_seq = timed(lambda: [h.train_inputs(proc, memo=False, device="cuda", mode="plugin") for h in handles], 5)
     from vidcache.device import PINNED
     return [
         (f"{n} handles, {frames_mb:.0f} MB of uint8 frames, {family}", ""),

@@ -93,7 +93,7 @@ class Trainer:
     def hydrate(self, handles) -> list[dict]:
         """Each sample's model tensors on the device (one video per sample; memo off: every read is a first)."""
         from vidcache.handle import train_inputs_batch
-        return train_inputs_batch(self.proc, [[h] for h in handles], memo=False, device=self.device)
+        return train_inputs_batch(self.proc, [[h] for h in handles], memo=False, device=self.device, mode="plugin")
 
     def batch(self, inputs: list[dict]) -> dict:
         """Model kwargs for one padded batch: per sample, prompt + the video's tokens + answer; loss on the answer."""

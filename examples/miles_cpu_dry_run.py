@@ -135,6 +135,8 @@ def run_step(root: Path, mode: str) -> int:
     print("train.py flags from sglang-config:", shlex.join(flags))
     parser = add_vidcache_arguments(argparse.ArgumentParser())
     parser.add_argument("--sglang-mm-process-config", type=json.loads)
+    parser.add_argument("--sglang-model-impl")                  # stock mode: SGLang runs transformers' model code
+    parser.add_argument("--custom-megatron-init-path")          # the train hook: SGLang's positions in the trainer
     parsed = parser.parse_args(flags + ["--vidcache-fps", "1", "--vidcache-min-pixels", "3136",
                                         "--vidcache-max-pixels", "50176"])
 
@@ -160,6 +162,9 @@ def run_step(root: Path, mode: str) -> int:
         for k, v in vars(parsed).items():
             if k.startswith("vidcache_") and v is not None:
                 setattr(args, k, v)
+        args.custom_megatron_init_path = parsed.custom_megatron_init_path
+        from miles_integration.server_check import positions_verdict
+        print("positions:", positions_verdict(args, FAMILY)[1])      # the startup check fails the job on FAIL
         http_utils.init_http_client(args)
         from miles.utils.misc import function_registry
 

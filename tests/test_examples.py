@@ -75,6 +75,12 @@ def test_the_launch_script_takes_its_settings_from_sglang_config(tmp_path, versi
     flags, _ = add_vidcache_arguments(argparse.ArgumentParser()).parse_known_args(train)
     assert flags.vidcache_mode == mode and flags.vidcache_family == "qwen2_5_vl"
     assert flags.vidcache_server_torchcodec == ("0.16.0" if mode == "stock" else None)
+    # issue 47: the train hook (SGLang's positions in the trainer) in both modes; the model's vision tower on the
+    # servers: --model-impl transformers in stock mode, vidcache's model package in plugin mode
+    assert train[train.index("--custom-megatron-init-path") + 1] == "miles_integration.train_hooks.install_train_hooks"
+    assert (train[train.index("--sglang-model-impl") + 1] == "transformers") if mode == "stock" else \
+        "--sglang-model-impl" not in train
+    assert (env.get("SGLANG_EXTERNAL_MODEL_PACKAGE") == "vidcache.sglang.models") == (mode == "plugin")
     # every other flag is Miles' own (--sglang-* are SGLang's ServerArgs fields, which Miles forwards)
     src = miles_src(REPO)
     if src is not None:
@@ -93,6 +99,9 @@ def test_the_cpu_dry_run_runs_miles_with_vidcache_against_sglangs_processor(tmp_
     assert r.returncode == 0, out[-4000:]
     assert re.search(r"dry run: ok: 6 samples", out), out[-4000:]
     assert out.count("train tensors torch.equal to SGLang's processor output") == 4, out[-4000:]
+    # the flags from sglang-config carry the train hook: the trainer computes SGLang's positions (issue 47)
+    assert "positions: OK   [positions] the train hook (miles_integration.train_hooks.install_train_hooks)" in out, \
+        out[-4000:]
     # a script using the Miles data source ends quietly: no read-ahead thread traceback at interpreter exit
     assert "Traceback" not in out and "cannot schedule new futures" not in out, out[-4000:]
 

@@ -168,11 +168,11 @@ def test_the_trainers_own_positions_cost_kl_on_a_long_clip_and_the_engines_cost_
         assert torch.equal(torch.as_tensor(rollout.tensors[k]), v), k
     resp = kp.response_ids(proc)
     engine_pos = torch.cat([torch.as_tensor(rollout.extra["mrope_positions"]).reshape(3, -1),
-                            vidcache.rope_positions(proc, rollout.ids + resp, [h])[:, len(rollout.ids):]], dim=1)
+                            vidcache.rope_positions(proc, rollout.ids + resp, [h], mode="plugin")[:, len(rollout.ids):]], dim=1)
     a = kl.response_logits(model, proc, rollout.ids, resp, rollout.tensors, engine_pos)
     own = kl.response_logits(model, proc, trainer.ids, resp, trainer.tensors)
     given = kl.response_logits(model, proc, trainer.ids, resp, trainer.tensors,
-                               vidcache.rope_positions(proc, trainer.ids + resp, [h], engine="sglang"))
+                               vidcache.rope_positions(proc, trainer.ids + resp, [h], engine="sglang", mode="plugin"))
     assert torch.equal(a, given)
     grid = h.manifest.tokens.video_grid_thw
     if family == "qwen2_5_vl":

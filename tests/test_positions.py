@@ -196,7 +196,7 @@ def test_check_trainer_flags_transformers_rule_naming_the_component_and_the_fix(
         for fam, cls in (("qwen2_vl", "Qwen2VLModel"), ("qwen2_5_vl", "Qwen2_5_VLModel")):
             (line,) = [ln for ln in lines if ln.startswith(f"FAIL [positions] {fam}:")]
             assert f"transformers {version} {cls}.get_rope_index" in line and f"than {engine}" in line
-            assert f"vidcache.rope_positions(processor, ids, handles, engine='{engine}')" in line
+            assert f"vidcache.rope_positions(processor, ids, request=req, engine='{engine}')" in line
         for mt in ("qwen3_vl", "qwen3_5", "qwen3_5_moe"):     # one item per frame group: the same positions
             assert f"OK   {mt}: transformers' own positions are {engine}'s" in lines
 

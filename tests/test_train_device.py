@@ -82,9 +82,9 @@ def test_device_cpu_equals_the_processor_call(entries, processors, family, mode,
     for handles in ([a], [b], [a, b], [b, a, b]):
         want = reference(proc, handles, mode)
         for batched in (True, False):
-            assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cpu", batched=batched), want)
-        assert_same(vidcache.train_inputs(proc, handles, mode), want)          # memo on (cold or warm)
-        assert_same(vidcache.train_inputs(proc, handles, mode), want)          # warm
+            assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cpu", batched=batched, mode="plugin"), want)
+        assert_same(vidcache.train_inputs(proc, handles, mode, mode="plugin"), want)          # memo on (cold or warm)
+        assert_same(vidcache.train_inputs(proc, handles, mode, mode="plugin"), want)          # warm
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -97,7 +97,7 @@ def test_a_micro_batch_equals_each_sample_alone(entries, processors, family):
     groups = [[a], [a], [b, c], [], [c], [a, b, c]]
     want = [reference(proc, g, "plugin") if g else {} for g in groups]
     for batched in (True, False):
-        got = vidcache.train_inputs_batch(proc, groups, "plugin", memo=False, device="cpu", batched=batched)
+        got = vidcache.train_inputs_batch(proc, groups, "plugin", memo=False, device="cpu", batched=batched, mode="plugin")
         assert len(got) == len(groups)
         for g, w in zip(got, want):
             if w:
@@ -114,14 +114,14 @@ def test_the_batch_reads_each_distinct_video_once(entries, processors, monkeypat
     real = handle_mod.VideoHandle.frames
     monkeypatch.setattr(handle_mod.VideoHandle, "frames", lambda self, out=None: reads.append(self.key) or
                         real(self, out))
-    vidcache.train_inputs_batch(proc, [[a], [a], [a, b], [b]], memo=False)
+    vidcache.train_inputs_batch(proc, [[a], [a], [a, b], [b]], memo=False, mode="plugin")
     assert sorted(reads) == sorted([a.key, b.key])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_handle_method_takes_device(entries, processors, family):
     h, _ = entries[family, "plugin", "default"]
-    assert_same(h.train_inputs(processors[family], device="cpu", memo=False),
+    assert_same(h.train_inputs(processors[family], device="cpu", memo=False, mode="plugin"),
                 reference(processors[family], [h], "plugin"))
 
 
@@ -247,12 +247,12 @@ def test_memo_keeps_compact_copies_not_slices_of_a_batch(entries, processors):
     proc = processors["qwen2_vl"]
     a, b = entries["qwen2_vl", "plugin", "default"]
     MEMO.clear()
-    vidcache.train_inputs_batch(proc, [[a], [b]], batched=True)
+    vidcache.train_inputs_batch(proc, [[a], [b]], batched=True, mode="plugin")
     for h in (a, b):
-        hit = vidcache.train_inputs(proc, [h])
+        hit = vidcache.train_inputs(proc, [h], mode="plugin")
         pv = hit["pixel_values_videos"]
         assert pv.untyped_storage().nbytes() == pv.nbytes          # not a view into both videos' output
-    assert MEMO.nbytes("cpu") == sum(vidcache.train_inputs(proc, [h])["pixel_values_videos"].nbytes
+    assert MEMO.nbytes("cpu") == sum(vidcache.train_inputs(proc, [h], mode="plugin")["pixel_values_videos"].nbytes
                                      + 24 for h in (a, b))
 
 
@@ -310,12 +310,12 @@ def test_device_cuda_equals_the_cpu_path(entries, processors):
         for handles in ([a], [b], [a, b]):
             want = reference(proc, handles, mode)
             for batched in (True, False):
-                assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cuda", batched=batched),
+                assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cuda", batched=batched, mode="plugin"),
                             want, "cuda")
-            assert_same(vidcache.train_inputs(proc, handles, mode, device="cuda"), want, "cuda")   # memo
-        assert_same(a.train_inputs(proc, mode, device="cuda"), reference(proc, [a], mode), "cuda")
+            assert_same(vidcache.train_inputs(proc, handles, mode, device="cuda", mode="plugin"), want, "cuda")   # memo
+        assert_same(a.train_inputs(proc, mode, device="cuda", mode="plugin"), reference(proc, [a], mode), "cuda")
         groups = [[a], [b], [a, b], [a]]
-        for g, out in zip(groups, vidcache.train_inputs_batch(proc, groups, mode, memo=False, device="cuda")):
+        for g, out in zip(groups, vidcache.train_inputs_batch(proc, groups, mode, memo=False, device="cuda", mode="plugin")):
             assert_same(out, reference(proc, g, mode), "cuda")
 
 
@@ -327,7 +327,7 @@ def test_cuda_memo_and_pinned_memory_stay_bounded(entries, processors):
     MEMO.max_device_bytes = 8 << 20
     try:
         for key in entries:
-            vidcache.train_inputs_batch(processors[key[0]], [[h] for h in entries[key]], key[1], device="cuda")
+            vidcache.train_inputs_batch(processors[key[0]], [[h] for h in entries[key]], key[1], device="cuda", mode="plugin")
             assert 0 < MEMO.nbytes(f"cuda:{torch.cuda.current_device()}") <= MEMO.max_device_bytes
         assert 0 < PINNED.pinned_bytes <= PINNED.max_bytes
     finally:
@@ -351,7 +351,7 @@ def test_cuda_hydration_from_a_fresh_node_is_exact_for_every_clip_and_family(tmp
                     opts = options_for(family, mode, "default")
                     want = reference(processors[family], [vidcache.get(path, opts, node_a)], mode)
                     h = vidcache.get(path, opts, node_b)
-                    got = vidcache.train_inputs(processors[family], [h], mode, memo=False, device="cuda")
+                    got = vidcache.train_inputs(processors[family], [h], mode, memo=False, device="cuda", mode="plugin")
                     assert_same(got, want, "cuda")
                     checked += 1
         assert checked == len(videos) * len(FAMILIES) * len(MODES)

@@ -25,7 +25,7 @@ def test_train_inputs_equal_the_hf_processor(cache, videos, processors, family, 
             "total_num_frames": m.sampling.total_num_frames}
     ref = proc(text=[VIDEO_PLACEHOLDER], videos=[h.frames()], video_metadata=[meta], do_sample_frames=False,
                do_resize=False, return_tensors="pt")
-    got = h.train_inputs(proc)
+    got = h.train_inputs(proc, mode="plugin")
     assert all(isinstance(v, torch.Tensor) for v in got.values())      # Miles moves every value with .to()
     assert got["pixel_values_videos"].dtype == torch.float32
     assert torch.equal(got["pixel_values_videos"], ref["pixel_values_videos"])
@@ -89,13 +89,13 @@ def test_memo_serves_warm_calls_and_keys_on_processor_config(cache, videos, proc
             return self.p(*a, **k)
 
     proc = Counting(processors["qwen2_vl"])
-    a = h.train_inputs(proc)
-    b = h.train_inputs(proc)
+    a = h.train_inputs(proc, mode="plugin")
+    b = h.train_inputs(proc, mode="plugin")
     assert len(calls) == 1 and all(torch.equal(a[k], b[k]) for k in a)
     other = build_processor("qwen2_vl", video_processor_kwargs={"image_mean": [0.5, 0.5, 0.5]})
-    c = h.train_inputs(other)
+    c = h.train_inputs(other, mode="plugin")
     assert not torch.equal(c["pixel_values_videos"], a["pixel_values_videos"])   # new config, new tensors
-    assert h.train_inputs(proc, memo=False) is not None and len(calls) == 2
+    assert h.train_inputs(proc, memo=False, mode="plugin") is not None and len(calls) == 2
     assert 0 < MEMO.nbytes("cpu") <= MEMO.max_bytes
 
 

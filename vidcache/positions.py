@@ -214,7 +214,7 @@ def trainer_rule_problem(model_type: str, engine: str = "sglang", model=None) ->
     return (f"{what}.get_rope_index puts {moved} of {len(ids)} canary tokens at other M-RoPE positions than "
             f"{engine} (first at token {first}: {theirs[:, first].tolist()} against {ours[:, first].tolist()}): the "
             f"trainer scores the rollout's tokens at other positions than the engine generated them. Fix: pass "
-            f"vidcache.rope_positions(processor, ids, handles, engine={engine!r}) to the model as position_ids "
+            f"vidcache.rope_positions(processor, ids, request=req, engine={engine!r}) to the model as position_ids "
             f"(Miles: --custom-megatron-init-path miles_integration.train_hooks.install_train_hooks)")
 
 

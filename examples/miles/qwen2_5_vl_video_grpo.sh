@@ -11,7 +11,10 @@
 # servers' env_vars) and VIDCACHE_MILES_ARGS (train.py's --vidcache-* and --sglang-* flags).  In stock mode
 # they include --vidcache-server-torchcodec 0.16.0: install torchcodec==0.16.0 in the SGLang environment of
 # GPU servers (SGLang 0.5.23's own 0.17.0 decodes frozen frames inexactly on CUDA); the startup check stops
-# the job before its first rollout when a server does not match.
+# the job before its first rollout when a server does not match.  They also carry what makes the two sides compute
+# the same thing (issue 47): the train hook (--custom-megatron-init-path miles_integration.train_hooks.install_train_hooks:
+# the trainer computes SGLang's M-RoPE positions; the startup check fails without it), and the model's vision
+# tower on the servers (stock: --sglang-model-impl transformers; plugin: SGLANG_EXTERNAL_MODEL_PACKAGE in the env).
 set -euo pipefail
 
 MODE="${MODE:-stock}"                          # stock (SGLang as shipped) or plugin (vidcache's processor plugin)

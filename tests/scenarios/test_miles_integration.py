@@ -468,13 +468,53 @@ def test_the_startup_check_names_miles_flags_and_the_generated_flags_pass_it(env
     argv = shlex.split(re.search(r"VIDCACHE_MILES_ARGS=\((.*?)\n\)", fragment, re.S).group(1), comments=True)
     parser = add_vidcache_arguments(argparse.ArgumentParser())
     parser.add_argument("--sglang-mm-process-config", type=json.loads)
+    parser.add_argument("--sglang-model-impl")
+    parser.add_argument("--custom-megatron-init-path")
     flags, rest = parser.parse_known_args(argv)
     assert rest == [] and flags.sglang_mm_process_config == mm_process_config("0.5.1", FAMILY)
+    assert flags.sglang_model_impl == "transformers"        # the model's vision tower (issue 47)
+    args.custom_megatron_init_path = flags.custom_megatron_init_path
     for k, v in vars(flags).items():
         if k.startswith("vidcache_") and k != "vidcache_family" and v is not None:
             setattr(args, k, v)
     monkeypatch.setattr(sc, "_DONE", {})
     run(ensure_servers_checked(args, env.state.processor))
+
+
+def test_the_startup_check_fails_without_the_train_hook_and_names_it(env, monkeypatch):
+    """Issue 47: without --custom-megatron-init-path (and without an explicit --vidcache-positions transformers) a
+    Qwen2.5-VL run would train at transformers' positions: the startup check fails, naming the flag; stating
+    --vidcache-positions transformers turns it into a warning (the operator's choice)."""
+    import miles_integration.server_check as sc
+    from vidcache.sglang.config import MILES_TRAIN_HOOK
+    monkeypatch.setattr(sc, "_DONE", {})
+    args = env.args(custom_megatron_init_path=None)
+    with pytest.raises(ParityError) as ei:
+        run(ensure_servers_checked(args, env.state.processor))
+    fail = [ln for ln in str(ei.value).splitlines() if ln.startswith("FAIL [positions]")]
+    assert fail and f"--custom-megatron-init-path {MILES_TRAIN_HOOK}" in fail[0], str(ei.value)
+    assert "Qwen2_5_VLModel.get_rope_index" in fail[0]
+    monkeypatch.setattr(sc, "_DONE", {})
+    run(ensure_servers_checked(env.args(custom_megatron_init_path=None, vidcache_positions="transformers"),
+                               env.state.processor))
+    ok, line = sc.positions_verdict(env.args(), FAMILY)
+    assert ok and line.startswith("OK   [positions] the train hook")
+
+
+def test_the_startup_check_fails_on_sglangs_own_qwen2_5_vl_vision_tower(env, monkeypatch):
+    """Issue 47: a server on SGLang's own Qwen2.5-VL code (model_impl auto, no model package reported) fails the
+    startup check with the vision cause, in Miles' spelling of the stock-mode statement."""
+    import miles_integration.server_check as sc
+    monkeypatch.setattr(sc, "_DONE", {})
+    monkeypatch.setitem(env.server.server_info, "model_impl", "auto")
+    args = env.args(vidcache_mode="stock")
+    with pytest.raises(ParityError) as ei:
+        run(ensure_servers_checked(args, env.state.processor))
+    fail = [ln for ln in str(ei.value).splitlines() if ln.startswith("FAIL [vision]")]
+    assert fail and "--model-impl transformers" in fail[0] and "--vidcache-server-vision package" in fail[0], fail
+    monkeypatch.setattr(sc, "_DONE", {})
+    run(ensure_servers_checked(env.args(vidcache_mode="stock", vidcache_server_vision="package"),
+                               env.state.processor))
 
 
 def test_partial_rollout_resume_does_not_rerun_the_processor(env, monkeypatch):

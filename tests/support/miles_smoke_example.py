@@ -178,6 +178,9 @@ def make_miles_args(*, hf_checkpoint: str, router_port: int, router_ip: str = "1
         custom_agent_function_path=None,
         dumper_enable=False,  # dumper_utils.configure_sglang reads dumper_enable + dumper_inference
         dumper_inference=None,
+        # train.py's init hook, as `vidcache sglang-config --format miles` sets it for Qwen2/2.5-VL (the startup
+        # check fails without it: the trainer would compute transformers' positions); a test sets None to see that.
+        custom_megatron_init_path="miles_integration.train_hooks.install_train_hooks",
     )
     args.update(overrides)
     return Namespace(**args)

@@ -420,8 +420,10 @@ class PeerServer:
 
         self.peer = peer
         self.requests: list[dict] = []
+        # model_impl: no model runs here; it answers as a server that computes the model's vision tower (see
+        # sglang_standin.py), so check-server's [vision] check passes unless a test says "auto".
         self.server_info = {"version": version or md.version("sglang"), "mm_process_config": mm_process_config,
-                            "device": device, "disable_fast_image_processor": True}
+                            "device": device, "disable_fast_image_processor": True, "model_impl": "transformers"}
         model_type = peer._peer_model_type
         self.model_info = {"model_path": tokenizer_path, "tokenizer_path": tokenizer_path, "is_generation": True,
                            "model_type": model_type, "architectures": [_ARCH[model_type]]}

@@ -59,8 +59,10 @@ class SGLangStandIn(make_mock_server_cls()):
             return JSONResponse(content={"status": "ok"})
 
         # SGLang's own endpoints that `vidcache check-server` reads (registered first: they win over the mock's).
+        # model_impl: the stand-in runs no model; it answers as a server that computes the model's vision tower
+        # (sglang-config's stock flags), so check-server's [vision] check passes; a test sets "auto" to see it fail.
         self.server_info = {"version": md.version("sglang"), "mm_process_config": mm_process_config(),
-                            "device": "cpu"}
+                            "device": "cpu", "model_impl": "transformers"}
 
         @self.app.get("/server_info")
         async def server_info():

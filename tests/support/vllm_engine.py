@@ -134,7 +134,7 @@ def _offline(job_path: str, out_dir: str) -> int:
                 prompt["multi_modal_data"]["video"][0] = (255 - frames, meta)
             out = llm.generate(prompt, sp)[0]
             rec["expanded_ids"] = list(req.expanded_ids)
-            ti = vidcache.train_inputs(processor, handles)
+            ti = vidcache.train_inputs(processor, handles, mode="plugin")
             full = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
             positions = _mrope_positions(config, handles[0].manifest.family, full, ti)
             try:

@@ -140,7 +140,7 @@ def engine_vs_trainer(run, name, tensors=None, positions="engine") -> dict:
     rec = run["info"]["requests"][name]
     h = run["handles"][name.split("-", 1)[1]] if name.startswith("tok-") else None
     if tensors is None:
-        tensors = vidcache.train_inputs(run["processor"], [h])
+        tensors = vidcache.train_inputs(run["processor"], [h], mode="plugin")
     ids = list(rec["prompt_token_ids"]) + list(rec["token_ids"])
     pos = trainer_positions(run, ids, h) if positions == "engine" else positions
     lt = trainer_logprobs(run, ids, tensors, pos)
@@ -181,7 +181,7 @@ def test_engine_logprobs_at_the_noise_floor(run, clip):
 
 def test_a_one_frame_or_one_pixel_mismatch_lands_far_above_the_bound(run):
     h = run["handles"]["ntsc"]
-    good = vidcache.train_inputs(run["processor"], [h])
+    good = vidcache.train_inputs(run["processor"], [h], mode="plugin")
     frames = h.frames().clone()
     # one frame: every frame one later (the last repeated), as an off-by-one sampler gives
     shifted = torch.cat([frames[1:], frames[-1:]])
@@ -228,7 +228,7 @@ def test_naive_path_row(run):
     pad = run["processor"].tokenizer.convert_tokens_to_ids("<|video_pad|>")
     h = run["handles"]["ntsc"]
     ids = list(ours["prompt_token_ids"]) + list(rec["token_ids"])
-    lt = trainer_logprobs(run, ids, vidcache.train_inputs(run["processor"], [h]), trainer_positions(run, ids, h))
+    lt = trainer_logprobs(run, ids, vidcache.train_inputs(run["processor"], [h], mode="plugin"), trainer_positions(run, ids, h))
     n = len(ours["prompt_token_ids"])
     s = kl_stats(rec["sample_logprobs"], lt[n - 1:n - 1 + len(rec["token_ids"])])
     print(f"\n[{run['family']}] naive vLLM: {rec['prompt_token_ids'].count(pad)} video pads (cache: "
@@ -248,7 +248,7 @@ def test_a_client_uuid_with_other_pixels_poisons_the_key(run):
     assert honest["guard"] == "ok" and first["guard"] == "ok", (first["guard"], honest["guard"])
     h = run["handles"]["poison"]
     ids = list(honest["prompt_token_ids"]) + list(honest["token_ids"])
-    lt = trainer_logprobs(run, ids, vidcache.train_inputs(run["processor"], [h]), trainer_positions(run, ids, h))
+    lt = trainer_logprobs(run, ids, vidcache.train_inputs(run["processor"], [h], mode="plugin"), trainer_positions(run, ids, h))
     n = len(honest["prompt_token_ids"])
     s = kl_stats(honest["sample_logprobs"], lt[n - 1:n - 1 + len(honest["token_ids"])])
     same = torch.equal(first["sample_logprobs"], honest["sample_logprobs"])

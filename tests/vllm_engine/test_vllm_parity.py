@@ -98,7 +98,7 @@ def test_vllm_processor_equals_the_trainer(run, name):
     reqs, procs, out = run
     fam, handles, req = reqs[name]
     got = out[name]
-    want = vidcache.train_inputs(procs[fam], handles)          # the trainer's tensors (plugin mode), from the cache
+    want = vidcache.train_inputs(procs[fam], handles, mode="plugin")          # the trainer's tensors (plugin mode), from the cache
     for k, w in want.items():
         assert k in got, f"vLLM returned no {k} ({sorted(got)})"
         g = got[k]
@@ -122,7 +122,7 @@ def test_vllm_default_device_norm_returns_raw_uint8_patches(run, fam):
     _, handles, req = reqs[f"{fam}-default-norm"]
     got = out[f"{fam}-default-norm"]["pixel_values_videos"]
     assert got.dtype == torch.uint8
-    want = vidcache.train_inputs(procs[fam], handles)["pixel_values_videos"]
+    want = vidcache.train_inputs(procs[fam], handles, mode="plugin")["pixel_values_videos"]
     assert got.shape == want.shape and not torch.equal(got.float(), want)
     from vidcache.processing import processor_kwargs
     kw = processor_kwargs(procs[fam], [h.manifest for h in handles], "plugin")
@@ -137,6 +137,6 @@ def test_without_mm_processor_kwargs_vllm_resizes_cached_frames(run, fam):
     exact (the EXACT case ``qwen2_5_vl-small-bounds``); without them vLLM resizes the cached frames: another grid."""
     reqs, procs, out = run
     _, handles, _ = reqs[f"{fam}-small-bounds-resized"]
-    want = vidcache.train_inputs(procs[fam], handles)["video_grid_thw"]
+    want = vidcache.train_inputs(procs[fam], handles, mode="plugin")["video_grid_thw"]
     got = out[f"{fam}-small-bounds-resized"]["video_grid_thw"].to(want.dtype)
     assert got.prod() < want.prod(), (got, want)          # shrunk into the checkpoint's bounds
