@@ -124,12 +124,15 @@ FIGURES: dict[tuple, float] = {}        # (server, clip, positions, vision) -> m
 
 
 @pytest.fixture(scope="module", autouse=True)
-def kl_table():
+def kl_table(tmp_path_factory):
+    """Printed (``-s``) and written to ``<pytest's base temp>/sglang_kl_table.txt`` for docs/benchmarks.md."""
     yield
     if FIGURES:
-        print("\nKL table (mean nats/token; SGLang 0.5.23 CPU server vs transformers' model as shipped):")
-        for (srv, clip, pos, vis), kl in sorted(FIGURES.items()):
-            print(f"  {srv:28s} {clip:10s} positions={pos:12s} trainer vision={vis:13s} {kl:+.2e}")
+        lines = ["KL table (mean nats/token; SGLang 0.5.23 CPU server vs transformers' model as shipped):"]
+        lines += [f"  {srv:28s} {clip:10s} positions={pos:12s} trainer vision={vis:13s} {kl:+.2e}"
+                  for (srv, clip, pos, vis), kl in sorted(FIGURES.items())]
+        print("\n" + "\n".join(lines))
+        (tmp_path_factory.getbasetemp() / "sglang_kl_table.txt").write_text("\n".join(lines) + "\n")
 
 
 def test_check_server_cli(server):
@@ -238,6 +241,8 @@ def test_generate_several_temporal_patches(server, checkpoints, clips):
     print(f"\n{server.family} {server.mode} {server.vision or 'default'}: /generate {took:.2f} s, "
           f"{len(req.expanded_ids)} prompt ids; vs transformers as shipped: mean KL {kl.mean():.2e}, "
           f"max KL {kl.max():.2e}, max |d logprob| {dmax:.2e}")
+    kl_tf, _, _ = _kl(model, req, ids, eng, pos_tf)           # the trainer at transformers' own positions
+    _record(server, "4 patches", "transformers", "shipped", kl_tf)
     if server.vision == ss.SHIPPED:
         assert kl.mean() > FAR                                 # SGLang's tower attends across the video
         kl_pv, argmax_pv, _ = _kl(model, req, ids, eng, pos, vision_per_video=True)
@@ -250,8 +255,6 @@ def test_generate_several_temporal_patches(server, checkpoints, clips):
         # 2/sample_fps seconds per grid: time dominates this grid (3 x 2 x 1 >= max(8, 12) / 2), so transformers'
         # own rule resumes the text elsewhere, and the real engine shows what that costs.
         assert not torch.equal(pos, pos_tf)
-        kl_tf, _, _ = _kl(model, req, ids, eng, pos_tf)
-        _record(server, "4 patches", "transformers", "shipped", kl_tf)
         print(f"  with transformers' own M-RoPE rule instead: mean KL {kl_tf.mean():.2e}")
         assert kl_tf.mean() > FAR
     elif server.family == "qwen3_vl":
