@@ -286,6 +286,8 @@ _MAGIC = ((4, b"ftyp", "an MP4/MOV video"), (0, b"\x1aE\xdf\xa3", "a Matroska/We
 
 
 def _binary(line: bytes) -> bool:
+    if b"\x00" in line:
+        return True
     try:
         line.decode("utf-8")
     except UnicodeDecodeError:
@@ -305,8 +307,8 @@ def check_format(path) -> None:
         if name and head[off:off + len(magic)] == magic:
             what = name
             break
-    if what is None and b"\x00" in head:
-        what = "a binary file"
+    # A NUL elsewhere is one bad row (parse_row refuses it), not the whole file: only a head whose first lines are
+    # not rows at all (below) is a binary file.
     if what is not None:
         raise DatasetFormatError(f"{path} is {what}, not a dataset: give the JSON Lines (.jsonl) or .parquet "
                                  "file, or the dataset directory, whose rows name the videos")
@@ -399,9 +401,15 @@ class _ParquetRows:
     def __init__(self, path: str) -> None:
         import numpy as np
         pq = _pyarrow_parquet()
+        import pyarrow as pa
         self.path = path
-        # pre_buffer=False: column chunks are read as they are decoded, not each whole into memory first
-        self._pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        try:
+            # pre_buffer=False: column chunks are read as they are decoded, not each whole into memory first
+            self._pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 20)
+        except pa.ArrowException as e:     # no footer (a copy cut short), a bad magic (ArrowInvalid)
+            raise DatasetFormatError(f"{path} cannot be read as parquet ({type(e).__name__}: {str(e)[:200]}): "
+                                     "is it truncated (a copy cut short loses the footer, which indexes every "
+                                     "row)? Copy it again, or give the JSON Lines file") from None
         md = self._pf.metadata
         self.columns = list(self._pf.schema_arrow.names)
         self.text_columns = _text_columns(self._pf.schema_arrow)

@@ -123,21 +123,28 @@ def _add_check_server(sub) -> None:
                         "docs/vllm.md)")
     p.add_argument("--allow-unverified-vllm", metavar="VERSION",
                    help="--engine vllm: accept this exact vLLM version although vidcache is not verified with it")
+    # One bound for the whole check: a per-read timeout never trips on a server that drips a byte a second (D60).
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="give up on the server, as a [server] failure, once the whole check has waited on it this "
+                        "many seconds (default %(default)g)")
     p.set_defaults(fn=cmd_check_server)
 
 
 def cmd_check_server(args) -> int:
+    from ..rollout.check import check_deadline
     cache = cache_of(args) if (args.cache or args.shared) else None       # default: this node's configuration
     if args.engine == "vllm":           # one path (vidcache's loader): --mode and the SGLang-only flags do not apply
         from ..vllm.check import check_server as check_vllm
-        res = check_vllm(args.url, args.family, args.processor, args.allow_unverified_vllm, cache=cache,
-                         token_layout=args.token_layout)
-        print("\n".join(res.lines()))
-        return 0 if res.ok else 1
-    from ..sglang.check import check_server
-    res = check_server(args.url, args.family, args.mode, args.processor, args.allow_unverified_sglang,
-                       args.server_torchcodec, cache=cache, token_layout=args.token_layout,
-                       server_vision=args.server_vision)
+        run = lambda: check_vllm(args.url, args.family, args.processor, args.allow_unverified_vllm,  # noqa: E731
+                                 cache=cache, token_layout=args.token_layout, timeout=args.timeout)
+    else:
+        from ..sglang.check import check_server
+        run = lambda: check_server(args.url, args.family, args.mode, args.processor,  # noqa: E731
+                                   args.allow_unverified_sglang, args.server_torchcodec, cache=cache,
+                                   token_layout=args.token_layout, timeout=args.timeout,
+                                   server_vision=args.server_vision)
+    with check_deadline(args.timeout):  # from here, not from the imports above (seconds on a busy trainer node)
+        res = run()
     print("\n".join(res.lines()))
     return 0 if res.ok else 1
 

@@ -7,15 +7,21 @@ neither imports the other.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import tempfile
+import threading
+import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from ..errors import ParityError
+from ..errors import ParityError, VidcacheError
 from ..options import PATCH_SIZE, VideoOptions
 
 
@@ -67,9 +73,72 @@ class ServerCheck:
 # (D53: 3.1 GB after 5 s).
 MAX_REPLY_BYTES = 32 << 20
 
+class ServerReplyError(VidcacheError, ValueError):
+    """The server's reply is not one a check can read (malformed HTTP, JSON nested too deeply, not a JSON object,
+    too large, too slow): the check's ``[server]`` cause, or the CLI's ``[server]`` error."""
+    kind = "server"
 
-class ReplyTooLargeError(ParityError, ValueError):
+
+class ReplyTooLargeError(ServerReplyError, ParityError):
     """A server's reply was larger than any a check expects (``MAX_REPLY_BYTES``): not read further."""
+
+
+class ServerTimeoutError(ServerReplyError, TimeoutError):
+    """The server had not answered, whole, by the check's deadline."""
+
+
+_DEADLINE: ContextVar[float | None] = ContextVar("vidcache_check_deadline", default=None)
+
+
+@contextmanager
+def check_deadline(seconds: float):
+    """Every ``http_json`` inside ends by ``seconds`` from now (or an enclosing deadline, if sooner): one bound
+    for a whole check, however many requests it makes and however slowly the server answers them."""
+    end = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(end if outer is None else min(end, outer))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _opener(end: float, fired: threading.Event, timers: list):
+    """A urllib opener (proxies and redirects as ``urlopen``'s) whose connections are shut at ``end`` by a timer:
+    the blocked read then returns, whatever stage (status line, headers, body) the server is dripping."""
+    def arm(conn) -> None:
+        sock = conn.sock
+
+        def shut() -> None:
+            fired.set()
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:                    # already closed: nothing left to unblock
+                pass
+        t = threading.Timer(max(0.0, end - time.monotonic()), shut)
+        t.daemon = True
+        timers.append(t)
+        t.start()
+
+    class HTTPConnection(http.client.HTTPConnection):
+        def connect(self):
+            super().connect()
+            arm(self)
+
+    class HTTPSConnection(http.client.HTTPSConnection):
+        def connect(self):
+            super().connect()
+            arm(self)
+
+    class HTTPHandler(urllib.request.HTTPHandler):
+        def http_open(self, req):
+            return self.do_open(HTTPConnection, req)
+
+    class HTTPSHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req):
+            return self.do_open(HTTPSConnection, req, context=self._context)
+
+    return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
 
 
 def _read_bounded(r, url: str) -> bytes:
@@ -80,18 +149,57 @@ def _read_bounded(r, url: str) -> bytes:
     return body
 
 
+def _parse(body: bytes, url: str) -> dict:
+    try:
+        out = json.loads(body or b"{}")
+    except RecursionError:                     # json's parser recurses once per level: 2M "[" overflow it
+        raise ServerReplyError(f"{url} replied with JSON nested too deeply to read") from None
+    except ValueError as e:                    # not JSON, not UTF-8
+        raise ServerReplyError(f"{url} replied with no JSON: {e}") from None
+    if not isinstance(out, dict):
+        raise ServerReplyError(f"{url} replied with a JSON {type(out).__name__}, not an object")
+    return out
+
+
 def http_json(url: str, payload: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
+    """POST ``payload`` (GET without one) and read the JSON object replied: ``(status, body)``; an error status's
+    body that is not a JSON object comes back as ``{"error": {"message": text}}``.  The whole exchange ends by
+    ``timeout`` seconds, or by the enclosing ``check_deadline``, if sooner.  A connection refused or reset is an
+    ``OSError``; a reply that cannot be read, or not in time, a ``ServerReplyError``."""
+    start = time.monotonic()
+    end = start + timeout
+    if (outer := _DEADLINE.get()) is not None:
+        end = min(end, outer)
+    if end <= start:
+        raise ServerTimeoutError(f"no time left to ask {url}: the check's deadline (check-server --timeout) has "
+                                 "passed")
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    fired, timers = threading.Event(), []
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(_read_bounded(r, url) or b"{}")
-    except urllib.error.HTTPError as e:
-        body = _read_bounded(e, url)
         try:
-            return e.code, json.loads(body)
-        except ValueError:
-            return e.code, {"error": {"message": body.decode(errors="replace")[:2000]}}
+            with _opener(end, fired, timers).open(req, timeout=end - time.monotonic()) as r:
+                status, body = r.status, _read_bounded(r, url)
+        except urllib.error.HTTPError as e:
+            status, body = e.code, _read_bounded(e, url)
+        if fired.is_set():             # cut at the deadline, and what came may parse (headers cut read as ended)
+            raise TimeoutError
+    except (OSError, http.client.HTTPException) as e:
+        if fired.is_set() or isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+            raise ServerTimeoutError(f"{url} had not replied in full within {end - start:.1f} s, the time "
+                                     "left to the check (check-server --timeout); not waited for further") from None
+        if isinstance(e, http.client.HTTPException):       # more than 100 headers, a bad status line, cut short
+            raise ServerReplyError(f"{url} replied with a malformed HTTP response: {e!r}") from None
+        raise                                              # refused, reset, unreachable: the caller's OSError
+    finally:
+        for t in timers:
+            t.cancel()
+    if 200 <= status < 300:            # urllib raised HTTPError for any other status
+        return status, _parse(body, url)
+    try:
+        return status, _parse(body, url)
+    except ServerReplyError:           # an error page: its text is the message
+        return status, {"error": {"message": body.decode(errors="replace")[:2000]}}
 
 
 def error_message(body: dict) -> str:

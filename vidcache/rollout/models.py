@@ -127,9 +127,26 @@ def _read_json(path: str) -> dict:
         return {}
     except (OSError, ValueError) as e:
         raise ModelTypeError(f"cannot read {path}: {e}") from None
+    except RecursionError:                    # json's parser recurses once per level of nesting
+        raise ModelTypeError(f"cannot read {path}: its JSON is nested too deeply") from None
     if not isinstance(out, dict):
         raise ModelTypeError(f"{path} is not a JSON object")
     return out
+
+
+def _check_types(d: dict, where: str, text=(), ints=()) -> dict:
+    """``d`` (a config file's object, or part of one: ``where`` names it), refused with a ``ModelTypeError`` naming
+    the field and its type where one of ``text`` is not a string or one of ``ints`` not an integer.  A class name
+    that is a list would otherwise fail as a lookup (TypeError), and ``"16"`` compare unequal to 16 while
+    printing the same."""
+    for keys, want, ok in ((text, "a string", lambda v: isinstance(v, str)),
+                           (ints, "an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))):
+        for k in keys:
+            v = d.get(k)
+            if v is not None and not ok(v):
+                shown = repr(v) if len(repr(v)) <= 60 else repr(v)[:57] + "..."
+                raise ModelTypeError(f"{where}: {k} is a {type(v).__name__} ({shown}), expected {want}")
+    return d
 
 
 def _geometry(d: dict, keys: tuple[str, str, str]) -> tuple | None:
@@ -166,6 +183,7 @@ def _auto_processor_class(model_type: str | None, which: str) -> str | None:
 
 
 _VIDEO_KEYS = ("patch_size", "merge_size", "temporal_patch_size")
+_VISION_KEYS = ("patch_size", "spatial_merge_size", "temporal_patch_size")
 
 
 def read_checkpoint(path, model_type: str | None = None) -> Checkpoint:
@@ -177,19 +195,27 @@ def read_checkpoint(path, model_type: str | None = None) -> Checkpoint:
     if not os.path.isdir(path):
         raise ModelTypeError(f"{path!r} is not a checkpoint directory here (config.json and the processor files "
                              "of the model the server runs)")
-    config = _read_json(os.path.join(path, "config.json"))
-    proc = _read_json(os.path.join(path, "processor_config.json"))
-    video = _read_json(os.path.join(path, "video_preprocessor_config.json"))
+    _check_types({"model_type": model_type}, "the model type given (the server's)", text=("model_type",))
+    config = _check_types(_read_json(os.path.join(path, "config.json")), f"{path}/config.json", text=("model_type",))
+    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
+    _check_types(vision, f"{path}/config.json vision_config", ints=_VISION_KEYS)
+    video_keys = {"text": ("processor_class", "video_processor_type"), "ints": _VIDEO_KEYS}
+    proc = _check_types(_read_json(os.path.join(path, "processor_config.json")), f"{path}/processor_config.json",
+                        text=("processor_class",))
+    vname = "video_preprocessor_config.json"
+    video = _read_json(os.path.join(path, vname))
     if not video:                             # older checkpoints keep the video processor's settings here
-        video = _read_json(os.path.join(path, "preprocessor_config.json"))
+        vname = "preprocessor_config.json"
+        video = _read_json(os.path.join(path, vname))
+    _check_types(video, f"{path}/{vname}", **video_keys)
     if isinstance(proc.get("video_processor"), dict):      # 5.x saves the sub-processors inside processor_config
-        video = {**video, **proc["video_processor"]}
+        video = {**video, **_check_types(proc["video_processor"], f"{path}/processor_config.json video_processor",
+                                         **video_keys)}
     model_type = config.get("model_type") or model_type
     processor = (proc.get("processor_class") or video.get("processor_class")
                  or _auto_processor_class(model_type, "processor"))
     video_processor = video.get("video_processor_type") or _auto_processor_class(model_type, "video")
-    vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else {}
-    vgeo = _geometry(vision, ("patch_size", "spatial_merge_size", "temporal_patch_size"))
+    vgeo = _geometry(vision, _VISION_KEYS)
     pgeo = _geometry(video, _VIDEO_KEYS)
     default = _class_default(video_processor, _VIDEO_KEYS)
     if default is not None:                   # unstated values are the class's defaults, as transformers loads them

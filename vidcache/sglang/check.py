@@ -100,7 +100,7 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
 
     # --- model and family: from the checkpoint's processing (--processor DIR) and the server's model_type
     model_type = model.get("model_type")
-    served = FAMILY_OF_MODEL_TYPE.get(model_type)
+    served = FAMILY_OF_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
     ckpt = processor if isinstance(processor, (str, os.PathLike)) else None
     if processor is None and isinstance(model.get("tokenizer_path"), str) and os.path.isdir(model["tokenizer_path"]):
         ckpt = model["tokenizer_path"]

@@ -15,8 +15,9 @@ after the connection was made, with no silence longer than ``timeout_s``.  A res
 body must go out at ``min_rate`` bytes/s on average (after ``timeout_s`` of grace), one
 client address holds at most ``max_per_client`` connections and at most
 ``max_workers_per_client`` workers and at most half of what the other addresses leave free
-(so neither one address's slow readers nor two addresses' can hold them all), and a first-time freeze locks only its own file, so readers of
-existing files never wait for it.
+(so neither one address's slow readers nor two addresses' can hold them all); an address holding no worker
+gets one at once, past the pool if others' slow readers hold all of it (so however many addresses fill the pool,
+a new one is served).  A first-time freeze locks only its own file, so readers of existing files never wait for it.
 """
 from __future__ import annotations
 
@@ -156,6 +157,7 @@ class FrozenFileServer(http.server.HTTPServer):
         self._per_client_guard = threading.Lock()  # workers release theirs; it also guards the two below
         self._in_workers: dict[str, int] = {}     # client host -> its requests submitted to the pool
         self._held: dict[str, collections.deque] = {}   # client host -> its complete heads past its worker share
+        self._beyond = 0                          # threads serving an address's first request past a full pool
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         self._stop.clear()
@@ -249,7 +251,17 @@ class FrozenFileServer(http.server.HTTPServer):
                 self._held.setdefault(addr[0], collections.deque()).append((conn, addr, head))
                 return
             self._in_workers[addr[0]] = busy + 1
-        self._pool.submit(self._work, conn, addr, head)
+            # An address with no worker gets one now, past the pool if slow readers of other addresses hold it
+            # all: however the pool is shared, enough addresses fill it (D50: five, for 16 workers, made a sixth
+            # wait 34 s).  Such threads are at most max_waiting, one per address.
+            spare = busy == 0 and sum(self._in_workers.values()) - 1 - self._beyond >= self.workers
+            spare = spare and self._beyond < self.max_waiting
+            self._beyond += spare
+        if spare:
+            threading.Thread(target=self._work, args=(conn, addr, head, True), daemon=True,
+                             name="vidcache-serve-first").start()
+        else:
+            self._pool.submit(self._work, conn, addr, head)
 
     def _share(self, busy: int) -> int:
         """The workers an address holding ``busy`` of them may occupy: at most half of what the other addresses
@@ -259,7 +271,7 @@ class FrozenFileServer(http.server.HTTPServer):
         others = sum(self._in_workers.values()) - busy
         return min(self.max_workers_per_client, max(1, (self.workers - others) // 2))
 
-    def _work(self, conn, addr, head: bytes) -> None:
+    def _work(self, conn, addr, head: bytes, beyond: bool = False) -> None:
         # Then the address's held requests, in this same worker: its share of the pool is not exceeded,
         # and nothing is submitted to a pool that server_close may have shut down meanwhile.
         while True:
@@ -277,6 +289,7 @@ class FrozenFileServer(http.server.HTTPServer):
                     self._in_workers[addr[0]] -= 1
                     if self._in_workers[addr[0]] == 0:
                         del self._in_workers[addr[0]]
+                    self._beyond -= beyond
                     return
                 conn, addr, head = held.popleft()
                 if not held:
