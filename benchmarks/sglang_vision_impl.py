@@ -7,8 +7,9 @@ Starts SGLang 0.5.23's real server on this CPU (tests/support/sglang_server.py: 
   shipped        SGLang's own model code (its tower attends across frames: not the model's computation);
   package        ``SGLANG_EXTERNAL_MODEL_PACKAGE=vidcache.sglang.models`` (sglang-config's plugin default);
   transformers   ``--model-impl transformers`` (sglang-config's stock default).
-Each server gets the same GRPO group: ``--group`` concurrent ``/generate`` calls of one video prompt (a 32-token
-response each), after one warm-up request of another video.  Printed per server: the group's wall time, the prompt
+Each server gets the same GRPO group of one video prompt (a 32-token response each): its first sample, then the
+other ``--group - 1`` at once (so the first one's prefill can be shared), after one warm-up request of another
+video and a ``/flush_cache``.  Printed per server: the group's wall time, the prompt
 tokens SGLang served from its radix cache (``meta_info.cached_tokens``, summed over the group), and the ratio of
 the group's time to the shipped model's.  Figures are this CPU's and this tiny model's: the radix-cache line is the
 structural result (a group's samples share their prompt's prefill, or not); the timing ratio is indicative only.
@@ -32,6 +33,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO's n)")
     ap.add_argument("--seconds", type=int, default=8, help="clip length (2 fps: 2 frames per second)")
+    ap.add_argument("--repeats", type=int, default=3, help="groups per server (the best is kept)")
     a = ap.parse_args()
 
     import transformers
@@ -62,17 +64,23 @@ def main() -> int:
                 assert status == 200, (out, srv.log_tail())
                 return out["meta_info"]
             send(handles[1])                                    # warm-up: another video
-            t0 = time.perf_counter()
-            with cf.ThreadPoolExecutor(a.group) as ex:
-                metas = list(ex.map(send, [handles[0]] * a.group))
-            took = time.perf_counter() - t0
+            best, cached = float("inf"), 0
+            for _ in range(a.repeats):                          # fresh cache each time: the group's own reuse
+                srv.post_json("/flush_cache", {}, 60)
+                t0 = time.perf_counter()
+                first = send(handles[0])                        # the group's first sample, then the rest at once
+                with cf.ThreadPoolExecutor(a.group - 1) as ex:
+                    metas = [first] + list(ex.map(send, [handles[0]] * (a.group - 1)))
+                took = time.perf_counter() - t0
+                if took < best:
+                    best, cached = took, sum(int(m.get("cached_tokens", 0)) for m in metas)
             prompt = metas[0]["prompt_tokens"]
-            cached = sum(int(m.get("cached_tokens", 0)) for m in metas)
             log = open(srv.log_path, errors="replace").read()
-            rows.append((vision, took, cached, prompt, "Radix cache is disabled" in log))
+            rows.append((vision, best, cached, prompt, "Radix cache is disabled" in log))
     base = rows[0][1]
     print(f"SGLang 0.5.23 on this CPU, tiny Qwen2.5-VL fp32, plugin mode; a group of {a.group} samples of one "
-          f"{a.seconds} s video prompt ({rows[0][3]} prompt tokens), 32 new tokens each:")
+          f"{a.seconds} s video prompt ({rows[0][3]} prompt tokens), 32 new tokens each, the first sample then "
+          f"the other {a.group - 1} at once, best of {a.repeats} with the cache flushed before each:")
     for vision, took, cached, prompt, disabled in rows:
         print(f"  {vision:13s} group {took:6.2f} s ({took / base:4.2f}x shipped)  prompt tokens from the radix cache "
               f"{cached:5d} of {prompt * a.group}{'  [SGLang: radix cache disabled]' if disabled else ''}")
