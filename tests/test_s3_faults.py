@@ -136,6 +136,8 @@ def test_prewarm_with_the_endpoint_killed_mid_way_loses_nothing_and_fails_clearl
                                                                                      want, s3, aws):
     corrupt = lost = unclear_runs = killed = 0
     for i, after in enumerate(KILL_AFTER):
+        for k in tier_objects(s3):                        # an empty tier each time, so that each run uploads
+            s3.client.delete_object(Bucket="cache", Key=k)
         endpoint.start("--die-after", str(after))
         node = tmp_path / f"node{i}"
         r = cli(["prewarm", str(dataset)], node, endpoint)

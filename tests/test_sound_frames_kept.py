@@ -29,11 +29,13 @@ SUFFIX = ".nut"
 
 
 @pytest.fixture
-def entry(tmp_path, videos):
+def entry(tmp_path):
     """An entry built by node A into a directory tier, its source then removed, so that no node can rebuild it:
-    only the tier's compact object holds its frames.  (a, key, frames, manifest)."""
-    src = tmp_path / "src.avi"
-    shutil.copy(videos["mjpeg_24"], src)
+    only the tier's compact object holds its frames.  (a, key, frames, manifest).  24 frames of 280x392: PyAV
+    raises on bytes appended to an object of this size (D55's probe met it with 24 frames of 560x1008; an object
+    of 4 small frames decodes past them silently)."""
+    from vidcache.testing.videos import make_video
+    src = make_video(str(tmp_path / "src.avi"), codec="mjpeg", width=392, height=280, fps=4, n_frames=48, seed=55)
     a = VideoCache(tmp_path / "a", shared=str(tmp_path / "tier"))
     key = a.ensure(str(src), VideoOptions()).key
     want, m = a.frames(key), a.manifest(key)
