@@ -23,7 +23,7 @@ from conftest import free_port
 from support.cli import run_cli
 
 PROXY = os.path.join(os.path.dirname(__file__), "support", "faulty_proxy.py")
-TIER = "s3://cache/faults"
+TIER = "s3://cache/faults"        # made unique per test below: moto's objects outlive its server in this process
 
 
 class Endpoint:
@@ -54,6 +54,12 @@ class Endpoint:
 
     def died(self) -> bool:
         return self.proc is not None and self.proc.poll() is not None
+
+
+@pytest.fixture(autouse=True)
+def _own_tier(monkeypatch):
+    import uuid
+    monkeypatch.setattr(sys.modules[__name__], "TIER", f"s3://cache/faults-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture
@@ -103,7 +109,7 @@ def tier_objects(s3) -> dict:
     """Every object of the tier in moto, key -> ETag (the tier's bytes, read behind the proxy)."""
     out, token = {}, {}
     while True:
-        page = s3.client.list_objects_v2(Bucket="cache", Prefix="faults/", **token)
+        page = s3.client.list_objects_v2(Bucket="cache", Prefix=TIER[len("s3://cache/"):] + "/", **token)
         out.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
         if not page.get("IsTruncated"):
             return out
