@@ -158,7 +158,8 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> tuple[np.ndarray, Tr
         with av.open(data if hasattr(data, "read") else io.BytesIO(data)) as box:
             s = box.streams.video[0]
             s.thread_type = "AUTO"         # slices decode in parallel; exact either way
-            for frame in box.decode(s):
+            broke = []                     # the demuxer's error, met after the frames before it were decoded
+            for frame in _decoded(box, s, broke):
                 if n == t:
                     trailing = Trailing(f"holds more than the entry's {t} frames")
                     break
@@ -171,6 +172,10 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> tuple[np.ndarray, Tr
                 else:
                     dst[n] = frame.to_ndarray(format="rgb24").transpose(2, 0, 1)
                 n += 1
+            if broke and n == t and trailing is None:
+                trailing = Trailing(f"does not decode after its last frame ({broke[0]})")
+            elif broke and n != t:
+                raise FrozenFileError(f"frozen file does not decode: {broke[0]}")
     except (av.error.FFmpegError, IndexError, ValueError) as e:
         if n != t:
             raise FrozenFileError(f"frozen file does not decode: {type(e).__name__}: {e}") from None
@@ -178,3 +183,19 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> tuple[np.ndarray, Tr
     if n != t:
         raise FrozenFileError(f"frozen file holds {n} frames, the entry has {t}")
     return out, trailing
+
+
+def _decoded(box, stream, broke: list):
+    """``stream``'s frames, every one the packets before a demuxer error hold: the decoder is flushed at the
+    error, since with slice threads it holds frames back, and an error raised through ``box.decode`` lost them
+    (a sound object with bytes appended lost its last frames so).  The error is put in ``broke``."""
+    import av
+    ctx = stream.codec_context
+    try:
+        for packet in box.demux(stream):
+            if packet.size == 0:
+                break                      # the end: flushed below
+            yield from ctx.decode(packet)
+    except (av.error.FFmpegError, IndexError, ValueError) as e:
+        broke.append(f"{type(e).__name__}: {str(e)[:120]}")
+    yield from ctx.decode(None)
