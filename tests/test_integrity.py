@@ -77,10 +77,10 @@ def test_compact_frames_accepts_exactly_the_manifests_frames(tmp_path):
     path = str(tmp_path / "x.nut")
     write_frozen(FRAMES, path, "magicyuv")
     value = open(path, "rb").read()
-    got, why = integrity.compact_frames(value, m)
-    assert why is None and bytes(got) == raw
+    got, why, trailing = integrity.compact_frames(value, m)
+    assert why is None and trailing is None and bytes(got) == raw
     other, _ = _manifest(FRAMES.flip(0))
-    got, why = integrity.compact_frames(value, type(m)(**{**m.__dict__, "frames": other.frames}))
+    got, why, _ = integrity.compact_frames(value, type(m)(**{**m.__dict__, "frames": other.frames}))
     assert got is None and "decodes to frames hashing to" in why
 
 

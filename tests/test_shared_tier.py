@@ -234,7 +234,6 @@ def test_an_object_larger_than_its_entry_can_write_is_not_read_whole(tmp_path, v
     was read whole (3.4 GB of RSS, 22.7 s) and then copied whole into ``quarantine/``.  Its manifest bounds it:
     counted in bytes handed over by the tier: the entry's bound, plus the pieces that came before its manifest did
     (the fetch starts beside the manifest's), never the object."""
-    from vidcache.errors import OversizedObjectError
     from vidcache.store.fsspec import STREAM_PIECE, FsspecStore
     shared, key = _plant_oversized(tmp_path, videos, 512 << 20)      # sparse: no disk
     handed = []
@@ -246,8 +245,16 @@ def test_an_object_larger_than_its_entry_can_write_is_not_read_whole(tmp_path, v
             sink(piece)
         return real(self, k, count)
     monkeypatch.setattr(FsspecStore, "stream", counting)
+    from vidcache import keys as K
+    from vidcache.integrity import max_object_bytes
     b = VideoCache(tmp_path / "b", shared=shared)
-    with pytest.raises(OversizedObjectError):
-        b.frames(key)
-    assert b.manifest(key).frames.nbytes < sum(handed) <= 32 * STREAM_PIECE, sum(handed)
-    assert not os.path.exists(os.path.join(shared, "quarantine"))   # nothing of it copied into the tier
+    want = VideoCache(tmp_path / "ref").ensure(videos["mjpeg_24"], VideoOptions())
+    m = b.manifest(key)
+    # Issue 48 (D55): its first bytes hold every frame exactly, so it is served; the bloat is damage after the
+    # last frame, for the writer to replace with a clean copy, never a reason to delete it.
+    assert torch.equal(b.frames(key), VideoCache(tmp_path / "ref").frames(want.key))
+    assert m.frames.nbytes < sum(handed) <= 32 * STREAM_PIECE, sum(handed)
+    b.sync()                                                         # the replacement, on the writer thread
+    kept = b.shared._path(K.quarantined(b.compact.key(key)))
+    assert os.path.getsize(kept) <= max_object_bytes(m)              # its bloat was not copied (D59)
+    assert b.verify(key) == []

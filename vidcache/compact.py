@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Callable
 
 from . import keys
 from .digest import Digest, StreamingDigest
-from .errors import ConfigError, DigestMismatchError, SharedUnavailableError, warn_once
+from .errors import (ConfigError, DigestMismatchError, NotRegularFileError, OversizedObjectError,
+                     SharedUnavailableError, warn_once)
 from .frozen_copies import FrozenCopies
-from .integrity import compact_frames, frozen_problem, tier_copy
+from .integrity import compact_frames, frozen_problem, max_object_bytes, tier_copy  # noqa: F401 (re-exported)
 from .manifest import Manifest, blob_users
 from .serving import COMPACT_FORMAT
 from .store.backfill import Backfill, OneWriter
@@ -78,12 +79,15 @@ class CompactLayout:
         # then deleted the entry's only sound frames).  An unsound one is replaced in one atomic step, a copy of
         # it kept aside: never deleted before ours is in place (D42).
         if (there := self.sound(key, m)) is None:
-            bad = self.shared.get(self.key(key))
-            log.warning("the shared tier's object %s does not decode to entry %s's frames: moved aside, replaced",
-                        self.key(key), key)
+            try:    # read as far as the manifest bounds it: a bloated object costs its bound, not its size (D59)
+                bad, _ = self.shared.get_bounded(self.key(key), max_object_bytes(m))
+            except NotRegularFileError:
+                bad = b""                               # no object at all (D58): nothing to keep, replaced
+            log.warning("the shared tier's object %s is not a clean copy of entry %s's frames: moved aside, "
+                        "replaced", self.key(key), key)
             if bad is None:                             # gone meanwhile: the name is free again
                 return self._put(key, value) or self.sound(key, m) is not None
-            return self._replace(key, value, Digest.of(bad)) or self.sound(key, m) is not None
+            return self._replace(key, value, Digest.of(bad), m) or self.sound(key, m) is not None
         if self.shared.get(keys.frozen_digest(key, self.suffix())) is None:   # D39: a crash between the object and
             self.frozen.record("shared", key, self.suffix(), there)              # its record left none
         return True
@@ -109,13 +113,14 @@ class CompactLayout:
             with open(path, "rb") as fh:
                 return fh.read()
 
-    def _replace(self, key: str, value: bytes, bad: Digest) -> bool:
+    def _replace(self, key: str, value: bytes, bad: Digest, m: Manifest) -> bool:
         """Put ``value`` (verified) in place of the object at ``key``'s name, if that is still the bad one
         (``bad``, its digest): a copy of the bad bytes goes to ``quarantine/`` first, then the new object
         replaces the old in one atomic step (a rename on a directory, one PUT on S3), then its record.  At
         no moment is the name empty: a reader meanwhile is served the old object, a crash at any point leaves
-        a copy that decodes to the frames (D42).  False when the object there is no longer the bad one."""
-        if not self.frozen.set_aside("shared", key, self.suffix(), bad):
+        a copy that decodes to the frames (D42).  False when the object there is no longer the bad one.  ``bad``
+        is the digest of the object's first ``max_object_bytes(m)`` bytes, all that is read or kept of it (D59)."""
+        if not self.frozen.set_aside("shared", key, self.suffix(), bad, max_object_bytes(m)):
             return False                               # replaced by another node meanwhile: theirs stays
         self.shared.set_many({self.key(key): value})
         self.frozen.record("shared", key, self.suffix(), value)
@@ -129,12 +134,19 @@ class CompactLayout:
         return True
 
     def sound(self, key: str, m: Manifest) -> bytes | None:
-        """The shared tier's compact object of ``key`` when it decodes to exactly ``m``'s frames and its bytes
-        are the recorded ones (where a record was written: damage PyAV conceals is damage still), else None."""
-        value, record = self.frozen.read("shared", key, self.suffix())
+        """The shared tier's compact object of ``key`` when it decodes to exactly ``m``'s frames, nothing after them,
+        and its bytes are the recorded ones (where a record was written: damage PyAV conceals is damage still),
+        else None."""
+        try:
+            value, record = self.frozen.read("shared", key, self.suffix(), max_object_bytes(m))
+        except NotRegularFileError:
+            return None
         if value is None or (record is not None and frozen_problem(value, record) is not None):
             return None      # the hash first: it is cheap, the decode is not
-        return value if compact_frames(value, m)[0] is not None else None
+        if len(value) >= max_object_bytes(m):
+            return None      # bloated (D59): its first bytes were read, never all of it
+        got = compact_frames(value, m)
+        return value if got.frames is not None and got.trailing is None else None
 
     # --- read -------------------------------------------------------------------------------
     def prefetch(self, key: str) -> Prefetch:
@@ -156,32 +168,45 @@ class CompactLayout:
         if not value.found():
             return None
         record = self.shared.get(keys.frozen_digest(m.key, self.suffix()))   # while the object streams in
-        raw, why = compact_frames(value, m)
+        raw, why, trailing = compact_frames(value, m)
         if why is not None:
-            value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
-            self.frozen.quarantine("shared", m.key, self.suffix(), bad=value.hasher.digest())
+            try:
+                value.finish()   # a fetch cut off part-way raises here: the tier failed, not the object
+            except OversizedObjectError:
+                pass             # the bound cut it off, and its frames were not in what came: damage, not outage
+            self.frozen.quarantine("shared", m.key, self.suffix(), bad=value.hasher.digest(),
+                                   limit=max_object_bytes(m))
             raise DigestMismatchError(f"entry {m.key}: the shared tier's compact object {why}")
-        self._check_bytes(m, value, record, raw)
+        # Every frame is exact: the object is sound, and served, whatever follows its last frame (D55).
+        self._check_bytes(m, value, record, raw, trailing)
         if not self.local.read_only:   # returns once the local tier holds its own copy; the commit goes on
             self.backfill.put(keys.cas(m.frames.blob), m.frames.encode(raw))
         return raw
 
-    def _check_bytes(self, m: Manifest, value: Prefetch, record: bytes | None, raw: "np.ndarray") -> None:
-        """An object that decoded to exactly ``m``'s frames but whose bytes are not the ones recorded for it
+    def _check_bytes(self, m: Manifest, value: Prefetch, record: bytes | None, raw: "np.ndarray",
+                     trailing: str | None) -> None:
+        """An object that decoded to exactly ``m``'s frames but whose bytes are not the ones recorded for it, or that
+        goes on after its last frame (``trailing``: bytes appended, more frames, bloat past its manifest's bound),
         is damaged all the same: the damage fell where this decoder conceals it, and another decoder (SGLang's,
         reading the object by URL) may conceal it otherwise.  The frames are exact, so the read is served.
         The object stays where it is (it is the entry's only copy in the tier, and a sound one as far as these
         frames go): a node that writes the compact layout queues its replacement for the writer thread, which
         encodes the frames, verifies them, and only then swaps the objects (``_replace``); any other node
-        only reports it (D42: the object was deleted before its replacement existed, or for ever)."""
-        if record is None:
-            return           # no record (D39: a crash between object and record; verify --repair records it)
+        only reports it (D42: the object was deleted before its replacement existed, or for ever; D55: an object
+        with one byte appended was deleted by every reader)."""
+        why = trailing
         try:
-            value.finish()   # all of it hashed
+            value.finish()   # all of it hashed (as far as the manifest bounds it)
+        except OversizedObjectError:
+            why = f"is more than {max_object_bytes(m)} bytes, more than its entry writes"
         except SharedUnavailableError:
-            return           # cut off after the frames: they are exact, and a part of the bytes proves nothing
-        if (why := frozen_problem(bad := value.hasher.digest(), record)) is None:
-            return
+            if why is None:
+                return       # cut off after the frames: they are exact, and a part of the bytes proves nothing
+        if why is None and record is not None:
+            why = frozen_problem(value.hasher.digest(), record)
+        if why is None:
+            return           # no record either (D39: a crash between object and record; verify --repair records it)
+        bad = value.hasher.digest()
         if not self.writes:
             warn_once(f"unsound-object:{m.key}", "vidcache: the shared tier's object %s decodes to entry %s's "
                       "frames but %s: left in place (this node does not write the compact layout); "
@@ -195,7 +220,7 @@ class CompactLayout:
     def _republish(self, m: Manifest, raw: "np.ndarray", bad: Digest) -> None:
         """The writer's side of ``_check_bytes``: encode, verify, then replace the bad object (never delete)."""
         if (value := self._encode(m.key, as_tensor(raw, m))) is not None:
-            self._replace(m.key, value, bad)
+            self._replace(m.key, value, bad, m)
 
     # --- convert ----------------------------------------------------------------------------
     def upgrade(self, entry_keys: list[str], manifest: Callable[[str], Manifest | None],
@@ -235,12 +260,6 @@ class CompactLayout:
                 out["freed_bytes"] += sh.size(keys.cas(b)) or 0
                 sh.delete(keys.cas(b))
         return out
-
-
-def max_object_bytes(m: Manifest) -> int:
-    """The most a sound compact object of ``m`` can be: its frames uncompressed, an eighth more for a codec that
-    does not compress them, and a MiB of container (D51: a 2 GiB object for a 1.3 MB entry was read whole)."""
-    return m.frames.nbytes + m.frames.nbytes // 8 + (1 << 20)
 
 
 class Republish(OneWriter):

@@ -182,6 +182,12 @@ class OversizedObjectError(CorruptEntryError):
     kind = "oversized"
 
 
+class NotRegularFileError(CorruptEntryError):
+    """Something at an object's name in a directory tier that is not a regular file (a FIFO, a device, a socket):
+    refused before a byte is read, since opening a FIFO blocks until a writer comes (D58)."""
+    kind = "not_regular"
+
+
 class CorruptManifestError(CorruptEntryError):
     """A manifest that does not parse, has an unknown schema, or disagrees with its blob."""
     kind = "corrupt_manifest"

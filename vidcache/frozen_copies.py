@@ -14,7 +14,7 @@ from typing import Callable
 from . import keys
 from .config import NodeLayout
 from .digest import Digest
-from .errors import PermissionDeniedError, ReadOnlyStoreError, warn_once
+from .errors import NotRegularFileError, PermissionDeniedError, ReadOnlyStoreError, warn_once
 from .integrity import frozen_problem
 from .store.base import Store
 
@@ -39,11 +39,13 @@ class FrozenCopies:
             out += [("shared", k[len(keys.FROZEN) + len(key):]) for k in self.shared.keys(keys.FROZEN + key)]
         return out
 
-    def read(self, tier: str, key: str, suffix: str):
-        """(bytes, recorded digest) of one frozen copy; bytes None when absent."""
+    def read(self, tier: str, key: str, suffix: str, limit: int | None = None):
+        """(bytes, recorded digest) of one frozen copy; bytes None when absent.  ``limit``: of a shared object,
+        read at most that many bytes (its manifest's bound, ``integrity.max_object_bytes``; D59: a bloated
+        object was read whole): a longer one is its first ``limit`` bytes, which never hash to its record."""
         rkey = keys.frozen_digest(key, suffix)
         if tier == "shared":
-            return self.shared.get(keys.frozen(key, suffix)), self.shared.get(rkey)
+            return self._shared_bytes(keys.frozen(key, suffix), limit), self.shared.get(rkey)
         try:
             with open(os.path.join(self.dir, keys.check_key(key) + suffix), "rb") as f:
                 value = f.read()
@@ -51,32 +53,44 @@ class FrozenCopies:
             value = None
         return value, self.local.get(rkey)
 
+    def _shared_bytes(self, skey: str, limit: int | None):
+        return self.shared.get(skey) if limit is None else self.shared.get_bounded(skey, limit)[0]
+
     def record(self, tier: str, key: str, suffix: str, value) -> None:
         """Record the digest of a frozen copy that was just verified against the frames (by decoding)."""
         store = self.shared if tier == "shared" else self.local
         if not store.read_only:
             store.set_many({keys.frozen_digest(key, suffix): str(Digest.of(value)).encode()})
 
-    def set_aside(self, tier: str, key: str, suffix: str, bad: Digest) -> bool:
-        """Copy the shared object of ``key`` into ``quarantine/`` if it is still the bad one (``bad``, its
-        digest), leaving it in place; False when it is another object now (a racing node replaced it) or gone."""
+    def set_aside(self, tier: str, key: str, suffix: str, bad: Digest, limit: int | None = None) -> bool:
+        """Copy the shared object of ``key`` into ``quarantine/`` if it is still the bad one (``bad``, the digest of
+        its bytes, or of its first ``limit``), leaving it in place; False when it is another object now (a racing
+        node replaced it) or gone.  Of an object longer than ``limit`` only its first ``limit`` bytes are kept (D59:
+        2 GiB of bloat was copied into ``quarantine/``); they hold its frames, if it held any.  Something that is
+        no object at all (a FIFO at the name, D58) has nothing to keep: True, so that it is replaced."""
         skey = keys.frozen(key, suffix)
-        if (value := self.shared.get(skey)) is None or Digest.of(value) != bad:
+        try:
+            value = self._shared_bytes(skey, limit)
+        except NotRegularFileError:
+            return True
+        if value is None or Digest.of(value) != bad:
             return False
         self.shared.set_many({keys.quarantined(skey): value})
         return True
 
-    def quarantine(self, tier: str, key: str, suffix: str, bad: Digest | None = None) -> None:
+    def quarantine(self, tier: str, key: str, suffix: str, bad: Digest | None = None, limit: int | None = None) -> None:
         """Move a bad frozen copy aside (never served again) and forget its record; it is rebuilt from the
-        frames on next use.  ``bad``: the digest of the bytes found bad; a shared object that is other bytes now
-        (a racing node's fresh one) is left alone (D42: it was deleted)."""
+        frames on next use.  Only for a copy that holds no sound frames: a shared compact object that decodes to
+        its entry's frames is replaced, never removed (``CompactLayout.publish``; D55, D57).  ``bad``: the digest
+        of the bytes found bad; a shared object that is other bytes now (a racing node's fresh one) is left alone
+        (D42: it was deleted).  ``limit``: as ``set_aside``'s, the most of it read and kept."""
         if self.read_only:
             return
         rkey = keys.frozen_digest(key, suffix)
         if tier == "shared":
             skey = keys.frozen(key, suffix)
             try:
-                if (value := self.shared.get(skey)) is not None:
+                if (value := self._shared_bytes(skey, limit)) is not None:
                     if bad is not None and Digest.of(value) != bad:
                         return
                     self.shared.set_many({keys.quarantined(skey): value})
@@ -93,14 +107,22 @@ class FrozenCopies:
             self.local.delete(rkey)
 
     def problems(self, key: str, repair: bool = False,
-                 decodes: Callable[[str, str, bytes], bool] | None = None) -> list[str]:
-        """Frozen copies of ``key`` whose bytes are not the recorded ones (``repair``: quarantined).  A copy
-        without a record is reported too (``sglang.frozen.repair_frozen`` checks it by decoding), unless
-        ``decodes(tier, suffix, bytes)`` finds it sound: then it is recorded on ``repair`` (a crash between an
-        object and its record, D39, is not damage)."""
+                 decodes: Callable[[str, str, bytes], bool] | None = None,
+                 replaced: Callable[[str, str], bool] = lambda tier, suffix: False,
+                 limit: int | None = None) -> list[str]:
+        """Frozen copies of ``key`` whose bytes are not the recorded ones (``repair``: quarantined, except the
+        copies ``replaced(tier, suffix)`` names: those are rewritten by their owner, write-then-retire, and never
+        deleted first; D57: the compact object was).  A copy without a record is reported too
+        (``sglang.frozen.repair_frozen`` checks it by decoding), unless ``decodes(tier, suffix, bytes)`` finds it
+        sound: then it is recorded on ``repair`` (a crash between an object and its record, D39, is not damage).
+        ``limit``: the most of a shared object read (``read``)."""
         problems = []
         for tier, suffix in self.copies(key):
-            value, record = self.read(tier, key, suffix)
+            try:
+                value, record = self.read(tier, key, suffix, limit if tier == "shared" else None)
+            except NotRegularFileError as e:         # D58: reported, never opened
+                problems.append(f"{tier}: frozen file {suffix}: {e}")
+                continue
             if value is None or (why := frozen_problem(value, record)) is None:
                 continue
             if record is None and decodes is not None and decodes(tier, suffix, value):
@@ -108,7 +130,6 @@ class FrozenCopies:
                     self.record(tier, key, suffix, value)
                 continue
             problems.append(f"{tier}: frozen file {suffix} {why}")
-            if repair and record is not None:
-                self.quarantine(tier, key, suffix)
+            if repair and record is not None and not replaced(tier, suffix):
+                self.quarantine(tier, key, suffix, limit=limit if tier == "shared" else None)
         return problems
-

@@ -124,10 +124,21 @@ def verify_frozen(path: str, frames: "torch.Tensor", rate: Fraction = FROZEN_FPS
 
 
 
-def frames_bytes(data, shape: tuple[int, int, int, int]) -> np.ndarray:
+class Trailing(str):
+    """What ``frames_bytes`` met after the last of the entry's frames (bytes that do not decode, more frames): damage
+    that spares every frame.  A ``str`` saying what it was."""
+
+
+def frames_bytes(data, shape: tuple[int, int, int, int]) -> tuple[np.ndarray, Trailing | None]:
     """The uint8 TCHW bytes of ``shape`` that a frozen file (its bytes, or a readable file of them) holds, as a
-    flat array of its own, decoded in memory with PyAV (no torch): how a node expands a shared-tier entry.
-    The caller checks them against the entry's blob digest.
+    flat array of its own, decoded in memory with PyAV (no torch): how a node expands a shared-tier entry; and
+    what followed the last frame, when something did (None: the file ends with it).
+    The caller checks the frames against the entry's blob digest.
+
+    Only what stands between the frames and the entry is a reason to refuse the file: a frame that does not decode,
+    or too few.  Once all ``t`` frames are out, an error (bytes appended: FFmpeg says ``InvalidDataError``) or a
+    further frame is reported as ``Trailing``, never raised: the frames are whole, and the digest decides (D55:
+    one appended byte made every reader delete an object holding every frame exactly).
 
     A planar RGB file (gbrp: MagicYUV's, UT Video's) *is* TCHW once its planes are reordered, so each plane is copied
     straight into place: no colour conversion, no transpose, one copy of the frames in all (the slow part
@@ -141,15 +152,19 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> np.ndarray:
     # itself (0.09 s of 0.11 s for 146 MB on the 2-core VM; more where page faults are dear, as under gVisor).
     out = np.empty(t * c * h * w, dtype=np.uint8)
     dst = out.reshape(t, c, h, w)
-    n = 0
+    n, trailing = 0, None
     try:
         # A file (store/prefetch.Prefetch) is decoded as it arrives; bytes, from memory.
         with av.open(data if hasattr(data, "read") else io.BytesIO(data)) as box:
             s = box.streams.video[0]
             s.thread_type = "AUTO"         # slices decode in parallel; exact either way
-            for frame in box.decode(s):
-                if n == t or (frame.height, frame.width) != (h, w):
-                    raise FrozenFileError(f"frozen file holds more than {t} frames of {h}x{w}, or others")
+            broke = []                     # the demuxer's error, met after the frames before it were decoded
+            for frame in _decoded(box, s, broke):
+                if n == t:
+                    trailing = Trailing(f"holds more than the entry's {t} frames")
+                    break
+                if (frame.height, frame.width) != (h, w):
+                    raise FrozenFileError(f"frozen file holds a frame of {frame.height}x{frame.width}, not {h}x{w}")
                 if frame.format.name == "gbrp":
                     for ch, p in zip((1, 2, 0), frame.planes):          # planes are G, B, R
                         rows = np.frombuffer(p, dtype=np.uint8).reshape(h, p.line_size)
@@ -157,8 +172,30 @@ def frames_bytes(data, shape: tuple[int, int, int, int]) -> np.ndarray:
                 else:
                     dst[n] = frame.to_ndarray(format="rgb24").transpose(2, 0, 1)
                 n += 1
+            if broke and n == t and trailing is None:
+                trailing = Trailing(f"does not decode after its last frame ({broke[0]})")
+            elif broke and n != t:
+                raise FrozenFileError(f"frozen file does not decode: {broke[0]}")
     except (av.error.FFmpegError, IndexError, ValueError) as e:
-        raise FrozenFileError(f"frozen file does not decode: {type(e).__name__}: {e}") from None
+        if n != t:
+            raise FrozenFileError(f"frozen file does not decode: {type(e).__name__}: {e}") from None
+        trailing = Trailing(f"does not decode after its last frame ({type(e).__name__}: {str(e)[:120]})")
     if n != t:
         raise FrozenFileError(f"frozen file holds {n} frames, the entry has {t}")
-    return out
+    return out, trailing
+
+
+def _decoded(box, stream, broke: list):
+    """``stream``'s frames, every one the packets before a demuxer error hold: the decoder is flushed at the
+    error, since with slice threads it holds frames back, and an error raised through ``box.decode`` lost them
+    (a sound object with bytes appended lost its last frames so).  The error is put in ``broke``."""
+    import av
+    ctx = stream.codec_context
+    try:
+        for packet in box.demux(stream):
+            if packet.size == 0:
+                break                      # the end: flushed below
+            yield from ctx.decode(packet)
+    except (av.error.FFmpegError, IndexError, ValueError) as e:
+        broke.append(f"{type(e).__name__}: {str(e)[:120]}")
+    yield from ctx.decode(None)

@@ -96,6 +96,7 @@ class TierCopy(NamedTuple):
     blob: bytes | None             # the frames' stored bytes (decoded, for a compact copy)
     problem: str | None            # why this copy is not sound (None: it is)
     compact: bool = False          # the frames are the tier's compact object, not raw bytes
+    damage: str | None = None      # a sound compact copy's damage beyond its frames: rewrite it, never delete it
 
     @property
     def frames(self):
@@ -104,7 +105,8 @@ class TierCopy(NamedTuple):
 
 
 def tier_copy(tier: "Store", key: str, compact_key: str | None = None) -> TierCopy:
-    """``compact_key``: where this tier may hold the entry's compact object instead of raw frames."""
+    """``compact_key``: where this tier may hold the entry's compact object instead of raw frames.  That object is
+    read only as far as its manifest bounds it (``max_object_bytes``, D59: a bloated one was read whole)."""
     manifest_bytes = tier.get(keys.ac(key))
     if manifest_bytes is None:
         return TierCopy(None, None, None, "no manifest")
@@ -112,15 +114,33 @@ def tier_copy(tier: "Store", key: str, compact_key: str | None = None) -> TierCo
         m = Manifest.from_json(manifest_bytes, key)
     except CorruptManifestError as e:
         return TierCopy(manifest_bytes, None, None, str(e))
-    blob = tier.get(keys.cas(m.frames.blob))
-    if blob is None and compact_key is not None and (value := tier.get(compact_key)) is not None:
-        frames, why = compact_frames(value, m)
-        return TierCopy(manifest_bytes, m, frames, None if why is None else f"compact object {compact_key} {why}", True)
+    try:
+        blob = tier.get(keys.cas(m.frames.blob))
+    except CorruptEntryError as e:           # not an object at all (a FIFO at its name, D58)
+        return TierCopy(manifest_bytes, m, None, str(e))
+    if blob is None and compact_key is not None:
+        try:
+            value, more = tier.get_bounded(compact_key, max_object_bytes(m))
+        except CorruptEntryError as e:       # not a regular file, or past even the tier's bound: not read
+            return TierCopy(manifest_bytes, m, None, f"compact object {compact_key}: {e}", True)
+        if value is not None:
+            got = compact_frames(value, m)
+            damage = f"is more than {max_object_bytes(m)} bytes, more than its entry writes" if more \
+                else got.trailing
+            problem = None if got.why is None else f"compact object {compact_key} {got.why}"
+            return TierCopy(manifest_bytes, m, got.frames, problem, True,
+                            None if damage is None else f"compact object {compact_key} {damage}")
     if blob is None:
         return TierCopy(manifest_bytes, m, None, f"blob {m.frames.blob} missing")
     if not blob_matches(m.frames.blob, blob):
         return TierCopy(manifest_bytes, m, blob, f"blob {m.frames.blob} does not hash to its digest")
     return TierCopy(manifest_bytes, m, blob, None)
+
+
+def max_object_bytes(m: Manifest) -> int:
+    """The most a sound compact object of ``m`` can be: its frames uncompressed, an eighth more for a codec that
+    does not compress them, and a MiB of container (D51: a 2 GiB object for a 1.3 MB entry was read whole)."""
+    return m.frames.nbytes + m.frames.nbytes // 8 + (1 << 20)
 
 
 def quarantine(tiers: "list[Store]", store_key: str) -> None:
@@ -137,15 +157,23 @@ def quarantine(tiers: "list[Store]", store_key: str) -> None:
                 warn_once("quarantine", "vidcache: could not move a corrupt copy aside: %s", e)
 
 
-def compact_frames(value, m: Manifest) -> tuple["np.ndarray | None", str | None]:
-    """(frames, None) when a compact object (a frozen file: bytes, or a file being fetched) decodes to exactly
-    ``m``'s frames, else (None, why).
-    The blob digest is the frames' own, so this check needs no record of the object."""
+class Expanded(NamedTuple):
+    """What a compact object decodes to, checked against its manifest."""
+    frames: "np.ndarray | None"    # exactly the entry's frames (None: the object does not hold them)
+    why: str | None                # why not (None: it does)
+    trailing: str | None = None    # damage after the last frame: the frames are sound, the object is to be rewritten
+
+
+def compact_frames(value, m: Manifest) -> Expanded:
+    """Whether a compact object (a frozen file: bytes, or a file being fetched) decodes to exactly ``m``'s frames.
+    The blob digest is the frames' own, so this check needs no record of the object.  The rule (D55): an object
+    whose frames hash to the blob digest is sound, whatever follows them; what does is ``trailing``, a reason to
+    write a clean copy, never to delete this one."""
     from .frozen_file import frames_bytes
     try:
-        raw = frames_bytes(value, tuple(m.frames.shape))
+        raw, trailing = frames_bytes(value, tuple(m.frames.shape))
     except FrozenFileError as e:
-        return None, str(e)
+        return Expanded(None, str(e))
     if str(got := Digest.of(raw)) != m.frames.blob:
-        return None, f"decodes to frames hashing to {got}, expected {m.frames.blob}"
-    return raw, None
+        return Expanded(None, f"decodes to frames hashing to {got}, expected {m.frames.blob}")
+    return Expanded(raw, None, trailing)

@@ -15,7 +15,7 @@ from . import keys
 from .compact import CompactLayout, as_tensor
 from .errors import VidcacheError
 from .frozen_copies import FrozenCopies
-from .integrity import TierCopy, compact_frames, tier_copy
+from .integrity import TierCopy, compact_frames, max_object_bytes, tier_copy
 from .manifest import Manifest, options_of
 from .options import VideoOptions
 from .store.base import Store
@@ -51,12 +51,20 @@ class Repair:
             if tier != "shared" or suffix != self.compact.suffix() or shared is None or shared.manifest is None:
                 return False
             if shared.compact:
-                return shared.problem is None
-            return compact_frames(value, shared.manifest)[0] is not None
-        problems = self.frozen.problems(key, repair, decodes)
+                return shared.problem is None and shared.damage is None
+            got = compact_frames(value, shared.manifest)
+            return got.frames is not None and got.trailing is None
+        # The compact object is the entry's frames in that tier: rewritten (write-then-retire) by ``repair`` below,
+        # never quarantined first (D57: deleted before its replacement existed), and read as far as its manifest
+        # bounds it (D59).
+        problems = self.frozen.problems(
+            key, repair, decodes, replaced=lambda tier, suffix: tier == "shared" and suffix == self.compact.suffix(),
+            limit=None if shared is None or shared.manifest is None else max_object_bytes(shared.manifest))
         has_shared = any(name == "shared" for name, _ in self.tiers)
         for name, tier, c in copies:
             if c.problem is None:
+                if c.damage is not None:
+                    problems.append(f"{name}: {c.damage}")      # sound frames; repair writes a clean copy (D55)
                 continue
             if name == "local" and (c.manifest_bytes is None
                                     or (c.manifest is not None and c.blob is None and has_shared)):
@@ -69,9 +77,15 @@ class Repair:
         return problems
 
     def repair(self, key: str) -> None:
+        """Put sound copies of ``key`` where they are missing or bad.  Write-then-retire, as the read path does
+        (D42): a bad raw blob or manifest holds no sound frames and is moved aside at once; the shared tier's
+        compact object is replaced only once its replacement is verified (``CompactLayout.publish``), and removed
+        only when no sound copy of the frames exists to replace it with, in which case it holds none either
+        (D57: it was deleted first, and a kill in between left the entry in no tier)."""
         good = None                            # (manifest bytes, raw frame bytes, manifest) of a sound copy
         options = None
         found = None                           # (manifest bytes, manifest) of a sound manifest
+        unsound_object = None                  # the shared compact object, when it does not hold the frames
         for name, tier in self.tiers:
             c = self.copy(name, tier, key)
             if c.manifest_bytes is not None and c.manifest is None:
@@ -83,7 +97,7 @@ class Repair:
             if c.problem is None:
                 good = good or (c.manifest_bytes, c.frames, c.manifest)
             elif c.compact:
-                self.frozen.quarantine("shared", key, self.compact.suffix())
+                unsound_object = c.manifest
             elif c.blob is not None:
                 self.reads.quarantine(keys.cas(c.manifest.frames.blob))
         self.reads.forget(key)
@@ -92,18 +106,22 @@ class Repair:
         if good is not None:
             self.restore(key, *good)
             return
+        if unsound_object is not None:         # no sound frames anywhere: this object holds none either
+            self.frozen.quarantine("shared", key, self.compact.suffix(), limit=max_object_bytes(unsound_object))
         options = options or self._quarantined_options(key)
         if options is not None:
             self.rebuild(key, options)
 
     def restore(self, key: str, manifest_raw: bytes, frames: bytes, m: Manifest) -> None:
         """Put a sound copy back into every tier that lacks one: frames first (raw locally; the shared tier
-        its compact object, or raw frames), the manifest last."""
+        its compact object, or raw frames), the manifest last.  A shared compact object that is not a clean,
+        recorded copy is replaced by ``CompactLayout.publish``: the new object is written over it in one step
+        after the old one's bytes are set aside, so the name never goes empty (D57)."""
         blob_key = keys.cas(m.frames.blob)
         for name, tier in self.tiers:
             if name == "shared":
-                if not self.compact.holds(key, m.frames.blob) and not self.compact.publish(
-                        key, as_tensor(frames, m), m):
+                if (not tier.exists_many([blob_key])[0] and self.compact.sound(key, m) is None
+                        and not self.compact.publish(key, as_tensor(frames, m), m)):
                     tier.set_many({blob_key: m.frames.encode(frames)})
             elif not tier.exists_many([blob_key])[0]:
                 tier.set_many({blob_key: m.frames.encode(frames)})
@@ -115,9 +133,12 @@ class Repair:
         there decodes to exactly ``m``'s frames (the blob digest proves them; D42: an object that decoded
         exactly was moved aside and deleted, and nothing read it back once the source was gone)."""
         shared = next((t for name, t in self.tiers if name == "shared"), None)
-        if shared is None or (value := shared.get(keys.quarantined(self.compact.key(key)))) is None:
+        if shared is None:
             return None
-        frames, _ = compact_frames(value, m)
+        value, _ = shared.get_bounded(keys.quarantined(self.compact.key(key)), max_object_bytes(m))
+        if value is None:
+            return None
+        frames = compact_frames(value, m).frames     # whatever follows the frames does not matter here (D55)
         return None if frames is None else (manifest_raw, frames, m)
 
     def _quarantined_options(self, key: str) -> VideoOptions | None:

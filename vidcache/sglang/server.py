@@ -29,18 +29,18 @@ import io
 import os
 import re
 import selectors
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..cache import VideoCache
 from ..keys import KEY_PATTERN
-from ..errors import NotCachedError
+from ..errors import NotCachedError, NotRegularFileError
 from ..sglang_facts import (DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_PER_CLIENT, DEFAULT_MIN_RATE,  # noqa: F401 (re-exported)
                     DEFAULT_TIMEOUT_S, DEFAULT_WORKERS, default_max_workers_per_client)
 from .frozen import BY_SUFFIX as _SUFFIX
 from .frozen import local_frozen_path
+from ..store.regular import open_regular
 
 _PATH = re.compile(r"/frozen/(" + KEY_PATTERN + ")(" +
                    "|".join(re.escape(x) for x in _SUFFIX) + ")")
@@ -63,19 +63,16 @@ class _NotServable(Exception):
 
 
 def _open_regular(path: str) -> tuple[int, os.stat_result] | None:
-    """An fd of the regular file at ``path`` and its stat; None when nothing is there.
-    O_NOFOLLOW: a symlink is refused, never followed; O_NONBLOCK: a FIFO cannot hang the open."""
+    """An fd of the regular file at ``path`` and its stat; None when nothing is there.  The open is
+    ``store.regular.open_regular``'s, the directory tier's too: a symlink is refused, a FIFO cannot hang it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return open_regular(path)
     except FileNotFoundError:
         return None
+    except NotRegularFileError:
+        raise _NotServable(f"{os.path.basename(path)} is not a regular file") from None
     except OSError as e:          # ELOOP: the name is a symlink
         raise _NotServable(f"refusing {os.path.basename(path)}: {e.strerror}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise _NotServable(f"{os.path.basename(path)} is not a regular file")
-    return fd, st
 
 
 class _FileLocks:

@@ -26,6 +26,10 @@ CAPABILITIES = ("supports_writes", "supports_deletes", "supports_listing", "supp
                 "supports_partial_sweep")
 
 
+class _Enough(Exception):
+    """``get_bounded``'s sink has the bytes it wants: the stream stops here."""
+
+
 class Store(ABC):
     # --- capabilities ---------------------------------------------------------------------------------
     # Of the backend, not of this opening: a store that supports writes, opened ``read_only``, refuses them
@@ -77,6 +81,26 @@ class Store(ABC):
             return False
         sink(value)
         return True
+
+    def get_bounded(self, key: str, limit: int) -> tuple[bytes | None, bool]:
+        """At most the first ``limit`` bytes of ``key``'s value, and whether it holds more; (None, False) when
+        absent.  Through ``stream``, which stops once the bound is passed: a value grown far past what its writer
+        wrote (D59: a 2 GiB object of a 1.3 MB entry) costs ``limit`` bytes, not its size."""
+        got, more = bytearray(), [False]
+
+        def sink(piece: bytes) -> None:
+            room = limit - len(got)
+            got.extend(piece[:room])
+            if len(piece) > room:
+                more[0] = True
+                raise _Enough
+
+        try:
+            if not self.stream(key, sink):
+                return None, False
+        except _Enough:
+            pass
+        return bytes(got), more[0]
 
     @contextlib.contextmanager
     def read(self, key: str) -> Iterator[memoryview | None]:

@@ -18,7 +18,6 @@ import errno
 import functools
 import logging
 import os
-import stat
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from ..errors import (ConfigError, InvalidKeyError, NoSpaceError, OversizedObjec
                       ReadOnlyFilesystemError, SharedTimeoutError, SharedUnavailableError, StoreError, VidcacheError)
 from .base import Store
 from .publish import PARTIAL_MAX_AGE_S, is_partial, publish_bytes
+from .regular import open_regular
 
 
 
@@ -54,8 +54,8 @@ def _open_object(root: str, path: str):
     own directories: no symlink is followed, at the object's name (D33) or at its namespace or fan-out directory
     (D51: a planted ``frozen/xx`` link was read through; every node that read it copied the link's target, a
     file of its own, into the tier's quarantine/).  Each component is opened relative to the last (``dir_fd``),
-    so a link swapped in meanwhile is not followed either.  A link, or a directory at the name, counts as no
-    object."""
+    so a link swapped in meanwhile is not followed either.  A link at the name counts as no object; anything else
+    that is not a regular file (a FIFO, a directory) is refused by name (``NotRegularFileError``), unopened."""
     parts = os.path.relpath(path, root).split(os.sep)
     flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))   # the root itself may be a link
@@ -64,7 +64,7 @@ def _open_object(root: str, path: str):
             sub = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = sub
-        obj = os.open(parts[-1], flags, dir_fd=fd)
+        obj, _ = open_regular(parts[-1], dir_fd=fd, shown=path)   # a FIFO is refused, never waited on (D58)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             log.warning("not following the symlink at %s: a tier's objects and directories are its own", path)
@@ -72,9 +72,6 @@ def _open_object(root: str, path: str):
         raise
     finally:
         os.close(fd)
-    if not stat.S_ISREG(os.fstat(obj).st_mode):
-        os.close(obj)
-        raise FileNotFoundError(errno.ENOENT, "not a regular file", path)
     return os.fdopen(obj, "rb")
 
 

@@ -54,15 +54,19 @@ class Prefetch:
             if self._done:                # a transfer that timed out and then woke up: not ours any more
                 return
             if piece:
+                over = self._limit is not None and self._got + len(piece) > self._limit
+                if over:            # the bytes up to the bound are handed on and hashed, as get_bounded keeps them
+                    piece = piece[:max(0, self._limit - self._got)]
                 self._got += len(piece)
-                if self._limit is not None and self._got > self._limit:
+                if piece:
+                    if self.hasher is not None:
+                        self.hasher.update(piece)
+                    self._pieces.append(piece)
+                    self._arrived = True
+                    self._cond.notify_all()
+                if over:
                     raise OversizedObjectError(f"{self.key} is more than {self._limit} bytes, more than its entry "
                                                "can write; not read further")
-                if self.hasher is not None:
-                    self.hasher.update(piece)
-                self._pieces.append(piece)
-                self._arrived = True
-                self._cond.notify_all()
 
     def limit(self, n: int) -> None:
         """Stop the fetch, with ``OversizedObjectError``, once more than ``n`` bytes came (the caller learnt
