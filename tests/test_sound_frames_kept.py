@@ -274,3 +274,18 @@ def test_verify_repair_reads_and_sets_aside_a_bloated_object_only_as_far_as_its_
     assert kept <= bound                                              # its bloat was not copied
     assert _clean(b.shared, key, m) and b.shared.get(K.frozen(key, SUFFIX)) is not None
     assert torch.equal(_fresh(tmp_path, "c").frames(key), want)
+
+
+def test_stock_serving_keeps_a_sound_compact_object_whose_record_is_damaged(tmp_path, entry):
+    """The D57 order in the stock-mode path (``sglang.frozen.published_frozen_key``): a damaged frozen-digest record
+    made it quarantine the shared compact object, the entry's only copy once the source is gone.  Now the object is
+    decoded: its frames are the entry's, so it stays and the record is rewritten."""
+    from vidcache.sglang.frozen import published_frozen_key
+    a, key, want, m = entry
+    store = a.shared
+    store.set_many({K.frozen_digest(key, SUFFIX): b"0" * 32})      # the record damaged, the object sound
+    b = _fresh(tmp_path, "b")
+    assert published_frozen_key(b, key) == K.frozen(key, SUFFIX)     # the serving format: the compact object
+    assert _clean(store, key, m)                                    # object kept, record rewritten
+    c = _fresh(tmp_path, "c")
+    assert torch.equal(c.frames(key), want)                         # and every fresh node reads the entry

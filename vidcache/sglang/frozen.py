@@ -13,7 +13,7 @@ import os
 import time
 
 from .. import keys
-from ..errors import FrozenFileError
+from ..errors import FrozenFileError, VidcacheError
 from ..frozen_file import (BY_SUFFIX, FORMATS, FrozenFormat, available_decoders, decode_all,  # noqa: F401 (re-exported)
                            verify_frozen, write_frozen)
 from ..integrity import frozen_problem
@@ -46,7 +46,8 @@ def _stat_id(path: str) -> tuple | None:
 
 
 def _decodes_to_frames(cache, key: str, value: bytes, suffix: str) -> bool:
-    """A copy without a record (made by an older vidcache): sound only if it decodes to the frames."""
+    """A copy without a sound record (made by an older vidcache, or its record damaged): sound only if it decodes
+    to the entry's frames (digest-checked against the manifest)."""
     import tempfile
     os.makedirs(cache.tmp_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(suffix=suffix, dir=cache.tmp_dir) as tmp:
@@ -54,21 +55,24 @@ def _decodes_to_frames(cache, key: str, value: bytes, suffix: str) -> bool:
         tmp.flush()
         try:
             verify_frozen(tmp.name, cache.frames(key))
-        except (FrozenFileError, RuntimeError, ValueError, OSError):
-            return False
+        except (FrozenFileError, RuntimeError, ValueError, OSError, VidcacheError):
+            return False        # (the frames themselves unreadable: nothing to call this copy sound against)
     return True
 
 
 def _copy_is_sound(cache, tier: str, key: str, f: FrozenFormat) -> bool | None:
-    """Whether ``tier``'s copy is sound (None: absent).  Unrecorded copies are checked by decoding and
-    recorded; bad ones are quarantined."""
+    """Whether ``tier``'s copy is sound (None: absent).  A copy whose record is missing or disagrees is checked by
+    decoding: one that decodes to the entry's frames is sound and (re)recorded, as the record is what was damaged
+    (in the compact layout the shared copy *is* the entry's frames: quarantining it would lose the entry, D57).
+    Only a copy that does not decode to the frames is quarantined."""
     value, record = cache.frozen.read(tier, key, f.suffix)
     if value is None:
         return None
-    if record is None and _decodes_to_frames(cache, key, value, f.suffix):
-        cache.frozen.record(tier, key, f.suffix, value)
-        return True
     if record is not None and frozen_problem(value, record) is None:
+        return True
+    if _decodes_to_frames(cache, key, value, f.suffix):
+        if not cache.read_only:
+            cache.frozen.record(tier, key, f.suffix, value)
         return True
     cache.frozen.quarantine(tier, key, f.suffix)
     if cache.read_only:
