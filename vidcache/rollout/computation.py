@@ -84,6 +84,15 @@ class Canary:
                      {"role": "user", "content": [{"type": "text", "text": "And in the last frame?"}]}]
         return msgs
 
+    def text(self) -> str:
+        """The canary as a rendered Qwen chat prompt with ``<video>`` / ``<image>`` markers (for a token endpoint,
+        SGLang's ``/generate``, where the client renders the chat; ``prepare`` puts in the placeholders)."""
+        turn = "<|im_start|>{}\n{}<|im_end|>\n"
+        out = turn.format("user", "<video>" * len(self.videos) + "<image>" * self.images + "Describe what you see.")
+        if self.second_turn:
+            out += turn.format("assistant", "Coloured noise, changing.") + turn.format("user", "And in the last frame?")
+        return out + "<|im_start|>assistant\n"
+
     @property
     def patches(self) -> int:
         return max((n // 2 for n in self.videos), default=0)     # temporal patch size 2 (every Qwen-VL family)

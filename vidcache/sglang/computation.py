@@ -28,7 +28,7 @@ def sender(url: str, processor, family: str, mode: str, vocab: int, top_k: int, 
         images = [comp.canary_image() for _ in range(c.images)]
         # stock: SGLang decodes the frozen file itself, and decord opens no 2-frame NUT: Matroska (FFV1) for those
         stock = {"frozen_format": "ffv1"} if mode == "stock" and min(c.videos, default=4) < 4 else {}
-        req = prepare(processor, c.messages(), handles, mode=mode, images=images, token_layout=token_layout, **stock)
+        req = prepare(processor, c.text(), handles, mode=mode, images=images, token_layout=token_layout, **stock)
         payload = {"input_ids": req.compact_ids, "return_prompt_token_ids": True, "return_logprob": True,
                    "logprob_start_len": 0, "top_logprobs_num": top_k,
                    "sampling_params": {"max_new_tokens": comp.NEW_TOKENS, "temperature": 0}}
