@@ -112,8 +112,8 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     g.add_argument("--vidcache-check-computation", default=DEFAULTS["vidcache_check_computation"],
                    choices=("off", "warn", "fail"),
                    help="before the first rollout, also run `vidcache check-computation` against every SGLang server "
-                        "with --hf-checkpoint's model (transformers, on this process's GPU in bf16, else CPU fp32), "
-                        "log the table, and on a KL above the threshold warn or fail (default: off; needs the "
+                        "with --hf-checkpoint's model (transformers, on this process's GPU in bf16 where a floor is "
+                        "measured for it, else CPU fp32), log the table, and on a KL above the threshold warn or fail (default: off; needs the "
                         "checkpoint's weights on the trainer node)")
     g.add_argument("--vidcache-allow-unverified-sglang", default=None, metavar="VERSION",
                    help="accept this exact SGLang version although vidcache is not verified with it")

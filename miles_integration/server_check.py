@@ -7,7 +7,8 @@ the run at its first rollout with the CLI's lines (``vidcache.ParityError``), be
 generated; ``--no-vidcache-check-servers`` switches it off.
 
 ``--vidcache-check-computation warn|fail`` (off by default) then runs ``vidcache check-computation`` against each
-server with the HF checkpoint's model (``--hf-checkpoint``: transformers' class, not Megatron's), logs its table, and
+server with the HF checkpoint's model (``--hf-checkpoint``: transformers' class, not Megatron's; on the GPU in bf16
+where that pair has a measured floor, else CPU fp32), logs its table, and
 warns or fails above the threshold.  The CPU dry run (examples/miles_cpu_dry_run.py) serves no model: it leaves it off.
 """
 from __future__ import annotations
@@ -116,8 +117,10 @@ def computation_failures(url: str, args, cfg: VidcacheConfig, cache) -> list[str
     with ``--vidcache-check-computation warn``: they are logged only)."""
     import torch
 
+    from vidcache.rollout.computation import FLOORS
     from vidcache.sglang.computation import check_computation
-    cuda = torch.cuda.is_available()
+    # the trainer's GPU in bf16 where that pair has a measured floor (the pass threshold), else CPU fp32
+    cuda = torch.cuda.is_available() and ("cuda", "bfloat16") in FLOORS
     res = check_computation(url, args.hf_checkpoint, cfg.mode, cache=cache, family=cfg.options.family,
                             device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
                             trainer_positions=None if trainer_gets_engine_positions(args) else "transformers")

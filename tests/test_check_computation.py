@@ -31,7 +31,7 @@ def test_top_k_kl_is_a_kl_never_above_the_full_one(seed, k, scale):
 def test_no_measured_floor_is_a_clear_error(tmp_path):
     """A device/dtype pair without a measured floor is refused before any server is asked, naming --threshold."""
     ckpt = write_tiny_checkpoint("qwen2_5_vl", tmp_path / "ckpt")
-    r = run_cli(["check-computation", "http://127.0.0.1:9", "--model", ckpt, "--mode", "plugin", "--device", "cpu",
-                 "--dtype", "bfloat16"], node=tmp_path / "node")
+    r = run_cli(["check-computation", "http://127.0.0.1:9", "--model", ckpt, "--mode", "plugin", "--device", "cuda",
+                 "--dtype", "float32"], node=tmp_path / "node")
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    assert "vidcache: error: [config] no measured floor for cpu bfloat16" in r.stderr and "--threshold" in r.stderr
+    assert "vidcache: error: [config] no measured floor for cuda float32" in r.stderr and "--threshold" in r.stderr
