@@ -49,6 +49,7 @@ DEFAULTS = {
     "vidcache_read_ahead_bytes": 2 << 30,
     "vidcache_server_read_ahead": 0,    # off: every server node pulls what a request names (traffic x nodes)
     "vidcache_check_servers": True,
+    "vidcache_check_computation": "off",   # warn / fail: the canaries' KL against the HF checkpoint at startup
     "vidcache_allow_unverified_sglang": None,
     "vidcache_server_torchcodec": None,
     "vidcache_server_vision": None,     # "package": the servers run vidcache's model package (stock mode states it)
@@ -108,6 +109,12 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                    default=DEFAULTS["vidcache_check_servers"],
                    help="before the first rollout, run `vidcache check-server` against every SGLang server and "
                         "stop on any cause (default: on)")
+    g.add_argument("--vidcache-check-computation", default=DEFAULTS["vidcache_check_computation"],
+                   choices=("off", "warn", "fail"),
+                   help="before the first rollout, also run `vidcache check-computation` against every SGLang server "
+                        "with --hf-checkpoint's model (transformers, on this process's GPU in bf16 where a floor is "
+                        "measured for it, else CPU fp32), log the table, and on a KL above the threshold warn or fail (default: off; needs the "
+                        "checkpoint's weights on the trainer node)")
     g.add_argument("--vidcache-allow-unverified-sglang", default=None, metavar="VERSION",
                    help="accept this exact SGLang version although vidcache is not verified with it")
     g.add_argument("--vidcache-server-torchcodec", default=None, metavar="VERSION",

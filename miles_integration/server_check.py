@@ -5,6 +5,11 @@ canary ids, attestation, torchcodec), run once per process against each worker t
 (Miles' own ``get_worker_urls``), or against the router's address where it lists none.  A failure stops
 the run at its first rollout with the CLI's lines (``vidcache.ParityError``), before any sample is
 generated; ``--no-vidcache-check-servers`` switches it off.
+
+``--vidcache-check-computation warn|fail`` (off by default) then runs ``vidcache check-computation`` against each
+server with the HF checkpoint's model (``--hf-checkpoint``: transformers' class, not Megatron's; on the GPU in bf16
+where that pair has a measured floor, else CPU fp32), logs its table, and
+warns or fails above the threshold.  The CPU dry run (examples/miles_cpu_dry_run.py) serves no model: it leaves it off.
 """
 from __future__ import annotations
 
@@ -102,4 +107,22 @@ def _check_all(urls, processor, cfg: VidcacheConfig, args) -> list[str] | None:
         (logger.info if res.ok and not res.warnings else logger.warning)("vidcache: %s", "\n".join(res.lines()))
         if not res.ok:
             failed += res.lines()
+        elif _get(args, "vidcache_check_computation") != "off":
+            failed += computation_failures(url, args, cfg, cache)
     return failed or None
+
+
+def computation_failures(url: str, args, cfg: VidcacheConfig, cache) -> list[str]:
+    """``check-computation`` against ``url`` with ``--hf-checkpoint``'s model: the lines that fail the job (none
+    with ``--vidcache-check-computation warn``: they are logged only)."""
+    import torch
+
+    from vidcache.rollout.computation import FLOORS
+    from vidcache.sglang.computation import check_computation
+    # the trainer's GPU in bf16 where that pair has a measured floor (the pass threshold), else CPU fp32
+    cuda = torch.cuda.is_available() and ("cuda", "bfloat16") in FLOORS
+    res = check_computation(url, args.hf_checkpoint, cfg.mode, cache=cache, family=cfg.options.family,
+                            device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
+                            trainer_positions=None if trainer_gets_engine_positions(args) else "transformers")
+    (logger.info if res.ok else logger.warning)("vidcache: %s", "\n".join(res.lines()))
+    return res.lines() if not res.ok and _get(args, "vidcache_check_computation") == "fail" else []

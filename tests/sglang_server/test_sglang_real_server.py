@@ -47,13 +47,16 @@ import vidcache  # noqa: E402
 from support.tiny_checkpoint import load_tiny_model, write_tiny_checkpoint  # noqa: E402
 from vidcache import VideoCache, VideoOptions, prepare  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
+from vidcache.rollout.computation import across_video_attention, kl_per_token, threshold_for  # noqa: E402
 from vidcache.testing.videos import make_video  # noqa: E402
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow]
 VIDCACHE = Path(sys.executable).parent / "vidcache"
 # The floor measured here (fp32, SGLang's torch-native CPU path vs transformers' SDPA): mean KL ~1e-8 nats/token,
-# max |d logprob| ~1e-4.  The bounds sit far below what a computation mismatch gives (~1-2 nats/token).
-FLOOR_MEAN_KL, FLOOR_MAX_KL = 1e-6, 1e-5
+# max |d logprob| ~1e-4.  The bounds (check-computation's CPU fp32 threshold) sit far below what a computation
+# mismatch gives (~1-2 nats/token).
+_CPU_FP32 = threshold_for("cpu", "float32")
+FLOOR_MEAN_KL, FLOOR_MAX_KL = _CPU_FP32.mean, _CPU_FP32.max
 FAR = 1e-2
 PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}Describe.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -160,6 +163,41 @@ def test_check_server_cli(server):
         assert "Radix cache is disabled" not in log and "Chunked prefill is disabled" not in log
 
 
+def test_check_computation_cli(server):
+    """``vidcache check-computation`` (the CLI): every canary at the CPU fp32 floor where the server computes the
+    model; on SGLang's own Qwen2.5-VL tower one temporal patch passes and several fail, named as the vision tower's
+    temporal attention (rescored across the video: at the floor); with the trainer at transformers' own positions,
+    Qwen2.5-VL fails naming the position rule."""
+    def check(*extra):
+        out = subprocess.run([str(VIDCACHE), "check-computation", server.url, "--model", server.ckpt,
+                              "--mode", server.mode, *extra], capture_output=True, text=True, timeout=1200,
+                             env={**os.environ, "PYTHONPATH": str(ss.ROOT)})
+        print(f"\n$ vidcache check-computation ({_server_id((server.family, server.mode, server.vision))}) "
+              f"{' '.join(extra)}\n{out.stdout}{out.stderr[-3000:]}")
+        return out, out.stdout.splitlines()
+
+    out, lines = check()
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "full vocabulary" in lines[0] and "mean KL <= 1e-06" in lines[0], out.stdout
+    row = {ln.split("  mean KL")[0].strip(): ln for ln in lines if "  mean KL" in ln}
+    assert set(row) == {"text", "image", "video 1 patch", "video 4 patches", "two videos", "second turn"}, out.stdout
+    if server.vision == ss.SHIPPED:
+        assert out.returncode == 1, out.stdout
+        assert "ABOVE" not in row["text"] and "ABOVE" not in row["video 1 patch"] and "ABOVE" in row["video 4 patches"]
+        fail = [ln for ln in lines if ln.startswith("FAIL")]
+        assert len(fail) == 1 and fail[0].startswith("FAIL [vision]") and "temporal attention" in fail[0], out.stdout
+        assert "attend across each whole video" in fail[0], out.stdout       # the rescore matched
+        return
+    assert out.returncode == 0 and lines[-1].startswith("OK   computation equal on 6 canaries"), out.stdout
+    assert not any("ABOVE" in ln for ln in row.values()), out.stdout
+    if server.family == "qwen2_5_vl" and server.mode == "plugin":
+        out, lines = check("--trainer-positions", "transformers")
+        assert out.returncode == 1, out.stdout
+        fail = [ln for ln in lines if ln.startswith("FAIL")]
+        assert len(fail) == 1 and fail[0].startswith("FAIL [positions] the position rule"), out.stdout
+        assert "video 4 patches" in fail[0] and "rope_positions" in fail[0], out.stdout
+
+
 def _generate(server, clip, seconds: int):
     proc = vidcache_processor(server.ckpt)
     h = vidcache.get(clip, options(server.family, server.mode, seconds), VideoCache())
@@ -202,16 +240,13 @@ def model_config(ckpt):
 
 
 def _kl(model, req, ids, eng, pos, vision_per_video=False):
-    import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as mq
+    import contextlib
     ti = req.train_inputs
-    with pytest.MonkeyPatch.context() as mp:
-        if vision_per_video:      # transformers' full-attention blocks over the whole video, as SGLang's
-            orig = mq.get_vision_attention_seqlens
-            mp.setattr(mq, "get_vision_attention_seqlens",
-                       lambda grid_thw, config, kwargs=None: orig(grid_thw, config, merge_temporal=True, kwargs=kwargs))
+    # transformers' full-attention blocks over the whole video, as SGLang's
+    with across_video_attention() if vision_per_video else contextlib.nullcontext():
         hf = ss.hf_logprobs(model, ids, ti, pos)[: len(ids) - 1].double()
     assert hf.shape == eng.shape
-    kl = (eng.exp() * (eng - hf)).sum(-1)
+    kl = kl_per_token(eng, hf)
     return kl, bool((eng.argmax(-1) == hf.argmax(-1)).all()), float((eng - hf).abs().max())
 
 

@@ -195,31 +195,16 @@ def sglang_positions(ckpt, expanded_ids, video_grid_thw, second_per_grid_ts):
 
 
 def hf_logprobs(model, ids, tensors, position_ids=None):
-    """transformers' forward on ``ids`` with the trainer's tensors: fp32 log-softmax, ``len(ids) x vocab`` (row i
-    predicts token i + 1).  ``position_ids``: the engine's M-RoPE positions (None: the model computes its own)."""
-    import torch
-    with torch.no_grad():
-        input_ids = torch.tensor([list(ids)])
-        kw = {"pixel_values_videos": tensors["pixel_values_videos"].to(torch.float32),
-              "video_grid_thw": torch.as_tensor(tensors["video_grid_thw"]).reshape(-1, 3)}
-        if tensors.get("second_per_grid_ts") is not None:
-            kw["second_per_grid_ts"] = torch.as_tensor(tensors["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
-        if position_ids is not None:
-            kw["position_ids"] = position_ids
-        out = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False, **kw)
-    return torch.log_softmax(out.logits[0].to(torch.float32), dim=-1)
+    """transformers' forward on ``ids`` with the trainer's tensors: ``len(ids) x vocab`` fp32 log-softmax
+    (``vidcache.rollout.computation.trainer_logprobs``, what ``check-computation`` scores with)."""
+    from vidcache.rollout.computation import trainer_logprobs
+    return trainer_logprobs(model, ids, tensors, position_ids)
 
 
 def engine_logprobs(meta: dict, key: str, vocab: int):
-    """``meta_info[key]`` (``input_top_logprobs`` / ``output_top_logprobs``, asked with ``top_logprobs_num`` =
-    vocab size) as a dense ``N x vocab`` tensor; the prompt's first row (no prediction) is dropped."""
-    import torch
-    rows = [r for r in meta[key] if r]
-    out = torch.full((len(rows), vocab), float("nan"), dtype=torch.float64)
-    for i, row in enumerate(rows):
-        for lp, tok, _ in row:
-            out[i, tok] = lp
-    return out
+    """``meta_info[key]`` as a dense ``N x vocab`` tensor (``vidcache.sglang.computation.engine_rows``)."""
+    from vidcache.sglang.computation import engine_rows
+    return engine_rows(meta, key, vocab)
 
 
 if __name__ == "__main__":   # python tests/support/sglang_server.py write-checkpoint DIR

@@ -34,12 +34,12 @@ def clip(tmp_path_factory):
                        width=176, height=144, fps=30, n_frames=360)
 
 
-def cli(root, *args):
-    """``vidcache check-server --engine vllm ...`` as a user runs it on a fresh node."""
+def cli(root, *args, command="check-server"):
+    """``vidcache check-server --engine vllm ...`` (or another ``command``) as a user runs it on a fresh node."""
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH") if k in os.environ}
     env.update(VIDCACHE_DIR=str(root / "cli-node"), VIDCACHE_SHARED=str(root / "shared"), HF_HUB_OFFLINE="1")
-    return subprocess.run([str(VIDCACHE), "check-server", "--engine", "vllm", *args], capture_output=True,
-                          text=True, timeout=600, env=env)
+    return subprocess.run([str(VIDCACHE), command, "--engine", "vllm", *args], capture_output=True,
+                          text=True, timeout=1200, env=env)
 
 
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
@@ -108,6 +108,23 @@ def test_check_server_passes_against_the_documented_server(served):
     # transformers' own positions differ from vLLM's for Qwen2.5-VL: flagged (a warning), for Qwen3-VL not
     warned = [ln for ln in r.stdout.splitlines() if ln.startswith("WARN [positions]")]
     assert bool(warned) == (served["family"] == "qwen2_5_vl"), r.stdout
+
+
+def test_check_computation_passes_against_the_documented_server(served):
+    """``vidcache check-computation --engine vllm`` (the CLI, fresh node): vLLM's prompt and sample logprobs (the
+    whole vocabulary: this server's --max-logprobs is the toy tokenizer's 263) equal transformers' model at vLLM's
+    positions on every canary the server takes; it takes one video and no image (--limit-mm-per-prompt), and the
+    image and two-video canaries are reported as not run."""
+    args = [served["server"].url, "--model", served["ckpt"], "--top-k", str(ve.VOCAB), "--max-logprobs",
+            str(ve.VOCAB)] + (["--token-layout", "wrapped"] if served["family"] == "qwen3_vl" else [])
+    r = cli(served["root"], *args, command="check-computation")
+    print(f"\n$ vidcache check-computation --engine vllm ({served['family']})\n{r.stdout}{r.stderr[-3000:]}")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "full vocabulary (263)" in lines[0] and lines[-1].startswith("OK   computation equal on 4 canaries")
+    scored = {ln.split("  mean KL")[0].strip() for ln in lines if "  mean KL" in ln}
+    assert scored == {"text", "video 1 patch", "video 4 patches", "second turn"}, r.stdout
+    assert sum("not run" in ln for ln in lines) == 2, r.stdout
 
 
 def test_check_server_names_the_request_gate(tmp_path):

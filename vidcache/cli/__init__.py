@@ -9,7 +9,7 @@ only read manifests (``--help``, ``stats``, ``ls``, ``verify``, ``inspect``, ``s
 Each command's flags (``_add_<command>(sub)``) sit next to its handler (``cmd_<command>``), grouped by job:
   datasets   prewarm, pull, demo: the commands that read a dataset's rows
   entries    ls, stats, verify, evict, gc, inspect: what a cache holds (prefixes: keys as ``ls`` prints them)
-  engines    check-trainer, sglang-config, vllm-config, check-server, serve: the rollout engines
+  engines    check-trainer, sglang-config, vllm-config, check-server, check-computation, serve: the rollout engines
   tier       tier-id, doctor: this node's settings and its shared tier
   common     what they share: the help format, the cache and option flags, sizes, the node's cache
 This module assembles the parser, in the order ``--help`` lists the commands, and runs one.
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (engines._add_check_trainer, datasets._add_prewarm, datasets._add_pull, entries._add_ls,
                 entries._add_stats, entries._add_verify, entries._add_evict, entries._add_gc, entries._add_inspect,
                 engines._add_sglang_config, engines._add_vllm_config, tier._add_tier_id, tier._add_doctor,
-                engines._add_check_server, engines._add_serve, datasets._add_demo):
+                engines._add_check_server, engines._add_check_computation, engines._add_serve, datasets._add_demo):
         add(sub)
     return ap
 

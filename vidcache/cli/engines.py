@@ -1,6 +1,7 @@
 """The commands for the rollout engines: what SGLang and vLLM must be given to reproduce the cache
 (``sglang-config``, ``vllm-config``), whether a live server and the trainer's transformers do
-(``check-server``, ``check-trainer``), and ``serve`` (frozen files over HTTP)."""
+(``check-server``, ``check-trainer``), whether it computes what the trainer's model does (``check-computation``),
+and ``serve`` (frozen files over HTTP)."""
 from __future__ import annotations
 
 import json
@@ -145,6 +146,50 @@ def cmd_check_server(args) -> int:
                                    server_vision=args.server_vision)
     with check_deadline(args.timeout):  # from here, not from the imports above (seconds on a busy trainer node)
         res = run()
+    print("\n".join(res.lines()))
+    return 0 if res.ok else 1
+
+
+def _add_check_computation(sub) -> None:
+    from ..sglang_facts import MODES
+    p = command(sub, "check-computation", help="do a live server's logprobs equal the trainer's model's on canary "
+                                               "requests (text, image, videos, a second turn)? (exit 0 only then)")
+    p.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:30000")
+    add_cache_flags(p)
+    p.add_argument("--model", metavar="CKPT", required=True, help="the checkpoint the server runs and the trainer "
+                   "trains (its directory: transformers' class for it scores the canaries)")
+    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang", help="the server's engine")
+    p.add_argument("--mode", choices=sorted(MODES), help="SGLang: the servers' mode (" + mode_default_help() + ")")
+    p.add_argument("--device", default="cpu", help="where the trainer's model runs: cpu, cuda, cuda:N")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the trainer's model's dtype")
+    p.add_argument("--top-k", type=int, metavar="K", help="logprobs asked per position (default: the full "
+                   "vocabulary up to 4096 tokens, else 20; vLLM: at most its --max-logprobs)")
+    p.add_argument("--max-logprobs", type=int, default=20, metavar="N",
+                   help="--engine vllm: the server's --max-logprobs (default vLLM's 20)")
+    p.add_argument("--threshold", type=float, metavar="X", help="pass bound on the mean KL per token, nats (any one "
+                   "token: 10x); default: from the measured floor for --device/--dtype (docs/benchmarks.md)")
+    p.add_argument("--trainer-positions", choices=("engine", "transformers"), default="engine",
+                   help="diagnostic: the M-RoPE rule the trainer side scores at (engine: vidcache.rope_positions, "
+                        "what the trainer must use; transformers: its own rule, as a trainer without it)")
+    p.add_argument("--token-layout", metavar="LAYOUT", help="the token layout the trainer's ids are in (as "
+                   "check-server; vLLM's chat endpoint: wrapped for Qwen3-VL)")
+    p.set_defaults(fn=cmd_check_computation)
+
+
+def cmd_check_computation(args) -> int:
+    from ..sglang_facts import default_mode
+    cache = cache_of(args) if (args.cache or args.shared) else None       # default: this node's configuration
+    kw = {"device": args.device, "dtype": args.dtype, "top_k": args.top_k, "threshold": args.threshold,
+          "trainer_positions": None if args.trainer_positions == "engine" else args.trainer_positions}
+    if args.engine == "vllm":
+        from ..vllm.computation import check_computation
+        res = check_computation(args.url, args.model, cache=cache, token_layout=args.token_layout,
+                                max_logprobs=args.max_logprobs, **kw)
+    else:
+        from ..rollout.models import derive
+        from ..sglang.computation import check_computation
+        mode = args.mode or default_mode(derive(args.model).family)
+        res = check_computation(args.url, args.model, mode, cache=cache, token_layout=args.token_layout, **kw)
     print("\n".join(res.lines()))
     return 0 if res.ok else 1
 

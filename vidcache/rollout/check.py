@@ -209,31 +209,38 @@ def error_message(body: dict) -> str:
     return str(err)
 
 
-def exact_canary_options(family: str) -> VideoOptions:
+def exact_canary_options(family: str, nframes: int = 2) -> VideoOptions:
     """The canary for an engine that takes the cached frames as they are (SGLang's plugin, vLLM's loader): two
-    frames, small enough that the canary's rows travel in its attestation (``attest.VALUES_MAX_BYTES``)."""
+    frames (or ``nframes``), small enough that the canary's rows travel in its attestation
+    (``attest.VALUES_MAX_BYTES``)."""
     side = 2 * PATCH_SIZE[family] * 2
-    return VideoOptions(family=family, nframes=2, resized_height=side, resized_width=side)
+    return VideoOptions(family=family, nframes=nframes, resized_height=side, resized_width=side)
 
 
 def canary_video(options: VideoOptions, cache=None):
     """The canary video, made here (deterministic content: the same entry on every run) and cached with
     ``options`` through this node's configuration (``cache``, default ``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``)."""
+    return canary_clip("vidcache-canary", 8, 4, options, cache)     # 2 s at 4 fps
+
+
+def canary_clip(name: str, n_frames: int, fps: int, options: VideoOptions, cache=None):
+    """A deterministic noise clip (96 x 96, ``n_frames`` at ``fps``; noise exercises every bit) written once per user
+    under ``name`` and cached with ``options`` (``canary_video``; the computation check's longer clip)."""
     import numpy as np
 
     from ..encode import write_video
     from ..handle import get
     rng = np.random.default_rng(20261201)
-    frames = rng.integers(0, 256, (8, 96, 96, 3), dtype=np.uint8)      # 2 s at 4 fps: noise exercises every bit
+    frames = rng.integers(0, 256, (n_frames, 96, 96, 3), dtype=np.uint8)
     # NUT, not Matroska: Matroska writes a random segment UID, so every run cached a new canary entry (D40).  One
     # fixed path per user, written whole (os.replace), so its source record is the same every run too.
     d = os.path.join(tempfile.gettempdir(), f"vidcache-canary-{os.getuid() if hasattr(os, 'getuid') else 0}")
     os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, "vidcache-canary.nut")
+    path = os.path.join(d, f"{name}.nut")
     tmp = tempfile.NamedTemporaryFile(dir=d, suffix=".nut", delete=False)
     tmp.close()
     try:
-        write_video(tmp.name, frames, codec="ffv1", rate=Fraction(4), pix_fmt="bgr0", exact_time_base=True)
+        write_video(tmp.name, frames, codec="ffv1", rate=Fraction(fps), pix_fmt="bgr0", exact_time_base=True)
         os.replace(tmp.name, path)
     finally:
         if os.path.exists(tmp.name):

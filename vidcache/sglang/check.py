@@ -47,19 +47,20 @@ CLI_FLAGS = {"allow_unverified": "--allow-unverified-sglang", "server_torchcodec
              "mode": "--mode", "server_vision": "--server-vision package"}
 
 
-def canary_options(family: str, mode: str, sglang_version: str | None = None) -> VideoOptions:
+def canary_options(family: str, mode: str, sglang_version: str | None = None, nframes: int | None = None) -> VideoOptions:
     """Plugin mode: the exact canary (``rollout.check.exact_canary_options``: two small frames).  Stock mode: four
     (decord cannot open a two-frame frozen NUT file: "broken metadata"), on a grid stock SGLang keeps (Qwen3-VL
     stock: 224), and within the release's pixel bounds (``sglang_facts.stock_pixel_bounds``: 224x448 for Qwen3-VL
-    on SGLang 0.5.16)."""
+    on SGLang 0.5.16).  ``nframes``: another count (the computation check's canaries; stock mode sends fewer than
+    four as Matroska, ``frozen_format="ffv1"``)."""
     if mode == "plugin":
-        return exact_canary_options(family)
+        return exact_canary_options(family, nframes or 2)
     q3_stock = family == "qwen3_vl"
     side = STOCK_QWEN3_GRID if q3_stock else 2 * PATCH_SIZE[family] * 2
     width = side
     while width * side < stock_pixel_bounds(family, sglang_version)[0]:
         width += side
-    return VideoOptions(family=family, nframes=4, resized_height=side, resized_width=width,
+    return VideoOptions(family=family, nframes=nframes or 4, resized_height=side, resized_width=width,
                         size_factor=STOCK_QWEN3_GRID if q3_stock else None)
 
 
