@@ -35,7 +35,7 @@ from .dataset import (InlineBytes, check_columns, check_format, is_hf_dataset, i
                       open_rows)
 from .errors import (BackendUnavailableError, BadRowError, ConfigError, NoMediaError, VidcacheError, WorkerError,
                      WorkerMemoryError, WorkerTimeoutError)
-from .loader.fetch import scheme_of
+from .loader.fetch import canonical_source, scheme_of
 from .loader.tmpdirs import sweep_stale
 from .options import INPUT_KEY, VIDEO_KEY, VideoOptions
 
@@ -773,7 +773,7 @@ def _pull_key(cache: VideoCache, src, opts: VideoOptions) -> tuple[str | None, b
     try:
         return cache.find(src, opts), False, None
     except SourceError as e:
-        raw = cache.store.get(keys.src(src))
+        raw = cache.store.get(keys.src(canonical_source(src)))
         rec = None if raw is None else SourceRecord.from_json(raw)
         if rec is None:
             return None, False, e

@@ -285,15 +285,11 @@ def cmd_inspect(args) -> int:
         if as_key:
             raise
         m = None
-        target = source_arg(target)
-        candidates = [target] + (["file://" + target] if target.startswith("/") else [])
-        options = options_of(args)
-        for src in candidates:             # prewarm records a dataset's source as written: path or file:// URL
-            if (key := cache.find(src, options)) is not None:
-                m = cache.manifest(key)
-                break
-        if m is None:
-            cached = [o for src in candidates for o in cache.options_cached_for(src)]
+        options = options_of(args)        # the core spells the source one way (loader.fetch.canonical_source)
+        if (key := cache.find(target, options)) is not None:
+            m = cache.manifest(key)
+        else:
+            cached = cache.options_cached_for(target)
             if cached:
                 shown = "; ".join(_option_flags(o) for o in cached)
                 print(f"{target} is not cached for these options; it is cached under: {shown}", file=sys.stderr)
@@ -316,16 +312,6 @@ def cmd_inspect(args) -> int:
         contact_sheet(cache.frames(m.key), m).save(args.contact_sheet)
         print(f"contact sheet: {args.contact_sheet}")
     return 0
-
-
-def source_arg(text: str) -> str:
-    """A source as prewarm records it: local paths absolute and normalised (``./a.mp4``, ``a.mp4`` and
-    ``file:///abs/a.mp4`` name one file); URLs as given."""
-    if text[:7].lower() == "file://":
-        text = text[7:]
-    elif "://" in text:
-        return text
-    return os.path.normpath(os.path.abspath(os.path.expanduser(text)))
 
 
 def _option_flags(opts: dict) -> str:
