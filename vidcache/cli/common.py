@@ -114,7 +114,9 @@ def cache_of(args, read_only: bool = False, **settings):
     """The node's cache.  Read-only on a fresh node (no local directory yet) with a shared tier: the
     shared tier behind an empty local tier, and nothing is created on the node."""
     from ..cache import VideoCache
-    from ..config import CacheConfig
+    from ..config import ENV_DIR, CacheConfig, check_node_dir
+    given = getattr(args, "cache", None)      # a placeholder or a file is named before any "no cache there"
+    check_node_dir(given or os.environ.get(ENV_DIR), "--cache" if given else ENV_DIR)
     path = node_dir(args)
     if read_only and not has_local(path) and not shared_url(args, path):
         from ..errors import ConfigError
