@@ -56,7 +56,7 @@ def test_cli_inspect_finds_an_entry_python_built_from_a_relative_path(workdir):
     key = vidcache.get("./videos/a.mp4", VideoOptions(), cache).key
     cache.close()
     for spelling in _spellings(workdir):
-        r = run_cli(["inspect", spelling], node, cwd=workdir, pythonpath=[])
+        r = run_cli(["inspect", spelling, "--json"], node, cwd=workdir, pythonpath=[])
         assert r.returncode == 0, (spelling, r.stderr)
         assert json.loads(r.stdout)["key"] == key
     r = run_cli(["ls"], node, cwd=os.path.dirname(workdir), pythonpath=[])      # another directory: the source is absolute

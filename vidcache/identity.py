@@ -137,7 +137,7 @@ def shared_identity(store: Store, create: bool, remembered: str | None = None,
             raise StoreError(
                 f"{store!r} holds cache objects but has no {TIER_KEY} (deleted?). A new identity would orphan "
                 "every handle made from it. Restore the old one (it is the `identity` of any handle, the `tier` of "
-                "any plugin reference, and `identity` in an old `vidcache stats`): `vidcache tier-id --shared URL "
+                "any plugin reference, and the `cache:` line of an old `vidcache stats`, `identity` in its --json): `vidcache tier-id --shared URL "
                 "--restore tier-<32 hex>`; or start a new identity with `vidcache tier-id --shared URL --new`")
     if raw is None and create and belongs_to is not None:
         url, ident = belongs_to

@@ -120,8 +120,9 @@ def cache_of(args, read_only: bool = False, **settings):
     path = node_dir(args)
     if read_only and not has_local(path) and not shared_url(args, path):
         from ..errors import ConfigError
-        raise ConfigError(f"no vidcache cache at {path} and no shared tier (set VIDCACHE_SHARED or pass --shared "
-                          "URL); nothing was created there")
+        raise ConfigError(f"no vidcache cache at {path} and no shared tier; nothing was created there. Point at "
+                          "a cache with --cache DIR or VIDCACHE_DIR=DIR (the README's demo: --cache demo/cache), "
+                          "or at a shared tier with --shared URL or VIDCACHE_SHARED")
     shared = getattr(args, "shared", None)
     cache = VideoCache(path, shared=shared if isinstance(shared, str) else None, read_only=read_only,
                        decoder=getattr(args, "decoder", CacheConfig.decoder), **settings)

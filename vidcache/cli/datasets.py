@@ -193,6 +193,9 @@ def _add_pull(sub) -> None:
     p.add_argument("--depth", type=_positive, default=readahead.DEPTH, help="entries pulled at once, at most")
     p.add_argument("--max-bytes", type=_positive_size, default=readahead.MAX_BYTES, metavar="SIZE",
                    help="frames in flight at once, at most (e.g. 2GiB)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when any video is not cached in any tier yet, as well as when one fails (a "
+                        "pre-job check: every row ready on this node)")
     p.set_defaults(fn=cmd_pull)
 
 
@@ -217,7 +220,7 @@ def cmd_pull(args) -> int:
     print(s.line())
     if s.failures:
         _print_failures(s.failures)
-    return 1 if s.failed else 0
+    return 1 if s.failed or (args.strict and s.not_cached) else 0
 
 
 def _positive(text: str) -> int:
