@@ -28,6 +28,11 @@ from .store.publish import publish_bytes
 
 ENV_DIR = "VIDCACHE_DIR"
 ENV_SHARED = "VIDCACHE_SHARED"
+# What a serving node must set of the two, as a pasted shell fragment says it (``export_line``): each node its own
+# directory (required); the shared tier (may be set empty on a single node, but not forgotten).
+NODE_ENV_HELP = {ENV_DIR: (":?", "set VIDCACHE_DIR to a node-local directory on this node (never NFS)"),
+                 ENV_SHARED: ("?", "set VIDCACHE_SHARED to the shared tier of the cluster (an NFS path or "
+                                   "s3://bucket/prefix), or to an empty value on a single node")}
 VERIFY_READS = ("first", "always", "never")
 # How entries are written to the shared tier: "compact", one lossless MagicYUV object per entry (frozen/,
 # also what stock SGLang reads); "raw", the frames' bytes (cas/), as vidcache 0.1 wrote.  Both are read.
@@ -51,6 +56,18 @@ class NodeLayout:
     def has_local_tier(self) -> bool:
         """Whether this node has made its local tier yet (read-only commands create nothing)."""
         return os.path.exists(self.lmdb_file)
+def export_line(name: str, value: str) -> str:
+    """``export NAME=VALUE`` for a shell fragment a user pastes or evals.  A placeholder value (``<...>``) is never
+    exported as text (it would become every later command's setting): it becomes ``${NAME:?why}``, which keeps the
+    node's own value and stops the fragment, saying what to set, where there is none."""
+    import shlex
+    if not value.startswith("<"):
+        return f"export {name}={shlex.quote(value)}"
+    test, why = NODE_ENV_HELP.get(name, (":?", f"set {name} first"))
+    why = "".join(c for c in why if c not in "\"'`$}")        # literal inside "${...}"
+    return f'export {name}="${{{name}{test}{why}}}"'
+
+
 _SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
                 "aws_session_token"}
 

@@ -74,19 +74,41 @@ def _add_vllm_config(sub) -> None:
                    help="shell: the `vllm serve` flags, shell-quoted; json: engine kwargs, flags and per-request kwargs")
     p.add_argument("--family", choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
                    help="the served model's family: plain (uncached) video files then go to vLLM's own loader for it")
+    add_cache_flags(p)
     p.set_defaults(fn=cmd_vllm_config)
 
 
+# What every vLLM node needs besides the flags (docs/vllm.md): the loader resolves each reference in this node's
+# cache, and a VLLM_PLUGINS list that leaves vidcache out never registers the loader.
+VLLM_NODE_NOTE = ("on each vLLM node: the loader resolves every reference through that node's own VIDCACHE_DIR + "
+                  "VIDCACHE_SHARED; if VLLM_PLUGINS restricts vLLM's plugins, it must include vidcache")
+
+
+def vllm_node_env(args) -> dict:
+    """The node settings the loader needs: the shared tier this node is configured with, else placeholders (as
+    ``sglang-config`` prints them; a shell fragment turns those into ``${VAR:?...}``)."""
+    from ..config import ENV_DIR, ENV_SHARED
+    shared = shared_url(args, node_dir(args))
+    return {ENV_DIR: "<a node-local directory on each vLLM node (never NFS)>",
+            ENV_SHARED: shared or "<the cluster's shared tier: NFS path or s3://bucket/prefix>"}
+
+
 def cmd_vllm_config(args) -> int:
+    from ..config import export_line
     from ..vllm.config import MM_PROCESSOR_KWARGS, engine_kwargs, serve_flags
     if args.family is None:     # the loader then hands plain (uncached) files to opencv, not the model's own loader
         print("note: without --family, plain (uncached) video files go to VLLM_VIDEO_LOADER_BACKEND (opencv), not "
               "the model's own loader", file=sys.stderr)
+    env = vllm_node_env(args)
     if args.format == "json":
         print(json.dumps({"engine_kwargs": engine_kwargs(args.family), "serve_flags": serve_flags(args.family),
-                          "mm_processor_kwargs": MM_PROCESSOR_KWARGS}, indent=2))
+                          "mm_processor_kwargs": MM_PROCESSOR_KWARGS, "env": env, "notes": [VLLM_NODE_NOTE]},
+                         indent=2))
     else:               # shell-quoted: pasted into a shell, the JSON reaches vLLM with its quotes
         import shlex
+        print(f"# {VLLM_NODE_NOTE}")
+        for k, v in env.items():
+            print(export_line(k, v))
         print(f"vllm serve MODEL {shlex.join(serve_flags(args.family))}")
     return 0
 
