@@ -119,7 +119,10 @@ class VideoOptions:
 
     def __post_init__(self) -> None:
         if self.family not in PATCH_SIZE:
-            raise OptionsError(f"unknown family {_shown(self.family)}; expected one of {sorted(PATCH_SIZE)}")
+            from .rollout.models import FAMILY_OF_MODEL_TYPE        # the same floor: the model-type table
+            hint = (f" ({self.family} is a model type: its family is {FAMILY_OF_MODEL_TYPE[self.family]})"
+                    if isinstance(self.family, str) and self.family in FAMILY_OF_MODEL_TYPE else "")
+            raise OptionsError(f"unknown family {_shown(self.family)}; expected one of {sorted(PATCH_SIZE)}{hint}")
         if self.fps is not None and self.nframes is not None:
             raise OptionsError("give either fps or nframes, not both (qwen-vl-utils semantics)")
         if (self.resized_height is None) != (self.resized_width is None):

@@ -31,6 +31,8 @@ EXAMPLES = """examples:
   vidcache prewarm train.jsonl --family qwen2_5_vl --fps 2 --max-pixels 200704 --failures failures.jsonl
   vidcache inspect clip.mp4 --family qwen3_vl --contact-sheet clip.png
   vidcache sglang-config --family qwen2_5_vl --mode plugin
+  vidcache prewarm train.jsonl --model /ckpt/Qwen3.5-9B     # the family from the checkpoint (Qwen3.5: qwen3_vl)
+  vidcache vllm-config --family qwen3_5                     # a model type is taken as its family, and said so
 """
 
 

@@ -237,7 +237,8 @@ def format_shell(cfg: dict) -> str:
     lines = [f"# {_command(cfg)} --format shell"]
     lines += [export_line(k, v) for k, v in cfg["env"].items()]     # placeholders: ${VAR:?...}, never text
     lines += _array("SGLANG_ARGS", list(cfg["server_args"]))
-    lines += ['# python3 -m sglang.launch_server --model-path MODEL "${SGLANG_ARGS[@]}"',
+    model = shlex.quote(cfg["model"]) if cfg.get("model") else "MODEL"     # sglang-config --model DIR
+    lines += [f'# python3 -m sglang.launch_server --model-path {model} "${{SGLANG_ARGS[@]}}"',
               f"# then: {cfg['check']}"]
     return "\n".join(lines + _notes(cfg)) + "\n"
 
