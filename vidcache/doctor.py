@@ -191,8 +191,9 @@ def integrations() -> list[Check]:
         out.append(Check("SGLang plugin", err is None, "vidcache.sglang.plugin imports" if err is None else err,
                          _fix_for(err or "")))
     if importlib.util.find_spec("miles") is None:
-        out.append(Check("Miles adapters", True, "Miles not importable here (needed on Miles nodes only; "
-                                                 "MILES_SRC / pip install miles)"))
+        out.append(Check("Miles adapters", True, "Miles not importable here (needed on Miles nodes only: "
+                                                 "Miles' image has it; else install a Miles checkout, e.g. "
+                                                 "pip install -e /path/to/miles, or put it on PYTHONPATH)"))
     else:
         err = _child_import(["miles_integration.args", "miles_integration.data_source",
                              "miles_integration.generate", "miles_integration.rollout"])

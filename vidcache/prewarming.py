@@ -33,8 +33,8 @@ from .digest import Digest
 from .config import ENV_DIR
 from .dataset import (InlineBytes, check_columns, check_format, is_hf_dataset, is_parquet, iter_jsonl, media_items,
                       open_rows)
-from .errors import (BackendUnavailableError, BadRowError, ConfigError, NoMediaError, VidcacheError, WorkerError,
-                     WorkerMemoryError, WorkerTimeoutError)
+from .errors import (INSTALL_RAY, BackendUnavailableError, BadRowError, ConfigError, NoMediaError, VidcacheError,
+                     WorkerError, WorkerMemoryError, WorkerTimeoutError)
 from .loader.fetch import canonical_source, scheme_of
 from .loader.tmpdirs import sweep_stale
 from .options import INPUT_KEY, VIDEO_KEY, VideoOptions
@@ -735,7 +735,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
         try:
             import ray as ray_mod
         except ImportError:
-            raise BackendUnavailableError("ray=True needs Ray: pip install 'vidcache[ray]'") from None
+            raise BackendUnavailableError(f"ray=True needs Ray: {INSTALL_RAY}") from None
         if not ray_mod.is_initialized():
             # Ray's own raylet/gcs lines stay in Ray's log directory (/tmp/ray/session_*/logs) unless asked.
             import logging

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from ..errors import INSTALL_RAY
 from .common import (add_cache_flags, add_option_flags, cache_of, check_local_budget, command, options_of,
                      parse_size)
 
@@ -25,7 +26,7 @@ def _add_prewarm(sub) -> None:
                         "default: unlimited)")
     p.add_argument("--workers", type=int, default=1, help="decoding processes on this node")
     p.add_argument("--ray", action="store_true", help="spread the work over a Ray cluster (use with a shared tier; "
-                                                      "needs pip install 'vidcache[ray]')")
+                                                      f"needs Ray: {INSTALL_RAY})")
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--ray-logs", action="store_true", help="show Ray's own raylet/gcs/worker log lines here "
                                                            "(default: they stay in Ray's log directory)")
@@ -79,7 +80,7 @@ def cmd_prewarm(args) -> int:
             import ray  # noqa: F401
         except ImportError as e:
             raise BackendUnavailableError(f"--ray needs Ray, which does not import here ({e}): "
-                                          "pip install 'vidcache[ray]'") from None
+                                          f"{INSTALL_RAY}") from None
     failures = os.path.abspath(args.failures) if args.failures else default_failures_path(args.dataset)
     check_failures_path(failures)
     options = options_of(args)
