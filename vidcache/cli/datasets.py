@@ -114,7 +114,18 @@ def cmd_prewarm(args) -> int:
         _print_failures(s.failures, failures)
     if s.was_interrupted:
         return 130                        # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+    if s.new or s.hit or s.published:
+        print(_next_steps(args), file=sys.stderr)
     return 0 if (s.failed == 0 or args.allow_failures) else 1
+
+
+def _next_steps(args) -> str:
+    """What to do with a cache just filled (a first run ends here: README's command 1), with this run's --cache."""
+    import shlex
+    at = f" --cache {shlex.quote(args.cache)}" if args.cache else ""
+    cache = f"VideoCache({args.cache!r})" if args.cache else "VideoCache()"
+    return (f"next: `vidcache ls{at}` lists the entries, `vidcache inspect SOURCE{at}` shows one; from Python, "
+            f"{cache} reads them (README.md, Python API); `vidcache sglang-config --help` for serving")
 
 
 def _check_format(dataset: str) -> None:
