@@ -110,7 +110,9 @@ if [[ $WITH_TESTS == 1 ]]; then
 else
   "${PIP[@]}" install -e .
 fi
-.venv/bin/python -c "import torch, torchvision, decord, av, qwen_vl_utils, lmdb, vidcache; \
+# decord only where it has wheels (x86_64; pyproject's marker): elsewhere PyAV is the default decoder.
+.venv/bin/python -c "import platform, torch, torchvision, av, qwen_vl_utils, lmdb, vidcache; \
+platform.machine() == 'x86_64' and __import__('decord'); \
 print('[install] ok: torch', torch.__version__, '/ torchvision', torchvision.__version__)"
 if [[ $CPU == 1 ]]; then     # the promise of --cpu: nothing CUDA came in with vidcache's dependencies
   .venv/bin/python - <<'EOF'

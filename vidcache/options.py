@@ -8,6 +8,7 @@ depends on the environment or on which decoders happen to be installed.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import typing
@@ -22,7 +23,10 @@ from .sglang_facts import STOCK_QWEN3_GRID, stock_sglang_problems
 # The decoders a cache can be configured with (vidcache.loader.decode implements them; the CLI offers them).
 # A decoder is not part of any key: where two decode one stream, their bytes are equal (tests/scenarios).
 DECODERS = ("decord", "torchcodec", "pyav")
-DEFAULT_DECODER = "decord"          # qwen-vl-utils' own default reader
+# qwen-vl-utils' own default reader, where it installs: decord 0.6.0 (2021, its last release) has wheels for x86_64
+# only, so on aarch64 (GH200/GB200 nodes) the default is PyAV, whose frames equal decord's on 8-bit streams
+# (tests/scenarios/test_codecs.py; the decoder never enters the cache key for them).  find_spec: no import here.
+DEFAULT_DECODER = "decord" if importlib.util.find_spec("decord") is not None else "pyav"
 
 # Bump when vidcache's own sampling/resizing/storage code or a default changes the bytes:
 # it disowns every earlier entry (Bazel's "salt").

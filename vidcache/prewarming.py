@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib.util
 import json
 import logging
 import multiprocessing
@@ -262,7 +263,8 @@ def _pool(workers: int, cache: VideoCache, max_worker_memory: int | None, timeou
     # Imported before fork so workers inherit them: the decode pipeline (torch, decord, PyAV) is no longer
     # imported with the cache (the CLI stays fast), and an import inside a worker would count against its
     # RSS watchdog and be paid by every replacement worker.
-    import decord  # noqa: F401
+    if importlib.util.find_spec("decord") is not None:     # absent where it has no wheel (aarch64): PyAV decodes
+        import decord  # noqa: F401
     from .loader import build  # noqa: F401
     from pebble import ProcessPool
     # fork: workers inherit the imported torch/decord instead of paying the import again.
