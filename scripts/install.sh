@@ -43,10 +43,11 @@ DEFAULT_PAIR="torch==2.14.1 torchvision==0.29.1"
 CPU_PAIR="torch==2.13.0+cpu torchvision==0.28.0+cpu"
 TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 AUTO_CPU=0
-if [[ $CPU == 0 && $GPU == 0 && $WITH_TESTS == 0 && -z "${TORCH_PAIR:-}" ]] && ! command -v nvidia-smi >/dev/null 2>&1; then
+if [[ $CPU == 0 && $GPU == 0 && $WITH_TESTS == 0 && -z "${TORCH_PAIR:-}" ]] \
+    && ! command -v nvidia-smi >/dev/null 2>&1; then
   # Whether the CPU index answers at all (10 s), before pip spends minutes retrying an index it cannot reach.
-  if "$PYTHON" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)' \
-      "$TORCH_CPU_INDEX" >/dev/null 2>&1; then
+  PROBE='import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)'
+  if "$PYTHON" -c "$PROBE" "$TORCH_CPU_INDEX" >/dev/null 2>&1; then
     AUTO_CPU=1
     CPU=1
     log "no NVIDIA GPU here (no nvidia-smi): the CPU build of torch from $TORCH_CPU_INDEX (--gpu for the CUDA pair)"

@@ -59,5 +59,5 @@ def test_cli_inspect_finds_an_entry_python_built_from_a_relative_path(workdir):
         r = run_cli(["inspect", spelling, "--json"], node, cwd=workdir, pythonpath=[])
         assert r.returncode == 0, (spelling, r.stderr)
         assert json.loads(r.stdout)["key"] == key
-    r = run_cli(["ls"], node, cwd=os.path.dirname(workdir), pythonpath=[])      # another directory: the source is absolute
+    r = run_cli(["ls"], node, cwd=os.path.dirname(workdir), pythonpath=[])   # elsewhere: the source is absolute
     assert str(workdir / "videos" / "a.mp4") in r.stdout, r.stdout

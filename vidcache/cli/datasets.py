@@ -124,8 +124,8 @@ def _next_steps(args) -> str:
     import shlex
     at = f" --cache {shlex.quote(args.cache)}" if args.cache else ""
     cache = f"VideoCache({args.cache!r})" if args.cache else "VideoCache()"
-    return (f"next: `vidcache ls{at}` lists the entries, `vidcache inspect SOURCE{at}` shows one; from Python, "
-            f"{cache} reads them (README.md, Python API); `vidcache sglang-config --help` for serving")
+    return (f"prewarm: next: `vidcache ls{at}` lists the entries, `vidcache inspect SOURCE{at}` shows one; "
+            f"from Python, {cache} reads them (README.md, Python API); `vidcache sglang-config --help` for serving")
 
 
 def _check_format(dataset: str) -> None:
