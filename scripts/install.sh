@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install vidcache into ./.venv on a fresh machine.
 #
-#   bash scripts/install.sh          # the library and CLI
+#   bash scripts/install.sh          # the library and CLI: the CPU pair (as --cpu) where no NVIDIA GPU is present
+#                                    #   (no nvidia-smi), else the CUDA pair; --gpu asks for the CUDA pair anyway
 #   bash scripts/install.sh --cpu    # the same with CPU-only torch 2.13.0 / torchvision 0.28.0 from PyTorch's CPU
 #                                    #   index ($TORCH_CPU_INDEX): no CUDA libraries (no nvidia-* or triton wheels)
 #   bash scripts/install.sh --test   # + test deps, SGLang 0.5.23's processor (test peer), Miles (when MILES_SRC names a
@@ -18,21 +19,49 @@
 # vidcache and its dependencies, 381 s and a 1.6 GB .venv (torch 754 MB), with no nvidia-*/triton distribution; this
 # sandbox cannot reach PyTorch's index, so that run took the torchvision 0.28.0 wheel of the same size class from its
 # disk (PyPI's, 16 MB) in place of 0.28.0+cpu.  The default pair: 6.1 GB, 4.1 GB of it CUDA libraries and triton.
+#
+# Without a flag, a machine with no NVIDIA GPU (no nvidia-smi on PATH) gets the CPU pair, as with --cpu, when PyTorch's
+# CPU index answers; where it does not (this sandbox cannot reach it) or its install fails, the default pair is
+# installed instead, with a log line that says so: the default pair runs on a CPU too, it is only bigger.  --test
+# keeps the default pair everywhere (SGLang 0.5.23, a test peer, pins torch 2.14.1), as does a TORCH_PAIR given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 WITH_TESTS=0
 CPU=0
-[[ "${1:-}" == "--test" ]] && WITH_TESTS=1
-[[ "${1:-}" == "--cpu" ]] && CPU=1
-if [[ $CPU == 1 ]]; then
-  TORCH_PAIR="${TORCH_PAIR:-torch==2.13.0+cpu torchvision==0.28.0+cpu}"
-  TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
-else
-  TORCH_PAIR="${TORCH_PAIR:-torch==2.14.1 torchvision==0.29.1}"
-fi
-
+GPU=0
 log() { echo "[install] $*"; }
+for arg in "$@"; do
+  case "$arg" in
+    --test) WITH_TESTS=1 ;;
+    --cpu) CPU=1 ;;
+    --gpu) GPU=1 ;;
+    *) log "error: unknown option $arg (options: --cpu, --gpu, --test)"; exit 2 ;;
+  esac
+done
+DEFAULT_PAIR="torch==2.14.1 torchvision==0.29.1"
+CPU_PAIR="torch==2.13.0+cpu torchvision==0.28.0+cpu"
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+AUTO_CPU=0
+if [[ $CPU == 0 && $GPU == 0 && $WITH_TESTS == 0 && -z "${TORCH_PAIR:-}" ]] \
+    && ! command -v nvidia-smi >/dev/null 2>&1; then
+  # Whether the CPU index answers at all (10 s), before pip spends minutes retrying an index it cannot reach.
+  PROBE='import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=10)'
+  if "$PYTHON" -c "$PROBE" "$TORCH_CPU_INDEX" >/dev/null 2>&1; then
+    AUTO_CPU=1
+    CPU=1
+    log "no NVIDIA GPU here (no nvidia-smi): the CPU build of torch from $TORCH_CPU_INDEX (--gpu for the CUDA pair)"
+  else
+    log "no NVIDIA GPU here (no nvidia-smi), but PyTorch's CPU index $TORCH_CPU_INDEX does not answer: falling back"
+    log "to the default pair $DEFAULT_PAIR (a CUDA build, about 6 GB; it runs on a CPU too). For the CPU build, set"
+    log "TORCH_CPU_INDEX to a reachable mirror of it and run this again"
+  fi
+fi
+if [[ $CPU == 1 ]]; then
+  TORCH_PAIR="${TORCH_PAIR:-$CPU_PAIR}"
+else
+  TORCH_PAIR="${TORCH_PAIR:-$DEFAULT_PAIR}"
+fi
 
 # FFmpeg's shared libraries: torchcodec (used by SGLang's decoder in the test peer) links them.
 if ! command -v ffmpeg >/dev/null 2>&1; then
@@ -51,10 +80,18 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 log "installing $TORCH_PAIR"
 if [[ $CPU == 1 ]]; then
   # shellcheck disable=SC2086
-  "${PIP[@]}" install --extra-index-url "$TORCH_CPU_INDEX" $TORCH_PAIR || {
-    log "error: could not install $TORCH_PAIR from $TORCH_CPU_INDEX. PyPI's torchvision is a CUDA build that does"
-    log "not import beside a CPU torch, so --cpu needs PyTorch's CPU index: set TORCH_CPU_INDEX to it or a mirror"
-    exit 1; }
+  if ! "${PIP[@]}" install --extra-index-url "$TORCH_CPU_INDEX" $TORCH_PAIR; then
+    if [[ $AUTO_CPU == 0 ]]; then
+      log "error: could not install $TORCH_PAIR from $TORCH_CPU_INDEX. PyPI's torchvision is a CUDA build that does"
+      log "not import beside a CPU torch, so --cpu needs PyTorch's CPU index: set TORCH_CPU_INDEX to it or a mirror"
+      exit 1
+    fi
+    log "could not install $TORCH_PAIR from $TORCH_CPU_INDEX: falling back to the default pair $DEFAULT_PAIR"
+    CPU=0
+    TORCH_PAIR="$DEFAULT_PAIR"
+    # shellcheck disable=SC2086
+    "${PIP[@]}" install $TORCH_PAIR
+  fi
 else
   # shellcheck disable=SC2086
   "${PIP[@]}" install $TORCH_PAIR
@@ -74,7 +111,9 @@ if [[ $WITH_TESTS == 1 ]]; then
 else
   "${PIP[@]}" install -e .
 fi
-.venv/bin/python -c "import torch, torchvision, decord, av, qwen_vl_utils, lmdb, vidcache; \
+# decord only where it has wheels (x86_64; pyproject's marker): elsewhere PyAV is the default decoder.
+.venv/bin/python -c "import platform, torch, torchvision, av, qwen_vl_utils, lmdb, vidcache; \
+platform.machine() == 'x86_64' and __import__('decord'); \
 print('[install] ok: torch', torch.__version__, '/ torchvision', torchvision.__version__)"
 if [[ $CPU == 1 ]]; then     # the promise of --cpu: nothing CUDA came in with vidcache's dependencies
   .venv/bin/python - <<'EOF'

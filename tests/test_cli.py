@@ -24,7 +24,8 @@ def test_stats_inspect_and_contact_sheet(tmp_path, videos, capsys):
     assert st["entries"] == 1 and st["blobs"] == 1 and st["sources"] == 1 and st["quarantined"] == 0
     assert st["identity"].startswith("local-") and st["path"] == c
     png = tmp_path / "sheet.png"
-    assert cli(["inspect", videos["h264_ntsc"], "--cache", c, "--family", "qwen3_vl", "--contact-sheet", str(png)]) == 0
+    assert cli(["inspect", videos["h264_ntsc"], "--cache", c, "--family", "qwen3_vl", "--contact-sheet", str(png),
+                "--json"]) == 0
     out = capsys.readouterr().out
     meta = json.loads(out[: out.rindex("}") + 1])
     # The typed manifest, as JSON: provenance-carrying field names.
@@ -40,7 +41,7 @@ def test_stats_inspect_and_contact_sheet(tmp_path, videos, capsys):
     assert aspect["distortion"] == round((w / h) / (320 / 240), 4) == round(meta["aspect_distortion"], 4)
     img = Image.open(png)
     assert img.size[0] > 0 and len(np.unique(np.asarray(img.convert("L")))) > 10      # real pixels, not blank
-    assert cli(["inspect", meta["key"], "--cache", c]) == 0                       # by key as well
+    assert cli(["inspect", meta["key"], "--cache", c, "--json"]) == 0                       # by key as well
     assert json.loads(capsys.readouterr().out.strip())["key"] == meta["key"]
     assert cli(["inspect", videos["h264_ntsc"], "--cache", c]) == 1               # other options: not cached...
     assert "it is cached under: --family qwen3_vl\n" in capsys.readouterr().err      # ...but under these
@@ -163,7 +164,7 @@ def test_evict_and_gc(tmp_path, videos, capsys):
     assert after.contains(keys) == [False, True, True]
     assert after.store.get(K.cas(after.manifest(keys[1]).frames.blob)) is not None
     after.close()
-    assert cli(["gc", "--max-local-bytes", "1", "--cache", c.path]) == 0
+    assert cli(["gc", "--max-local-bytes", "1", "--cache", c.path, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["evicted"] >= 2 and report["freed_bytes"] > 0
     assert VideoCache(c.path).contains(keys[1:]) == [False, False]

@@ -75,7 +75,7 @@ def test_cli_cluster_path_on_a_new_directory_tier(tmp_path, dataset):
     doc = ok(run_cli(["doctor"], node_b, tier)).stdout
     assert f"identity {ident}" in doc and "doctor: all checks passed" in doc
     key = listing[0]["key"]
-    src = ok(run_cli(["inspect", listing[0]["sources"][0]], node_b, tier))
+    src = ok(run_cli(["inspect", listing[0]["sources"][0], "--json"], node_b, tier))
     assert json.loads(src.stdout)["key"] == key
     assert not node_b.exists()                   # the read-only commands created nothing on node B
 
@@ -124,9 +124,9 @@ def test_evict_keeps_a_blob_other_entries_share_and_drops_frozen_files(tmp_path,
 def test_gc_takes_human_sizes_and_a_fresh_node_has_nothing_to_collect(tmp_path, dataset):
     tier, node = tmp_path / "tier", tmp_path / "node"
     ok(run_cli(["prewarm", str(dataset)], node, tier))
-    out = json.loads(ok(run_cli(["gc", "--max-local-bytes", "1kB"], node, tier)).stdout)
+    out = json.loads(ok(run_cli(["gc", "--max-local-bytes", "1kB", "--json"], node, tier)).stdout)
     assert out["evicted"] > 0 and out["used_bytes"] < out["freed_bytes"]
-    out = json.loads(ok(run_cli(["gc", "--max-local-bytes", "20GB"], tmp_path / "fresh", tier)).stdout)
+    out = json.loads(ok(run_cli(["gc", "--max-local-bytes", "20GB", "--json"], tmp_path / "fresh", tier)).stdout)
     assert out["evicted"] == 0 and not (tmp_path / "fresh").exists()
     failed_parse = run_cli(["gc", "--max-local-bytes", "20 parsecs"], node, tier)
     assert failed_parse.returncode == 2 and "not a size" in failed_parse.stderr
@@ -140,7 +140,7 @@ def test_inspect_normalises_paths_and_names_the_options_a_source_is_cached_under
     clip = videos["ffv1_10_small"]
     rel = os.path.relpath(clip, ROOT)
     for form in (clip, rel, "./" + rel, "file://" + clip):
-        r = ok(run_cli(["inspect", form, "--family", "qwen3_vl"], node, tier))
+        r = ok(run_cli(["inspect", form, "--family", "qwen3_vl", "--json"], node, tier))
         assert json.loads(r.stdout)["options"]["family"] == "qwen3_vl"
     r = run_cli(["inspect", rel, "--family", "qwen2_vl"], node, tier)
     assert r.returncode == 1 and "cached under: --family qwen3_vl" in r.stderr
@@ -194,12 +194,14 @@ def test_a_tier_that_lost_its_identity_is_refused_with_the_repair(tmp_path, data
     for args in (["prewarm", str(dataset)], ["stats"], ["tier-id", "--init"]):
         r = failed(run_cli(args, tmp_path / "nodeB", tier), "store")
         assert "tier-id --shared" in r.stderr and "--restore" in r.stderr
+        assert "the `cache:` line of an old `vidcache stats`" in r.stderr      # the label stats prints (below)
         assert not list(tier.glob("meta/*/tier"))           # never a new identity on its own
     doc = run_cli(["doctor", "--fast"], tmp_path / "nodeB", tier)          # doctor names it and exits non-zero
     assert doc.returncode == 1 and "FAIL VIDCACHE_SHARED" in doc.stdout and "--restore" in doc.stdout
     assert "doctor: some checks failed" in doc.stdout
     assert ok(run_cli(["tier-id", "--restore", ident], node, tier)).stdout.strip() == ident
     assert json.loads(ok(run_cli(["stats", "--json"], tmp_path / "nodeB", tier)).stdout)["identity"] == ident
+    assert ok(run_cli(["stats"], tmp_path / "nodeB", tier)).stdout.startswith(f"cache:  {ident}\n")
     failed(run_cli(["tier-id", "--restore", "tier-" + "0" * 32], node, tier), "config")   # never replaced
 
 
@@ -325,7 +327,7 @@ def test_ls_key_prefixes_work_in_inspect_and_evict(tmp_path, dataset):
     assert all(p.endswith("..") and len(p) == 18 for p in shown) and len(shown) == 2
     for p, e in zip(shown, listing):
         assert f"{e['fps']:.3g}" in next(ln for ln in lines if ln.startswith(p)).split()
-        got = json.loads(ok(run_cli(["inspect", p], node, s)).stdout)
+        got = json.loads(ok(run_cli(["inspect", p, "--json"], node, s)).stdout)
         assert got["key"] == e["key"]
     r = run_cli(["inspect", "ffff0000"], node, s)
     assert r.returncode != 0 and "no cached entry's key starts with 'ffff0000'" in r.stderr and "Traceback" not in r.stderr

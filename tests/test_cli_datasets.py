@@ -169,7 +169,7 @@ def test_ls_prints_unique_prefixes_that_inspect_and_evict_take(node, clips, caps
     assert len(shown) == 2 and shown[0] != shown[1] and len(shown[0]) >= 16, lines
     assert not shown[0].startswith(shown[1]) and not shown[1].startswith(shown[0])   # neither is ambiguous
     for prefix in shown:
-        assert cli(["inspect", prefix + ".."]) == 0, capsys.readouterr().err
+        assert cli(["inspect", prefix + "..", "--json"]) == 0, capsys.readouterr().err
         key = json.loads(capsys.readouterr().out)["key"]
         assert key.startswith(prefix)
     assert cli(["evict", shown[0]]) == 0

@@ -51,7 +51,7 @@ def test_ray_without_ray_names_the_extra(tmp_path, ds):
     (stub / "ray").mkdir(parents=True)          # a Python where Ray does not import
     (stub / "ray" / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
     refused(run_cli(["prewarm", str(ds), "--ray"], tmp_path / "node", pythonpath=str(stub)), "backend_unavailable",
-            "pip install 'vidcache[ray]'")
+            "pip install 'ray[default]>=2.40'", "/path/to/vidcache[ray]")
     nothing_created(tmp_path, "d.jsonl", "stub")
 
 

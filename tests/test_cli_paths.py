@@ -46,7 +46,7 @@ def test_sglang_config_lifts_the_url_cap_for_big_frozen_files(tmp_path, videos, 
 def test_inspect_shows_source_vs_stored_aspect(tmp_path, videos, capsys):
     c = VideoCache(tmp_path / "c")
     key = c.ensure(videos["mpeg4_25_odd"], VideoOptions(family="qwen3_vl")).key
-    assert cli(["inspect", key, "--cache", str(tmp_path / "c")]) == 0
+    assert cli(["inspect", key, "--cache", str(tmp_path / "c"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     m = c.manifest(key)
     want = aspect_distortion(m.source.width_from_decoder, m.source.height_from_decoder, m.width, m.height)

@@ -156,11 +156,11 @@ def test_miles_size_flags_take_units():
 def test_vllm_config_prints_shell_quoted_flags():
     """Issue 40: the vLLM flags come out shell-quoted: pasted into a shell, vLLM gets the JSON with its quotes."""
     from vidcache.vllm.config import ENGINE_KWARGS, serve_flags
-    argv = shlex.split(_cli("vllm-config"))
+    argv = shlex.split(_cli("vllm-config").splitlines()[-1])       # the command, after the node's environment
     assert argv[:3] == ["vllm", "serve", "MODEL"] and argv[3:] == serve_flags()
     assert json.loads(argv[argv.index("--media-io-kwargs") + 1]) == ENGINE_KWARGS["media_io_kwargs"]
     assert json.loads(_cli("vllm-config", "--format", "json"))["serve_flags"] == serve_flags()
     # with the family: the model's own loader for plain files (the real engine's finding, docs/vllm.md)
-    argv = shlex.split(_cli("vllm-config", "--family", "qwen3_vl"))
+    argv = shlex.split(_cli("vllm-config", "--family", "qwen3_vl").splitlines()[-1])
     assert argv[3:] == serve_flags("qwen3_vl") and "--trust-request-mm-kwargs" in argv
     assert json.loads(argv[argv.index("--media-io-kwargs") + 1])["video"]["vidcache_fallback"] == "qwen3_vl"

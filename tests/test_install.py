@@ -150,7 +150,7 @@ def test_setup_miles_names_the_ray_extra_when_ray_is_missing(tmp_path):
     assert "installing" not in r.stdout           # nothing was installed first
 
 
-def _run_install(tmp_path, flag, fail_torch=False):
+def _run_install(tmp_path, flag, fail_torch=False, env=None, gpu=False):
     """scripts/install.sh run in a copy of the scripts with a stub .venv/bin/python that records its pip calls (and
     fails the torch pair's when asked): what the script asks pip for, without downloading anything."""
     import shutil
@@ -166,9 +166,13 @@ def _run_install(tmp_path, flag, fail_torch=False):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "ffmpeg").write_text("#!/bin/sh\nexit 0\n")     # present: the script never runs apt-get here
     (tmp_path / "bin" / "ffmpeg").chmod(0o755)
+    if gpu:                                          # a machine with an NVIDIA GPU has nvidia-smi
+        (tmp_path / "bin" / "nvidia-smi").write_text("#!/bin/sh\nexit 0\n")
+        (tmp_path / "bin" / "nvidia-smi").chmod(0o755)
     r = subprocess.run(["bash", str(repo / "scripts" / "install.sh"), *([flag] if flag else [])],
                        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"})
+                       env={**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "PYTHON": sys.executable,
+                            **(env or {})})
     return r, (log.read_text().splitlines() if log.exists() else [])
 
 
@@ -185,3 +189,34 @@ def test_install_cpu_asks_for_the_cpu_pair_from_pytorchs_cpu_index_with_progress
     assert r.returncode == 1 and "set TORCH_CPU_INDEX" in r.stdout, r.stdout
     _, calls = _run_install(tmp_path / "default", None)
     assert any(c.endswith("install torch==2.14.1 torchvision==0.29.1") and " -q" not in c for c in calls), calls
+
+
+def test_a_machine_without_a_gpu_gets_the_cpu_pair_and_falls_back_when_the_index_is_away(tmp_path):
+    """Issue 51 item 8: plain `install.sh` on a machine with no nvidia-smi asks for the CPU pair from PyTorch's CPU
+    index (here a loopback stand-in that answers); when the index does not answer, or its install fails, it installs
+    the default pair instead and says so.  With nvidia-smi, or --gpu, or --test: the default pair, no probe."""
+    import http.server
+    import threading
+    (tmp_path / "index" / "torch").mkdir(parents=True)
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path / "index"))  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    index = f"http://127.0.0.1:{server.server_port}/"
+    cpu_pair = f"--extra-index-url {index} torch==2.13.0+cpu torchvision==0.28.0+cpu"
+    try:
+        r, calls = _run_install(tmp_path / "up", None, env={"TORCH_CPU_INDEX": index})
+        assert r.returncode == 0 and "no NVIDIA GPU here" in r.stdout, r.stdout + r.stderr
+        assert any(c.endswith(cpu_pair) for c in calls) and not any("torch==2.14.1" in c for c in calls), calls
+        r, calls = _run_install(tmp_path / "fails", None, fail_torch=True, env={"TORCH_CPU_INDEX": index})
+        assert r.returncode == 0 and "falling back to the default pair" in r.stdout, r.stdout + r.stderr
+        assert [c for c in calls if "torch==" in c][-1].endswith("install torch==2.14.1 torchvision==0.29.1")
+    finally:
+        server.shutdown()
+    r, calls = _run_install(tmp_path / "away", None, env={"TORCH_CPU_INDEX": "http://127.0.0.1:9/"})
+    assert r.returncode == 0 and "does not answer: falling back" in r.stdout, r.stdout + r.stderr
+    pairs = [c for c in calls if "torch==" in c]                  # one install, and no try at the CPU index
+    assert len(pairs) == 1 and pairs[0].endswith("install torch==2.14.1 torchvision==0.29.1"), calls
+    for case, flag, gpu in (("gpu", None, True), ("flag", "--gpu", False)):
+        r, calls = _run_install(tmp_path / case, flag, gpu=gpu, env={"TORCH_CPU_INDEX": index})
+        assert r.returncode == 0 and "no NVIDIA GPU" not in r.stdout, r.stdout
+        assert any(c.endswith("install torch==2.14.1 torchvision==0.29.1") for c in calls), calls

@@ -21,7 +21,7 @@ from .errors import ConfigError, CorruptEntryError, SharedUnavailableError, Stor
 from .frozen_copies import FrozenCopies
 from .identity import resolve_identity
 from .integrity import blob_matches
-from .loader.fetch import fetch, fingerprint
+from .loader.fetch import canonical_source, fetch, fingerprint
 from .loader.tmpdirs import run_tmp_dir
 from .manifest import Manifest, SourceRecord, blob_of, blob_users, build_manifest
 from .options import VideoOptions
@@ -131,16 +131,22 @@ class VideoCache:
 
     # --- lookup -------------------------------------------------------------
     def _recorded_digest(self, source: str, fp: dict | None) -> Digest | None:
+        """The digest recorded for ``source`` (canonical: ``canonical_source``) if its validators still match."""
         if fp is None:
             return None
-        raw = self.store.get(keys.src(source))
-        rec = None if raw is None else SourceRecord.from_json(raw)    # damaged: a miss, hashed again
-        return rec.digest if rec is not None and rec.matches(source, fp) else None
+        for spelling in (source, "file://" + source) if source.startswith("/") else (source,):
+            # Caches written before sources were canonical hold a dataset's ``file:///abs`` spelling: found too.
+            raw = self.store.get(keys.src(spelling))
+            if raw is not None:
+                rec = SourceRecord.from_json(raw)      # damaged: a miss, hashed again
+                return rec.digest if rec is not None and rec.matches(spelling, fp) else None
+        return None
 
     def find(self, source: str, options: VideoOptions | None = None, *, sound: bool = False) -> str | None:
         """The key of the entry cached for ``(source, options)``, found without fetching (one stat or HEAD
         for the source's validators); None when the source is unknown or the entry absent.  ``sound``: its
         blob must pass its checks too (a corrupt copy is quarantined and reported absent)."""
+        source = canonical_source(source)
         d = self._recorded_digest(source, fingerprint(source, self.config.limits))
         if d is None:
             return None
@@ -155,6 +161,7 @@ class VideoCache:
     # --- build --------------------------------------------------------------
     def ensure(self, source: str, options: VideoOptions) -> EnsureResult:
         """Make sure (source, options) is cached and sound; fetch, decode and write it on a miss."""
+        source = canonical_source(source)     # one file, one record, however it is spelled
         fp = fingerprint(source, self.config.limits)      # one stat / HEAD, reused for the record below
         d = self._recorded_digest(source, fp)
         if d is not None:
@@ -317,6 +324,7 @@ class VideoCache:
 
     def options_cached_for(self, source: str) -> list[dict]:
         """The options under which ``source`` is cached (by its recorded digest), for a helpful miss."""
+        source = canonical_source(source)
         d = self._recorded_digest(source, fingerprint(source, self.config.limits))
         return [] if d is None else catalog.options_under(self, d)
 

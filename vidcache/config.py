@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import NoSpaceError
+from .errors import ConfigError, NoSpaceError
 from .keys import LOCAL_ONLY
 from .loader.fetch import FetchLimits
 from .options import DEFAULT_DECODER
@@ -28,6 +28,11 @@ from .store.publish import publish_bytes
 
 ENV_DIR = "VIDCACHE_DIR"
 ENV_SHARED = "VIDCACHE_SHARED"
+# What a serving node must set of the two, as a pasted shell fragment says it (``export_line``): each node its own
+# directory (required); the shared tier (may be set empty on a single node, but not forgotten).
+NODE_ENV_HELP = {ENV_DIR: (":?", "set VIDCACHE_DIR to a node-local directory on this node (never NFS)"),
+                 ENV_SHARED: ("?", "set VIDCACHE_SHARED to the shared tier of the cluster (an NFS path or "
+                                   "s3://bucket/prefix), or to an empty value on a single node")}
 VERIFY_READS = ("first", "always", "never")
 # How entries are written to the shared tier: "compact", one lossless MagicYUV object per entry (frozen/,
 # also what stock SGLang reads); "raw", the frames' bytes (cas/), as vidcache 0.1 wrote.  Both are read.
@@ -51,6 +56,18 @@ class NodeLayout:
     def has_local_tier(self) -> bool:
         """Whether this node has made its local tier yet (read-only commands create nothing)."""
         return os.path.exists(self.lmdb_file)
+def export_line(name: str, value: str) -> str:
+    """``export NAME=VALUE`` for a shell fragment a user pastes or evals.  A placeholder value (``<...>``) is never
+    exported as text (it would become every later command's setting): it becomes ``${NAME:?why}``, which keeps the
+    node's own value and stops the fragment, saying what to set, where there is none."""
+    import shlex
+    if not value.startswith("<"):
+        return f"export {name}={shlex.quote(value)}"
+    test, why = NODE_ENV_HELP.get(name, (":?", f"set {name} first"))
+    why = "".join(c for c in why if c not in "\"'`$}")        # literal inside "${...}"
+    return f'export {name}="${{{name}{test}{why}}}"'
+
+
 _SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
                 "aws_session_token"}
 
@@ -66,6 +83,48 @@ def _abs(path) -> str:
 def configured_shared(path: str) -> str | None:
     """The shared tier a node directory uses when none is given: ``$VIDCACHE_SHARED``, else the one it recorded."""
     return os.environ.get(ENV_SHARED) or read_node_file(path).get("shared") or None
+
+
+def _placeholder(text: str) -> bool:
+    """Text such as ``<a node-local directory ...>``: a template's blank pasted as a value."""
+    return text.startswith("<") and text.rstrip("/").endswith(">")
+
+
+def check_node_dir(path, where: str) -> None:
+    """A ``ConfigError`` naming ``where`` for a node directory that cannot be one (a placeholder, a file)."""
+    if path is None:
+        return
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{where} is {text!r}: expected a node-local directory")
+    if _placeholder(text):
+        raise ConfigError(f"{where} is {text!r}, a placeholder: set it to a node-local directory (never NFS)")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise ConfigError(f"{where} is {text!r}, a file, not a directory: point it at a node-local directory")
+
+
+def check_shared_url(url: str | None, where: str) -> None:
+    """A ``ConfigError`` naming ``where`` for a shared-tier URL no filesystem opens (``htp://typo``, a
+    placeholder, a protocol whose package is missing), before any command reaches fsspec with it."""
+    if url is None or url == "":           # none (an empty setting means none, as it always has)
+        return
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(f"{where} is {url!r}: expected an NFS path or s3://bucket/prefix")
+    if _placeholder(url):
+        raise ConfigError(f"{where} is {url!r}, a placeholder: set it to the cluster's shared tier "
+                          "(an NFS path or s3://bucket/prefix), or unset it for none")
+    import fsspec
+    protocol = fsspec.core.split_protocol(url)[0]
+    if not protocol:
+        return
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise ConfigError(f"{where} is {url!r}: unknown protocol {protocol!r}; expected an NFS path, "
+                          "s3://bucket/prefix or another fsspec URL") from None
+    except ImportError as e:
+        raise ConfigError(f"{where} is {url!r}: the {protocol!r} protocol needs a package that is not installed "
+                          f"({e})") from None
 
 
 @dataclass(frozen=True)
@@ -102,11 +161,17 @@ class CacheConfig:
     def resolve(cls, path=None, shared: str | None = None, **settings) -> "CacheConfig":
         """Explicit arguments first, then ``$VIDCACHE_DIR`` / ``$VIDCACHE_SHARED``, then what this node
         directory recorded (``config.json``), so later commands on the node find the same shared tier."""
+        check_node_dir(path if path is not None else os.environ.get(ENV_DIR),
+                       "--cache (path=)" if path is not None else ENV_DIR)
         p = _abs(path if path is not None else default_cache_dir())
         if shared is None:
             shared = configured_shared(p)
-        elif not settings.get("read_only"):
-            record_shared(p, shared, settings.get("shared_storage_options") or {})
+            check_shared_url(shared, ENV_SHARED if os.environ.get(ENV_SHARED)
+                             else f"the shared tier recorded in {NodeLayout(p).node_file}")
+        else:
+            check_shared_url(shared, "--shared (shared=)")   # a typo is never recorded
+            if not settings.get("read_only"):
+                record_shared(p, shared, settings.get("shared_storage_options") or {})
         return cls(path=p, shared=shared or None, **settings)
 
     @property
@@ -144,9 +209,11 @@ class CacheConfig:
 
 
 def open_shared_tier(url: str, *, read_only: bool, storage_options: dict | None = None,
-                     max_decoded_bytes: int | None = None) -> Store:
+                     max_decoded_bytes: int | None = None, where: str = "the shared tier") -> Store:
     """The shared tier at ``url`` (``s3://...``, or a plain path such as an NFS mount): the one way every command
-    opens it, so each gets the same storage options and object-size cap."""
+    opens it, so each gets the same storage options and object-size cap.  ``where``: the setting that named
+    it, for the error a bad URL gets (``check_shared_url``)."""
+    check_shared_url(url, where)
     from .store.fsspec import DEFAULT_DECODE_BUDGET, FsspecStore, default_max_object_bytes
     if "://" not in url:
         url = _abs(url)
@@ -175,6 +242,10 @@ def node_dir_writes(path: str):
     try:
         yield
     except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR):
+            # A directory that cannot be made or written (a typo, /proc, a read-only mount): the user's setting.
+            raise ConfigError(f"cannot write the node directory {path!r} ({e.strerror}): point the cache "
+                              "(--cache, VIDCACHE_DIR) at a writable node-local directory") from e
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         raise NoSpaceError(f"no space left for the node directory {path!r} ({e.strerror}): free space on that "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import importlib.util
 import os
+import platform
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ DEPENDENCIES = (
     ("torch", "torch", True), ("torchvision", "torchvision", True), ("numpy", "numpy", True),
     ("transformers", "transformers", True), ("qwen-vl-utils", "qwen_vl_utils", True),
     ("lmdb", "lmdb", True), ("xxhash", "xxhash", True), ("fsspec", "fsspec", True), ("s3fs", "s3fs", True),
-    ("decord", "decord", True), ("av", "av", True), ("pebble", "pebble", True), ("tqdm", "tqdm", True),
+    ("decord", "decord", platform.machine() == "x86_64"), ("av", "av", True), ("pebble", "pebble", True), ("tqdm", "tqdm", True),
     ("torchcodec", "torchcodec", False), ("sglang", "sglang", False), ("ray", "ray", False),
 )
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "glusterfs", "beegfs",
@@ -151,10 +152,13 @@ def shared_tier(url: str | None) -> Check:
 
 def decoders() -> list[Check]:
     out = []
-    for name, mod, why in (("decord", "decord", "the default decoder"), ("PyAV", "av", "writes frozen files"),
+    decord_why = ("the default decoder" if platform.machine() == "x86_64" else
+                  "no wheel for this machine: PyAV is the default decoder here")
+    for name, mod, why in (("decord", "decord", decord_why), ("PyAV", "av", "writes frozen files"),
                            ("torchcodec", "torchcodec", "optional decoder (--decoder torchcodec)")):
         found = importlib.util.find_spec(mod) is not None
-        out.append(Check(f"decoder {name}", found or mod == "torchcodec",
+        out.append(Check(f"decoder {name}", found or mod == "torchcodec" or (mod == "decord" and
+                                                                             platform.machine() != "x86_64"),
                          f"{'found' if found else 'missing'} ({why})", f"pip install {mod}"))
     return out
 
@@ -191,8 +195,9 @@ def integrations() -> list[Check]:
         out.append(Check("SGLang plugin", err is None, "vidcache.sglang.plugin imports" if err is None else err,
                          _fix_for(err or "")))
     if importlib.util.find_spec("miles") is None:
-        out.append(Check("Miles adapters", True, "Miles not importable here (needed on Miles nodes only; "
-                                                 "MILES_SRC / pip install miles)"))
+        out.append(Check("Miles adapters", True, "Miles not importable here (needed on Miles nodes only: "
+                                                 "Miles' image has it; else install a Miles checkout, e.g. "
+                                                 "pip install -e /path/to/miles, or put it on PYTHONPATH)"))
     else:
         err = _child_import(["miles_integration.args", "miles_integration.data_source",
                              "miles_integration.generate", "miles_integration.rollout"])

@@ -21,6 +21,10 @@ def warn_once(what: str, message: str, *args) -> None:
         logging.getLogger("vidcache").warning(message, *args)
 
 
+# How to get Ray where it is missing: vidcache is not on PyPI (`pip install 'vidcache[ray]'` finds nothing, or another
+# project's package), so the extra is named by the checkout or wheel it is installed from, and Ray by its own name.
+INSTALL_RAY = "pip install 'ray[default]>=2.40' (or vidcache's extra: pip install '/path/to/vidcache[ray]')"
+
 class VidcacheError(Exception):
     kind = "error"
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import CorruptEntryError, NotCachedError
+from .loader.fetch import canonical_source
 from .options import VideoOptions
 
 if TYPE_CHECKING:   # torch is imported only where frames are touched
@@ -143,6 +144,7 @@ def get(source: str, options: VideoOptions, cache: "VideoCache | None" = None) -
     """A pinned handle to (source, options), fetched, decoded and cached first on a miss.
     ``cache``: a ``VideoCache``; default: this node's (``VIDCACHE_DIR`` + ``VIDCACHE_SHARED``)."""
     c = _cache_or_node(cache)
+    source = canonical_source(source)       # a handle outlives the current directory it was made in
     res = c.ensure(source, options)
     return VideoHandle(source, options, c.identity, key=res.key)._bind(c)
 
@@ -150,7 +152,7 @@ def get(source: str, options: VideoOptions, cache: "VideoCache | None" = None) -
 def lazy(source: str, options: VideoOptions, cache: "VideoCache | None" = None) -> VideoHandle:
     """A lazy handle: nothing is fetched or decoded until it is used."""
     c = _cache_or_node(cache)
-    return VideoHandle(source, options, c.identity)._bind(c)
+    return VideoHandle(canonical_source(source), options, c.identity)._bind(c)
 
 
 def from_key(key: str, cache: "VideoCache | None" = None) -> VideoHandle:

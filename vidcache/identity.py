@@ -2,7 +2,7 @@
 
 Everything that crosses a node boundary (handles, plugin references, frozen
 URIs) names the shared tier by its *identity*, a random id stored in the tier
-itself (``meta/tier``), never by a node-local path: two nodes may mount one NFS
+itself (``meta/tier``, the object ``meta/c1/tier``), never by a node-local path: two nodes may mount one NFS
 export at different paths, or reach one bucket through different endpoints.
 A cache without a shared tier has a node-local identity (in the node's
 ``config.json``), which no other node resolves.
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from .config import node_dir_writes, read_node_file, write_node_file
 from .errors import ConfigError, SharedUnavailableError, StoreError, warn_once
 from .keys import TIER as TIER_KEY
+from .keys import TIER_OBJECT
 from .store.base import Store
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def _parse_tier_record(store: Store, raw: bytes) -> str:
     except (ValueError, KeyError, TypeError):
         tier_id = None
     if not isinstance(tier_id, str) or not SHARED_ID.fullmatch(tier_id):
-        raise StoreError(f"{store!r} has a corrupt {TIER_KEY} record; restore the tier's identity (it is in "
+        raise StoreError(f"{store!r} has a corrupt {TIER_OBJECT} record; restore the tier's identity (it is in "
                          "every handle and plugin reference made from it) with "
                          "`vidcache tier-id --shared URL --restore tier-<32 hex>`")
     return tier_id
@@ -127,7 +128,7 @@ def shared_identity(store: Store, create: bool, remembered: str | None = None,
         # mount point), a wrong bucket or prefix.  An outage, not "nothing prewarmed yet".  (A writable open
         # goes on as before: it makes the record, or names the restore when the tier holds objects.)
         raise SharedUnavailableError(
-            f"{store!r} has no {TIER_KEY}, but this node read the identity {remembered} from it before: the "
+            f"{store!r} has no {TIER_OBJECT}, but this node read the identity {remembered} from it before: the "
             "tier is not mounted or not reachable here, or it was emptied (then restore its identity with "
             f"`vidcache tier-id --shared URL --restore {remembered}`)")
     if raw is None and tier_holds_objects(store):
@@ -135,9 +136,9 @@ def shared_identity(store: Store, create: bool, remembered: str | None = None,
         # another node created it between our read and the listing: read it once more.
         if (raw := store.get(TIER_KEY)) is None:
             raise StoreError(
-                f"{store!r} holds cache objects but has no {TIER_KEY} (deleted?). A new identity would orphan "
+                f"{store!r} holds cache objects but has no {TIER_OBJECT} (deleted?). A new identity would orphan "
                 "every handle made from it. Restore the old one (it is the `identity` of any handle, the `tier` of "
-                "any plugin reference, and `identity` in an old `vidcache stats`): `vidcache tier-id --shared URL "
+                "any plugin reference, and the `cache:` line of an old `vidcache stats`, `identity` in its --json): `vidcache tier-id --shared URL "
                 "--restore tier-<32 hex>`; or start a new identity with `vidcache tier-id --shared URL --new`")
     if raw is None and create and belongs_to is not None:
         url, ident = belongs_to
@@ -150,7 +151,7 @@ def shared_identity(store: Store, create: bool, remembered: str | None = None,
         store.set_if_not_exists(TIER_KEY, tier_record(new_shared_id()))
         raw = store.get(TIER_KEY)       # read back: whoever won, every node uses the stored record
     if raw is None:
-        raise StoreError(f"{store!r} is not an initialised vidcache shared tier (no {TIER_KEY}): nothing "
+        raise StoreError(f"{store!r} is not an initialised vidcache shared tier (no {TIER_OBJECT}): nothing "
                          "was prewarmed into it yet. `vidcache prewarm DATASET --shared URL` creates it")
     return _parse_tier_record(store, raw)
 

@@ -7,7 +7,7 @@ Bazel's vocabulary:
   ``frozen/<key><suffix>``  frozen files for SGLang (same frames, another encoding)
   ``frozen-digest/<key><suffix>``  the digest of that tier's frozen file, recorded when it was verified
   ``quarantine/...``        corrupt objects moved aside (never served, kept for inspection)
-  ``meta/tier``             a shared tier's identity
+  ``meta/tier``             a shared tier's identity (the object ``meta/c1/tier``: ``TIER_OBJECT``)
 
 Stores know bytes and keys only; tier policy is stated here as data (``LOCAL_ONLY``)
 and handed to the stores by the cache.  Every key that arrives from outside (a
@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 CAS, AC, SRC, FROZEN, QUARANTINE, META = "cas/", "ac/", "src/", "frozen/", "quarantine/", "meta/"
 FROZEN_DIGEST = "frozen-digest/"
 TIER = META + "tier"          # a shared tier's identity record (see vidcache.identity)
+# Where that record lies under a shared tier's root, on a directory and in a bucket alike: the fsspec store fans
+# each namespace out 256 ways by a hash of the name (FsspecStore._path), so meta/tier is the object meta/c1/tier.
+# What an operator backs up, restores or writes a bucket policy for; tests/test_docs_code.py checks the two agree.
+TIER_OBJECT = META + "c1/tier"
 
 # Prefixes that stay on the node.  None today: source records are shared too, so a node that can see a
 # source (an S3 object, an NFS path) finds its entry without fetching and hashing it again.  A record is

@@ -8,6 +8,7 @@ depends on the environment or on which decoders happen to be installed.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import typing
@@ -22,7 +23,10 @@ from .sglang_facts import STOCK_QWEN3_GRID, stock_sglang_problems
 # The decoders a cache can be configured with (vidcache.loader.decode implements them; the CLI offers them).
 # A decoder is not part of any key: where two decode one stream, their bytes are equal (tests/scenarios).
 DECODERS = ("decord", "torchcodec", "pyav")
-DEFAULT_DECODER = "decord"          # qwen-vl-utils' own default reader
+# qwen-vl-utils' own default reader, where it installs: decord 0.6.0 (2021, its last release) has wheels for x86_64
+# only, so on aarch64 (GH200/GB200 nodes) the default is PyAV, whose frames equal decord's on 8-bit streams
+# (tests/scenarios/test_codecs.py; the decoder never enters the cache key for them).  find_spec: no import here.
+DEFAULT_DECODER = "decord" if importlib.util.find_spec("decord") is not None else "pyav"
 
 # Bump when vidcache's own sampling/resizing/storage code or a default changes the bytes:
 # it disowns every earlier entry (Bazel's "salt").
@@ -119,7 +123,10 @@ class VideoOptions:
 
     def __post_init__(self) -> None:
         if self.family not in PATCH_SIZE:
-            raise OptionsError(f"unknown family {_shown(self.family)}; expected one of {sorted(PATCH_SIZE)}")
+            from .rollout.models import FAMILY_OF_MODEL_TYPE        # the same floor: the model-type table
+            hint = (f" ({self.family} is a model type: its family is {FAMILY_OF_MODEL_TYPE[self.family]})"
+                    if isinstance(self.family, str) and self.family in FAMILY_OF_MODEL_TYPE else "")
+            raise OptionsError(f"unknown family {_shown(self.family)}; expected one of {sorted(PATCH_SIZE)}{hint}")
         if self.fps is not None and self.nframes is not None:
             raise OptionsError("give either fps or nframes, not both (qwen-vl-utils semantics)")
         if (self.resized_height is None) != (self.resized_width is None):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import importlib.util
 import json
 import logging
 import multiprocessing
@@ -33,9 +34,9 @@ from .digest import Digest
 from .config import ENV_DIR
 from .dataset import (InlineBytes, check_columns, check_format, is_hf_dataset, is_parquet, iter_jsonl, media_items,
                       open_rows)
-from .errors import (BackendUnavailableError, BadRowError, ConfigError, NoMediaError, VidcacheError, WorkerError,
-                     WorkerMemoryError, WorkerTimeoutError)
-from .loader.fetch import scheme_of
+from .errors import (INSTALL_RAY, BackendUnavailableError, BadRowError, ConfigError, NoMediaError, VidcacheError,
+                     WorkerError, WorkerMemoryError, WorkerTimeoutError)
+from .loader.fetch import canonical_source, scheme_of
 from .loader.tmpdirs import sweep_stale
 from .options import INPUT_KEY, VIDEO_KEY, VideoOptions
 
@@ -59,12 +60,15 @@ class PrewarmSummary:
     was_interrupted: bool = False
 
     def line(self) -> str:
-        rate = (self.new + self.hit + self.published) / self.seconds if self.seconds else 0.0
+        # A rate only where something was built: hits cost one stat each, so a run of hits alone would show
+        # an absurd one (222,969 videos/s), which says nothing about how fast videos are built.
+        done = self.new + self.hit + self.published
+        rate = f" ({done / self.seconds:.2f} videos/s)" if self.new and self.seconds else ""
         pub = f"{self.published} published, " if self.published else ""
         pub += f"{self.images} images checked, " if self.images else ""
         stop = f", interrupted ({self.interrupted} not built; run it again to resume)" if self.was_interrupted else ""
         return (f"prewarm: {self.new} new, {self.hit} hit, {pub}{self.failed} failed, "
-                f"{self.bytes / 1e6:.1f} MB new frames, {self.seconds:.1f} s ({rate:.2f} videos/s){stop}")
+                f"{self.bytes / 1e6:.1f} MB new frames, {self.seconds:.1f} s{rate}{stop}")
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,8 @@ def _pool(workers: int, cache: VideoCache, max_worker_memory: int | None, timeou
     # Imported before fork so workers inherit them: the decode pipeline (torch, decord, PyAV) is no longer
     # imported with the cache (the CLI stays fast), and an import inside a worker would count against its
     # RSS watchdog and be paid by every replacement worker.
-    import decord  # noqa: F401
+    if importlib.util.find_spec("decord") is not None:     # absent where it has no wheel (aarch64): PyAV decodes
+        import decord  # noqa: F401
     from .loader import build  # noqa: F401
     from pebble import ProcessPool
     # fork: workers inherit the imported torch/decord instead of paying the import again.
@@ -505,6 +510,19 @@ def check_failures_path(path: str | None) -> None:
                       "--failures PATH (Python: failures_path=)")
 
 
+FAILURE_FIELDS = ("row", "line", "source", "kind", "error")     # a failure record's keys, in this order
+
+
+def in_row_order(failures: list) -> list:
+    """Failure records sorted by row (workers finish in any order) with their keys in ``FAILURE_FIELDS``'
+    order (then any others), so the printed list and the failures file read the same from run to run."""
+    def row(rec):
+        return rec["row"] if isinstance(rec.get("row"), int) else -1
+    return [{**{k: rec[k] for k in FAILURE_FIELDS if k in rec}, **{k: v for k, v in rec.items()
+                                                                    if k not in FAILURE_FIELDS}}
+            for rec in sorted(failures, key=row)]
+
+
 def write_failures(path: str | None, failures: list) -> None:
     """The failures report: written only when something failed; a stale report from an earlier run goes."""
     if not path:
@@ -719,7 +737,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
         try:
             import ray as ray_mod
         except ImportError:
-            raise BackendUnavailableError("ray=True needs Ray: pip install 'vidcache[ray]'") from None
+            raise BackendUnavailableError(f"ray=True needs Ray: {INSTALL_RAY}") from None
         if not ray_mod.is_initialized():
             # Ray's own raylet/gcs lines stay in Ray's log directory (/tmp/ray/session_*/logs) unless asked.
             import logging
@@ -734,7 +752,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     if _is_file_dataset(dataset) and not is_parquet(dataset):
         for rec in failures:             # rows of a JSONL count every line: line = row + 1
             rec.setdefault("line", rec["row"] + 1)
-    summary.failures = failures
+    summary.failures = failures = in_row_order(failures)
     write_failures(failures_path, failures)
     summary.seconds = time.monotonic() - t0
     return summary
@@ -773,7 +791,7 @@ def _pull_key(cache: VideoCache, src, opts: VideoOptions) -> tuple[str | None, b
     try:
         return cache.find(src, opts), False, None
     except SourceError as e:
-        raw = cache.store.get(keys.src(src))
+        raw = cache.store.get(keys.src(canonical_source(src)))
         rec = None if raw is None else SourceRecord.from_json(raw)
         if rec is None:
             return None, False, e
@@ -867,6 +885,7 @@ def pull(dataset, cache: VideoCache, options: VideoOptions, *, input_key: str = 
         pool.shutdown(wait=True, cancel_futures=True)
     if n_rows and not n_media and not s.failed:
         raise NoMediaError(_no_media_message(n_rows, video_key, image_key, sorted(carried)))
+    s.failures = in_row_order(s.failures)
     return s
 
 

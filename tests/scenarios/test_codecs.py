@@ -415,7 +415,7 @@ def test_frames_decord_cannot_copy_out_land_through_pyav_from_the_cli(tmp_path, 
     run = lambda *a: run_cli(a, tmp_path / "node")
     r = run("prewarm", str(ds))
     assert r.returncode == 0 and "1 new, 0 hit, 0 failed" in r.stdout, r.stdout + r.stderr
-    r = run("inspect", clip)
+    r = run("inspect", clip, "--json")
     assert r.returncode == 0, r.stderr
     assert '"fallback_from": "decord"' in r.stdout and "cannot copy out" in r.stdout, r.stdout
     with pytest.raises(UnsupportedCodecError, match="cannot copy out"):

@@ -31,6 +31,8 @@ EXAMPLES = """examples:
   vidcache prewarm train.jsonl --family qwen2_5_vl --fps 2 --max-pixels 200704 --failures failures.jsonl
   vidcache inspect clip.mp4 --family qwen3_vl --contact-sheet clip.png
   vidcache sglang-config --family qwen2_5_vl --mode plugin
+  vidcache prewarm train.jsonl --model /ckpt/Qwen3.5-9B     # the family from the checkpoint (Qwen3.5: qwen3_vl)
+  vidcache vllm-config --family qwen3_5                     # a model type is taken as its family, and said so
 """
 
 
@@ -109,7 +111,19 @@ def _die_with_parent(parent: int) -> None:
 
 def entry() -> None:
     """The ``vidcache`` program (and ``python -m vidcache.cli``)."""
-    sys.exit(main(isolate=True))
+    try:
+        try:
+            code = main(isolate=True)
+        except SystemExit as e:         # argparse's --help and usage errors: their output is flushed below too
+            code = e.code
+        sys.stdout.flush()              # inside the try: a pipe closed early fails here, not at exit
+    except BrokenPipeError:
+        # `vidcache inspect KEY | head`: the reader has gone, which is no error of the user's.  Later writes go
+        # nowhere (Python would otherwise print a second error flushing stdout at exit), and the command ends as
+        # one that SIGPIPE stopped reports itself to a shell (128 + 13), without a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 141
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None, *, isolate: bool = False) -> int:

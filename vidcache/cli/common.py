@@ -24,12 +24,32 @@ def command(sub, name: str, **kw) -> argparse.ArgumentParser:
     return sub.add_parser(name, formatter_class=Help, **kw)
 
 
+def family_arg(text: str) -> str:
+    """``--family``: a family, or a model type (``qwen3_5``, ``qwen3_5_moe``...) taken as its family and said so
+    (vidcache.rollout.models' table), so a user who knows only the checkpoint's model type is never refused."""
+    from ..rollout.models import FAMILIES, FAMILY_OF_MODEL_TYPE
+    if text in FAMILIES:
+        return text
+    if text in FAMILY_OF_MODEL_TYPE:
+        family = FAMILY_OF_MODEL_TYPE[text]
+        print(f"vidcache: --family {text}: model type {text} is served as family {family}", file=sys.stderr)
+        return family
+    raise argparse.ArgumentTypeError(f"unknown family or model type {text!r}: families {', '.join(FAMILIES)}; "
+                                     f"model types {', '.join(sorted(FAMILY_OF_MODEL_TYPE))} (mapped to their family)")
+
+
+def family_help(what: str) -> str:
+    from ..rollout.models import FAMILIES, FAMILY_OF_MODEL_TYPE
+    types = ", ".join(t for t in FAMILY_OF_MODEL_TYPE if t not in FAMILIES)
+    return f"{what}: {', '.join(FAMILIES)}, or a model type ({types}: Qwen3.5 and others, mapped to their family)"
+
+
 def add_option_flags(p: argparse.ArgumentParser) -> None:
     # One place for the video options' help and defaults: vidcache.options (Miles' flags use it too).
-    from ..options import OPTION_HELP, PATCH_SIZE, VideoOptions
+    from ..options import OPTION_HELP, VideoOptions
     g = p.add_argument_group("video options (qwen-vl-utils semantics; defaults resolved explicitly)")
-    g.add_argument("--family", choices=sorted(PATCH_SIZE),
-                   help=OPTION_HELP["family"] + f" (default: --model's, else {VideoOptions.family})")
+    g.add_argument("--family", type=family_arg, metavar="FAMILY",
+                   help=family_help(OPTION_HELP["family"]) + f" (default: --model's, else {VideoOptions.family})")
     g.add_argument("--model", metavar="DIR", help=MODEL_HELP)
     for name, typ in VideoOptions.flag_fields():
         g.add_argument("--" + name.replace("_", "-"), type=typ, dest=name, help=OPTION_HELP.get(name))
@@ -68,8 +88,8 @@ def family_of(args) -> str | None:
         return args.family
     from ..rollout.models import derive
     d = derive(args.model, args.family)
-    if not d.verified:
-        print(f"warning: {d.reason}", file=sys.stderr)
+    # Named either way, so the user sees which model type the checkpoint declared and what it maps to.
+    print(f"{'warning' if not d.verified else 'vidcache'}: --model {args.model}: {d.reason}", file=sys.stderr)
     return d.family
 
 
@@ -114,12 +134,15 @@ def cache_of(args, read_only: bool = False, **settings):
     """The node's cache.  Read-only on a fresh node (no local directory yet) with a shared tier: the
     shared tier behind an empty local tier, and nothing is created on the node."""
     from ..cache import VideoCache
-    from ..config import CacheConfig
+    from ..config import ENV_DIR, CacheConfig, check_node_dir
+    given = getattr(args, "cache", None)      # a placeholder or a file is named before any "no cache there"
+    check_node_dir(given or os.environ.get(ENV_DIR), "--cache" if given else ENV_DIR)
     path = node_dir(args)
     if read_only and not has_local(path) and not shared_url(args, path):
         from ..errors import ConfigError
-        raise ConfigError(f"no vidcache cache at {path} and no shared tier (set VIDCACHE_SHARED or pass --shared "
-                          "URL); nothing was created there")
+        raise ConfigError(f"no vidcache cache at {path} and no shared tier; nothing was created there. Point at "
+                          "a cache with --cache DIR or VIDCACHE_DIR=DIR (the README's demo: --cache demo/cache), "
+                          "or at a shared tier with --shared URL or VIDCACHE_SHARED")
     shared = getattr(args, "shared", None)
     cache = VideoCache(path, shared=shared if isinstance(shared, str) else None, read_only=read_only,
                        decoder=getattr(args, "decoder", CacheConfig.decoder), **settings)

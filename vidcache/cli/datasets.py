@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from ..errors import INSTALL_RAY
 from .common import (add_cache_flags, add_option_flags, cache_of, check_local_budget, command, options_of,
                      parse_size)
 
@@ -25,7 +26,7 @@ def _add_prewarm(sub) -> None:
                         "default: unlimited)")
     p.add_argument("--workers", type=int, default=1, help="decoding processes on this node")
     p.add_argument("--ray", action="store_true", help="spread the work over a Ray cluster (use with a shared tier; "
-                                                      "needs pip install 'vidcache[ray]')")
+                                                      f"needs Ray: {INSTALL_RAY})")
     p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--ray-logs", action="store_true", help="show Ray's own raylet/gcs/worker log lines here "
                                                            "(default: they stay in Ray's log directory)")
@@ -79,7 +80,7 @@ def cmd_prewarm(args) -> int:
             import ray  # noqa: F401
         except ImportError as e:
             raise BackendUnavailableError(f"--ray needs Ray, which does not import here ({e}): "
-                                          "pip install 'vidcache[ray]'") from None
+                                          f"{INSTALL_RAY}") from None
     failures = os.path.abspath(args.failures) if args.failures else default_failures_path(args.dataset)
     check_failures_path(failures)
     options = options_of(args)
@@ -113,7 +114,18 @@ def cmd_prewarm(args) -> int:
         _print_failures(s.failures, failures)
     if s.was_interrupted:
         return 130                        # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+    if s.new or s.hit or s.published:
+        print(_next_steps(args), file=sys.stderr)
     return 0 if (s.failed == 0 or args.allow_failures) else 1
+
+
+def _next_steps(args) -> str:
+    """What to do with a cache just filled (a first run ends here: README's command 1), with this run's --cache."""
+    import shlex
+    at = f" --cache {shlex.quote(args.cache)}" if args.cache else ""
+    cache = f"VideoCache({args.cache!r})" if args.cache else "VideoCache()"
+    return (f"prewarm: next: `vidcache ls{at}` lists the entries, `vidcache inspect SOURCE{at}` shows one; "
+            f"from Python, {cache} reads them (README.md, Python API); `vidcache sglang-config --help` for serving")
 
 
 def _check_format(dataset: str) -> None:
@@ -193,6 +205,9 @@ def _add_pull(sub) -> None:
     p.add_argument("--depth", type=_positive, default=readahead.DEPTH, help="entries pulled at once, at most")
     p.add_argument("--max-bytes", type=_positive_size, default=readahead.MAX_BYTES, metavar="SIZE",
                    help="frames in flight at once, at most (e.g. 2GiB)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when any video is not cached in any tier yet, as well as when one fails (a "
+                        "pre-job check: every row ready on this node)")
     p.set_defaults(fn=cmd_pull)
 
 
@@ -217,7 +232,7 @@ def cmd_pull(args) -> int:
     print(s.line())
     if s.failures:
         _print_failures(s.failures)
-    return 1 if s.failed else 0
+    return 1 if s.failed or (args.strict and s.not_cached) else 0
 
 
 def _positive(text: str) -> int:

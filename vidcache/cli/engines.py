@@ -5,10 +5,11 @@ and ``serve`` (frozen files over HTTP)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from .common import (MODEL_HELP, add_cache_flags, cache_of, command, family_of, has_local, mode_default_help,
-                     node_dir, shared_url)
+from .common import (MODEL_HELP, add_cache_flags, cache_of, command, family_arg, family_help, family_of, has_local,
+                     mode_default_help, node_dir, shared_url)
 
 
 def _add_check_trainer(sub) -> None:
@@ -37,9 +38,8 @@ def cmd_check_trainer(args) -> int:
 def _add_sglang_config(sub) -> None:
     p = command(sub, "sglang-config", help="SGLang server flags that reproduce the cache")
     add_cache_flags(p)
-    from ..options import PATCH_SIZE
     from ..sglang_facts import MODES
-    p.add_argument("--family", choices=sorted(PATCH_SIZE), help="model family (or --model DIR)")
+    p.add_argument("--family", type=family_arg, metavar="FAMILY", help=family_help("model family (or --model DIR)"))
     p.add_argument("--model", metavar="DIR", help=MODEL_HELP)
     p.add_argument("--mode", choices=sorted(MODES), help=mode_default_help())
     p.add_argument("--sglang-version", metavar="VERSION", help="the SGLang release the server runs (default: the "
@@ -68,6 +68,8 @@ def cmd_sglang_config(args) -> int:
         from ..errors import ConfigError
         raise ConfigError("sglang-config needs --family or --model DIR (the checkpoint)")
     cfg = sglang_config(family, args.mode, cache, args.sglang_version, vision=args.vision)
+    if args.model:              # the checkpoint the user named, in place of MODEL in the launch line
+        cfg["model"] = os.path.abspath(args.model)
     sys.stdout.write(render(cfg, args.format))
     if family == "qwen3_vl" and cfg["mode"] == "stock":
         print("note: stock mode serves Qwen3-VL only on the 224 grid (VideoOptions.for_stock_sglang), which "
@@ -79,34 +81,60 @@ def _add_vllm_config(sub) -> None:
     p = command(sub, "vllm-config", help="the vLLM engine settings that reproduce the cache (docs/vllm.md)")
     p.add_argument("--format", choices=("shell", "json"), default="shell",
                    help="shell: the `vllm serve` flags, shell-quoted; json: engine kwargs, flags and per-request kwargs")
-    p.add_argument("--family", choices=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
-                   help="the served model's family: plain (uncached) video files then go to vLLM's own loader for it")
+    p.add_argument("--family", type=family_arg, metavar="FAMILY",
+                   help=family_help("the served model's family (plain, uncached video files then go to vLLM's own "
+                                    "loader for it)"))
+    p.add_argument("--model", metavar="DIR", help=MODEL_HELP + "; printed in place of MODEL")
+    add_cache_flags(p)
     p.set_defaults(fn=cmd_vllm_config)
 
 
+# What every vLLM node needs besides the flags (docs/vllm.md): the loader resolves each reference in this node's
+# cache, and a VLLM_PLUGINS list that leaves vidcache out never registers the loader.
+VLLM_NODE_NOTE = ("on each vLLM node: the loader resolves every reference through that node's own VIDCACHE_DIR + "
+                  "VIDCACHE_SHARED; if VLLM_PLUGINS restricts vLLM's plugins, it must include vidcache")
+
+
+def vllm_node_env(args) -> dict:
+    """The node settings the loader needs: the shared tier this node is configured with, else placeholders (as
+    ``sglang-config`` prints them; a shell fragment turns those into ``${VAR:?...}``)."""
+    from ..config import ENV_DIR, ENV_SHARED
+    shared = shared_url(args, node_dir(args))
+    return {ENV_DIR: "<a node-local directory on each vLLM node (never NFS)>",
+            ENV_SHARED: shared or "<the cluster's shared tier: NFS path or s3://bucket/prefix>"}
+
+
 def cmd_vllm_config(args) -> int:
+    from ..config import export_line
     from ..vllm.config import MM_PROCESSOR_KWARGS, engine_kwargs, serve_flags
+    args.family = family_of(args)
     if args.family is None:     # the loader then hands plain (uncached) files to opencv, not the model's own loader
         print("note: without --family, plain (uncached) video files go to VLLM_VIDEO_LOADER_BACKEND (opencv), not "
               "the model's own loader", file=sys.stderr)
+    env = vllm_node_env(args)
     if args.format == "json":
         print(json.dumps({"engine_kwargs": engine_kwargs(args.family), "serve_flags": serve_flags(args.family),
-                          "mm_processor_kwargs": MM_PROCESSOR_KWARGS}, indent=2))
+                          "mm_processor_kwargs": MM_PROCESSOR_KWARGS, "env": env, "notes": [VLLM_NODE_NOTE]},
+                         indent=2))
     else:               # shell-quoted: pasted into a shell, the JSON reaches vLLM with its quotes
         import shlex
-        print(f"vllm serve MODEL {shlex.join(serve_flags(args.family))}")
+        print(f"# {VLLM_NODE_NOTE}")
+        for k, v in env.items():
+            print(export_line(k, v))
+        model = shlex.quote(os.path.abspath(args.model)) if args.model else "MODEL"
+        print(f"vllm serve {model} {shlex.join(serve_flags(args.family))}")
     return 0
 
 
 def _add_check_server(sub) -> None:
-    from ..options import PATCH_SIZE
     from ..sglang_facts import MODES
     p = command(sub, "check-server", help="check that a live SGLang server reproduces the trainer's inputs "
                                           "(exit 0 only when parity is established)")
     p.add_argument("url", metavar="URL", help="the SGLang server, e.g. http://127.0.0.1:30000")
     add_cache_flags(p)
-    p.add_argument("--family", choices=sorted(PATCH_SIZE), help="default: derived from --processor DIR (its "
-                   "processor classes and vision config) and the server's model_type")
+    p.add_argument("--family", type=family_arg, metavar="FAMILY",
+                   help=family_help("default: derived from --processor DIR (its processor classes and vision "
+                                    "config) and the server's model_type; else"))
     p.add_argument("--mode", choices=sorted(MODES), help=mode_default_help())
     p.add_argument("--processor", metavar="DIR", help="the checkpoint's processor (default: the server's "
                                                       "tokenizer_path, when it exists here)")

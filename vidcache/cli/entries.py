@@ -244,6 +244,8 @@ def _add_gc(sub) -> None:
     add_cache_flags(p)
     p.add_argument("--max-local-bytes", type=parse_size, required=True, metavar="SIZE",
                    help="budget of the local tier: 20GB, 500MiB or bytes")
+    p.add_argument("--json", action="store_true", help="the counts as JSON (evicted: local objects, frames and "
+                                                       "manifests; entries_evicted: entries gone from this node)")
     p.set_defaults(fn=cmd_gc)
 
 
@@ -251,11 +253,23 @@ def cmd_gc(args) -> int:
     check_local_budget(args.max_local_bytes)
     path = node_dir(args)
     if not has_local(path):
-        print(json.dumps({"evicted": 0, "freed_bytes": 0, "used_bytes": 0, "entries_evicted": 0}, indent=2))
-        return 0
-    cache = cache_of(args)
-    print(json.dumps(cache.gc(args.max_local_bytes), indent=2))
+        out = {"evicted": 0, "freed_bytes": 0, "used_bytes": 0, "entries_evicted": 0}
+    else:
+        out = cache_of(args).gc(args.max_local_bytes)
+    print(json.dumps(out, indent=2) if args.json else gc_line(out, args.max_local_bytes))
     return 0
+
+
+def gc_line(out: dict, budget: int) -> str:
+    """``gc`` for a person: entries are what a user counts; ``evicted`` counts local objects (frames, records),
+    and with a shared tier only frames may go, the entry staying readable from there."""
+    within = f"the local tier uses {_human(out['used_bytes'])} of its {_human(budget)} budget"
+    if not out["evicted"]:
+        return f"gc: nothing evicted: {within}"
+    gone, n = out["entries_evicted"], out["evicted"]
+    what = (f"{gone} entr{'y' if gone == 1 else 'ies'} ({n} local objects)" if gone else
+            f"{n} local objects (their entries stay readable from the shared tier)")
+    return f"gc: evicted {what}, freed {_human(out['freed_bytes'])}; {within}"
 
 
 def _add_inspect(sub) -> None:
@@ -264,6 +278,7 @@ def _add_inspect(sub) -> None:
     add_cache_flags(p)
     add_option_flags(p)
     p.add_argument("--contact-sheet", metavar="OUT.png", help="write a PNG of the cached frames")
+    p.add_argument("--json", action="store_true", help="the whole manifest as JSON instead of the summary")
     p.set_defaults(fn=cmd_inspect)
 
 
@@ -271,6 +286,7 @@ def cmd_inspect(args) -> int:
     import dataclasses
 
     from ..errors import InvalidKeyError
+    from ..loader.fetch import canonical_source
     cache = cache_of(args, read_only=True)
     target = args.target
     as_key = not os.path.exists(target) and key_stem(target) is not None
@@ -285,15 +301,11 @@ def cmd_inspect(args) -> int:
         if as_key:
             raise
         m = None
-        target = source_arg(target)
-        candidates = [target] + (["file://" + target] if target.startswith("/") else [])
-        options = options_of(args)
-        for src in candidates:             # prewarm records a dataset's source as written: path or file:// URL
-            if (key := cache.find(src, options)) is not None:
-                m = cache.manifest(key)
-                break
-        if m is None:
-            cached = [o for src in candidates for o in cache.options_cached_for(src)]
+        options = options_of(args)        # the core spells the source one way (loader.fetch.canonical_source)
+        if (key := cache.find(target, options)) is not None:
+            m = cache.manifest(key)
+        else:
+            cached = cache.options_cached_for(target)
             if cached:
                 shown = "; ".join(_option_flags(o) for o in cached)
                 print(f"{target} is not cached for these options; it is cached under: {shown}", file=sys.stderr)
@@ -302,30 +314,38 @@ def cmd_inspect(args) -> int:
         print(f"{target!r} is neither a cached key nor a cached source for these options "
               f"(prewarm it first)", file=sys.stderr)
         return 1
-    out = dataclasses.asdict(m)
-    idx = out["sampling"]["frame_indices"]
-    out["sampling"]["frame_indices"] = list(idx[:16]) + (["..."] if len(idx) > 16 else [])
     s = m.source
-    out["aspect"] = {"source": f"{s.width_from_decoder}x{s.height_from_decoder} "
-                               f"({s.width_from_decoder / s.height_from_decoder:.3f}:1)",
-                     "stored": f"{m.width}x{m.height} ({m.width / m.height:.3f}:1)",
-                     "distortion": round(m.aspect_distortion, 4)}
-    print(json.dumps(out, indent=2))
+    aspect = {"source": f"{s.width_from_decoder}x{s.height_from_decoder} "
+                        f"({s.width_from_decoder / s.height_from_decoder:.3f}:1)",
+              "stored": f"{m.width}x{m.height} ({m.width / m.height:.3f}:1)",
+              "distortion": round(m.aspect_distortion, 4)}
+    if args.json:
+        out = dataclasses.asdict(m)
+        idx = out["sampling"]["frame_indices"]
+        out["sampling"]["frame_indices"] = list(idx[:16]) + (["..."] if len(idx) > 16 else [])
+        print(json.dumps({**out, "aspect": aspect}, indent=2))
+    else:
+        print(_inspect_summary(m, aspect, None if as_key else canonical_source(target)))
     if args.contact_sheet:
         from ..contact_sheet import contact_sheet
         contact_sheet(cache.frames(m.key), m).save(args.contact_sheet)
-        print(f"contact sheet: {args.contact_sheet}")
+        print(f"contact sheet: {args.contact_sheet}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
-def source_arg(text: str) -> str:
-    """A source as prewarm records it: local paths absolute and normalised (``./a.mp4``, ``a.mp4`` and
-    ``file:///abs/a.mp4`` name one file); URLs as given."""
-    if text[:7].lower() == "file://":
-        text = text[7:]
-    elif "://" in text:
-        return text
-    return os.path.normpath(os.path.abspath(os.path.expanduser(text)))
+def _inspect_summary(m, aspect: dict, source: str | None) -> str:
+    """``inspect`` for a person: what a trainer or an engine gets from the entry, in a few lines."""
+    s, t = m.source, m.tokens
+    decoder = m.provenance.get("decoder")
+    lines = [f"key:      {m.key}"] + ([f"source:   {source}"] if source else []) + [
+        f"family:   {m.family}, sampled at {m.sampling.sample_fps:.3g} fps",
+        f"frames:   {m.num_frames} x {m.height} x {m.width} (T x H x W) of {s.num_frames_from_decoder} "
+        f"{s.codec} frames at {s.average_fps_from_decoder:.3g} fps",
+        f"tokens:   {t.video_pad_tokens} video tokens (grid {' x '.join(map(str, t.video_grid_thw))})",
+        f"aspect:   source {aspect['source']}, stored {aspect['stored']}, distortion {aspect['distortion']}",
+        f"decoder:  {decoder or '?'} {m.provenance.get('decoder_version', '')}".rstrip(),
+        "(--json: the whole manifest)"]
+    return "\n".join(lines)
 
 
 def _option_flags(opts: dict) -> str:

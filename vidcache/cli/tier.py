@@ -3,6 +3,8 @@ tier's identity) and ``doctor`` (check the node).  Both open the tier through ``
 as a cache does, so they see it with the same storage options and object-size cap."""
 from __future__ import annotations
 
+import os
+
 from .common import add_cache_flags, command, node_dir, shared_url
 
 
@@ -21,13 +23,15 @@ def _add_tier_id(sub) -> None:
 
 def cmd_tier_id(args) -> int:
     """Print the shared tier's identity; --init makes it on a new tier, --restore/--new repair a lost one."""
-    from ..config import open_shared_tier
+    from ..config import ENV_SHARED, open_shared_tier
     from ..identity import set_shared_identity, shared_identity
     from ..errors import ConfigError
     url = shared_url(args, node_dir(args))
     if not url:
         raise ConfigError("no shared tier: set VIDCACHE_SHARED or pass --shared URL")
-    store = open_shared_tier(url, read_only=not (args.init or args.restore or args.new))
+    where = "--shared" if getattr(args, "shared", None) else ENV_SHARED if os.environ.get(ENV_SHARED) \
+        else "the shared tier the node recorded"
+    store = open_shared_tier(url, read_only=not (args.init or args.restore or args.new), where=where)
     if args.restore or args.new:
         print(set_shared_identity(store, args.restore))
     else:

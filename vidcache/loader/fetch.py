@@ -58,6 +58,21 @@ def scheme_of(source: str) -> str:
     return protocol.lower() if protocol else "file"
 
 
+def canonical_source(source):
+    """The one spelling under which a source is recorded and looked up: a local file as its absolute, normalised
+    path (``a.mp4``, ``./a.mp4``, ``~/a.mp4``, ``/abs/a.mp4`` and ``file:///abs/a.mp4`` name one file, so one
+    entry), every other source as given.  Relative paths resolve against the current directory, once, here: a
+    record that kept ``a.mp4`` would mean another file from another directory.  Anything malformed passes through
+    unchanged for ``fetch``/``fingerprint`` to refuse with its own error."""
+    if not isinstance(source, str) or not source.strip() or scheme_of(source) != "file":
+        return source
+    try:
+        path = _local_path(source)
+    except InvalidSourceError:
+        return source
+    return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+
+
 def _checked(source, limits: FetchLimits) -> tuple[str, str]:
     """(scheme, source with its scheme lower-cased), or the specific error for a source that cannot be read.
 

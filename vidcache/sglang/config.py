@@ -14,7 +14,7 @@ import math
 import os
 import shlex
 
-from ..config import ENV_DIR
+from ..config import ENV_DIR, export_line
 from ..options import PATCH_SIZE
 from ..serving import FROZEN_FPS
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
@@ -284,9 +284,10 @@ def format_miles(cfg: dict) -> str:
 def format_shell(cfg: dict) -> str:
     """A bash fragment for an SGLang server started by hand: the environment exported and ``SGLANG_ARGS``."""
     lines = [f"# {_command(cfg)} --format shell"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in cfg["env"].items()]
+    lines += [export_line(k, v) for k, v in cfg["env"].items()]     # placeholders: ${VAR:?...}, never text
     lines += _array("SGLANG_ARGS", list(cfg["server_args"]))
-    lines += ['# python3 -m sglang.launch_server --model-path MODEL "${SGLANG_ARGS[@]}"',
+    model = shlex.quote(cfg["model"]) if cfg.get("model") else "MODEL"     # sglang-config --model DIR
+    lines += [f'# python3 -m sglang.launch_server --model-path {model} "${{SGLANG_ARGS[@]}}"',
               f"# then: {cfg['check']}"]
     return "\n".join(lines + _notes(cfg)) + "\n"
 
