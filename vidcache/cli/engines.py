@@ -160,7 +160,8 @@ def _add_check_server(sub) -> None:
 
 
 def cmd_check_server(args) -> int:
-    from ..rollout.check import check_deadline
+    from ..rollout.check import check_deadline, check_url
+    args.url = check_url(args.url)          # a [config] error naming the fix, before any import or request
     cache = cache_of(args) if (args.cache or args.shared) else None       # default: this node's configuration
     if args.engine == "vllm":           # one path (vidcache's loader): --mode and the SGLang-only flags do not apply
         from ..vllm.check import check_server as check_vllm
@@ -205,7 +206,9 @@ def _add_check_computation(sub) -> None:
 
 
 def cmd_check_computation(args) -> int:
+    from ..rollout.check import check_url
     from ..sglang_facts import default_mode
+    args.url = check_url(args.url)
     cache = cache_of(args) if (args.cache or args.shared) else None       # default: this node's configuration
     kw = {"device": args.device, "dtype": args.dtype, "top_k": args.top_k, "threshold": args.threshold,
           "trainer_positions": None if args.trainer_positions == "engine" else args.trainer_positions}

@@ -254,13 +254,49 @@ def load_processor(path: str):
     return AutoProcessor.from_pretrained(path)
 
 
-def server_processor_dir(res: "ServerCheck", path, what: str) -> str | None:
-    """The directory the server names for its processor (``what``), when this machine has it too: the canary is
-    built from it.  Else a ``processor`` cause on ``res`` and None."""
-    if path and os.path.isdir(path):
+def check_url(url) -> str:
+    """A server URL as the checks take it: ``http://`` or ``https://`` and a host, else a ``[config]`` error that
+    shows the fix (urllib's own is "unknown url type")."""
+    from urllib.parse import urlsplit
+
+    from ..errors import ConfigError
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        shown = url if isinstance(url, str) else type(url).__name__
+        hint = f"http://{shown}" if isinstance(url, str) and "://" not in url else "http://HOST:PORT"
+        raise ConfigError(f"the server URL must start with http:// or https:// and name a host, got {shown!r}: "
+                          f"e.g. {hint}")
+    return url.rstrip("/")
+
+
+def local_checkpoint(path) -> str | None:
+    """The directory of a checkpoint a server names (``tokenizer_path``, a vLLM model's ``root``): the path itself
+    when it is a directory here, else, for a hub id (``Qwen/Qwen2.5-VL-7B-Instruct``), its snapshot in this
+    machine's Hugging Face cache, found as ``from_pretrained`` finds it (nothing is downloaded).  None: neither."""
+    if not isinstance(path, str) or not path:
+        return None
+    if os.path.isdir(path):
         return path
-    res.causes.append(Cause("processor", f"{what} ({path!r}) is not a directory here: pass --processor DIR (the "
-                                         "checkpoint's processor) to send the canary"))
+    if path.count("/") != 1 or path.startswith(("/", ".")):
+        return None             # not a hub id: a path of the server's machine
+    try:
+        from huggingface_hub import snapshot_download
+        got = snapshot_download(repo_id=path, local_files_only=True)
+    except Exception:  # noqa: BLE001 -- not cached, an invalid id, or no huggingface_hub: "not here" either way
+        return None
+    return got if os.path.isdir(got) else None
+
+
+def server_processor_dir(res: "ServerCheck", path, what: str) -> str | None:
+    """The directory the server names for its processor (``what``), when this machine has it too, as a directory
+    or a hub id in the local Hugging Face cache: the canary is built from it.  Else a ``processor`` cause on
+    ``res`` and None."""
+    found = local_checkpoint(path)
+    if found is not None:
+        return found
+    res.causes.append(Cause("processor", f"{what} ({path!r}) is neither a directory here nor a model in this "
+                                         "machine's Hugging Face cache: pass --processor DIR (the checkpoint's "
+                                         "processor), or fetch it here first (huggingface-cli download ID)"))
     return None
 
 

@@ -26,7 +26,7 @@ from ..positions import position_warning
 from ..processing import VIDEO_PLACEHOLDER, layout_of, request_layout
 from ..rollout import models
 from ..rollout.check import (Cause, ServerCheck, canary_video, check_version, error_message, exact_canary_options,
-                             http_json, load_processor, server_processor_dir)
+                             http_json, load_processor, local_checkpoint, server_processor_dir)
 from ..rollout.ref import REF_PREFIX, ref_uri
 from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
                             unverified_warning)
@@ -89,8 +89,14 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
     url = url.rstrip("/")
     res = ServerCheck(url, engine="SGLang", mode_flag=flags["mode"])
     try:
-        _, info = http_json(url + "/server_info", timeout=timeout)
-        _, model = http_json(url + "/model_info", timeout=timeout)
+        status, info = http_json(url + "/server_info", timeout=timeout)
+        if status != 200 or "version" not in info:
+            res.causes.append(Cause("server", _not_sglang(url, status, timeout)))
+            return res
+        status, model = http_json(url + "/model_info", timeout=timeout)
+        if status != 200:
+            res.causes.append(Cause("server", f"{url}/model_info answered HTTP {status}: {error_message(model)[:200]}"))
+            return res
     except (OSError, ValueError) as e:
         res.causes.append(Cause("server", f"cannot read {url}/server_info and /model_info: {e}"))
         return res
@@ -103,8 +109,8 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
     model_type = model.get("model_type")
     served = FAMILY_OF_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
     ckpt = processor if isinstance(processor, (str, os.PathLike)) else None
-    if processor is None and isinstance(model.get("tokenizer_path"), str) and os.path.isdir(model["tokenizer_path"]):
-        ckpt = model["tokenizer_path"]
+    if processor is None and (found := local_checkpoint(model.get("tokenizer_path"))) is not None:
+        ckpt = found                  # a directory here, or the hub id's snapshot in the local HF cache
     if ckpt is not None:
         try:
             derived = models.derive(ckpt, family, model_type=model_type)
@@ -168,6 +174,21 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
     facts = _canary(res, url, processor, family, mode, cache, timeout, info, token_layout, trainer_positions)
     _vision(res, family, mode, info, facts, server_vision, flags)
     return res
+
+
+def _not_sglang(url: str, status: int, timeout: float) -> str:
+    """Why ``url`` is not answering as an SGLang server does, and what to do: a vLLM (OpenAI) server is asked for
+    ``/v1/models``; anything else is named by its status."""
+    try:
+        st, models = http_json(url + "/v1/models", timeout=min(timeout, 30.0))
+        vllm = st == 200 and isinstance(models.get("data"), list)
+    except (OSError, ValueError):
+        vllm = False
+    if vllm:
+        return (f"{url} answers /v1/models but not SGLang's /server_info (HTTP {status}): it looks like a vLLM "
+                "(OpenAI-compatible) server: run check-server with --engine vllm")
+    return (f"{url}/server_info answered HTTP {status} without an SGLang version: not an SGLang server (or a proxy "
+            "that does not forward /server_info); check the URL and port, or pass --engine vllm for a vLLM server")
 
 
 def _vision(res: ServerCheck, family: str, mode: str, info: dict, facts: dict | None,

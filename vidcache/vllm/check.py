@@ -44,13 +44,20 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
     url = url.rstrip("/")
     res = ServerCheck(url, engine="vLLM", mode="loader")
     try:
-        _, ver = http_json(url + "/version", timeout=timeout)
-        _, models = http_json(url + "/v1/models", timeout=timeout)
-        card = (models.get("data") or [{}])[0]
-        model = card["id"]
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        res.causes.append(Cause("server", f"cannot read {url}/version and /v1/models: {e!r}"))
+        st_ver, ver = http_json(url + "/version", timeout=timeout)
+        st_models, models = http_json(url + "/v1/models", timeout=timeout)
+    except (OSError, ValueError) as e:
+        res.causes.append(Cause("server", f"cannot read {url}/version and /v1/models: {e}"))
         return res
+    cards = models.get("data") if st_models == 200 else None
+    if st_ver != 200 or not isinstance(cards, list) or not cards or not isinstance(cards[0], dict) \
+            or not isinstance(cards[0].get("id"), str):
+        res.causes.append(Cause("server", f"{url} does not answer as a vLLM OpenAI server (/version: HTTP {st_ver}, "
+                                          f"/v1/models: HTTP {st_models}, no served model listed): check the URL "
+                                          "and port; an SGLang server is checked without --engine vllm"))
+        return res
+    card = cards[0]
+    model = card["id"]
 
     res.version = version = str(ver.get("version"))
     check_version(res, "vLLM", version, VERIFIED_VLLM_VERSIONS, allow_unverified)
