@@ -195,8 +195,9 @@ class LMDBStore(Store):
         if not touched:
             return
         if txn is None:
-            with self._begin(write=True) as t:
-                self._flush_touched_in(t, touched)
+            # Through ``_write``: a process that opened a store grown past its initial map size has a map exactly
+            # full, and a touch needs room like any write (issue 50: MapFullError out of a read).
+            self._write(lambda t: self._flush_touched_in(t, touched))
         else:
             self._flush_touched_in(txn, touched)
 
