@@ -238,3 +238,17 @@ def test_reads_of_a_store_reopened_past_its_initial_map_size_record_their_touche
     for i in range(600):
         assert again.get(f"cas/{i:04d}") is not None
     again.close()
+
+
+def test_gc_of_a_store_reopened_past_its_initial_map_size_evicts(tmp_path):
+    """Issue 50 (benchmarks/scale.py, ``vidcache gc`` at 1,000 entries): gc's deletes in a map exactly full (a
+    store reopened past its initial map size) raised ``MapFullError``; they grow the map as writes do."""
+    path = tmp_path / "db"
+    s = LMDBStore(path, map_size=1 << 20)
+    s.set_many({f"cas/{i:04d}": os.urandom(4096) for i in range(600)})
+    s.close()
+    again = LMDBStore(path, map_size=1 << 20)
+    out = again.gc(again.used_bytes() // 2)
+    assert out["evicted"] > 0 and out["used_bytes"] <= again.used_bytes() + 1
+    assert sum(again.get(f"cas/{i:04d}") is not None for i in range(600)) == 600 - out["evicted"]
+    again.close()

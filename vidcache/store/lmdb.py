@@ -358,10 +358,13 @@ class LMDBStore(Store):
                 break
             victims.append(k)
             freed += n
-        with self._begin(write=True) as txn:
+        def rm(txn):
             for k in victims:
                 txn.delete(k)
                 txn.delete(k, db=e.lru)
+        # Through ``_write``: deletes need free pages too, and a store reopened past its initial map size has
+        # none (issue 50: ``vidcache gc`` raised MapFullError at 1,000 entries).
+        self._write(rm)
         return {"evicted": len(victims), "freed_bytes": freed, "used_bytes": self.used_bytes()}, victims
 
     def stats(self) -> dict:
