@@ -241,6 +241,8 @@ def main() -> None:
                          "built before the model is loaded); default: one step's time")
     ap.add_argument("--in-process", action="store_true",
                     help="read-ahead's pulls in threads of this process (before issue 50) instead of its worker")
+    ap.add_argument("--also-in-process", action="store_true",
+                    help="a third loop in the same run: read-ahead with its pulls in threads of the trainer")
     ap.add_argument("--thread-moto", action="store_true", help="moto in a thread of this process instead")
     ap.add_argument("--work", help="working directory (default: a temporary one, removed)")
     args = ap.parse_args()
@@ -278,7 +280,9 @@ def main() -> None:
                 tcal = calibrate_trainer(trainer, os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch,
                                          step_s)
             out = {}
-            for name, ahead in (("without", False), ("with", True)):
+            loops = [("without", False), ("with", True)] + ([("in-process", True)] if args.also_in_process else [])
+            for name, ahead in loops:
+                vidcache.readahead.IN_WORKER = not args.in_process and name != "in-process"
                 if trainer is not None:
                     trainer.step_times.clear()
                 head = step_s if args.head_start is None else args.head_start
@@ -309,8 +313,8 @@ def main() -> None:
                       f"{step_s * 1e3:.0f} / {pct(steps, .5) * 1e3:.0f} ({pct(steps, .99) * 1e3:.0f}) ms"),
                      ("loss: first step / last step", f"{trainer.losses[0]:.4f} / {trainer.losses[-1]:.4f}")]
         rows.append(("read-ahead's head start before step 1", f"{head * 1e3:.0f} ms (its pulls run in "
-                     + ("a worker process" if vidcache.readahead.IN_WORKER else "threads of the trainer") + ")"))
-        for name in ("without", "with"):
+                     + ("threads of the trainer" if args.in_process else "a worker process") + ")"))
+        for name in out:
             r = out[name]
             rows += [(f"{name} read-ahead: wait per step p50 / p99",
                       f"{pct(r['waits'], .5) * 1e3:.1f} / {pct(r['waits'], .99) * 1e3:.1f} ms"),
@@ -319,6 +323,9 @@ def main() -> None:
         rows.append(("read-ahead's pulls", str(out["with"]["counts"])))
         kind = "a real step" if trainer is not None else f"a simulated step ({args.step})"
         report(f"trainer stall on a fresh node, {kind} ({os.cpu_count()} cores)", rows)
+        if "in-process" in out:
+            print(f"stall with read-ahead's pulls in threads of the trainer (--in-process): "
+                  f"{100 * out['in-process']['stall']:.1f}% (after step 1: {100 * out['in-process']['steady']:.1f}%)")
         print(f"stall: {100 * out['with']['stall']:.1f}% with read-ahead, {100 * out['without']['stall']:.1f}% without")
     finally:
         if not args.work:
