@@ -1,6 +1,7 @@
 """Trainer stall on a fresh node, with and without read-ahead (issue 31), in one run.
 
     .venv/bin/python benchmarks/trainer_stall.py [--clips 128] [--batch 2] [--depth 8] [--step-factor 1.5] [--thread-moto]
+        [--step sleep|busy] [--head-start S] [--in-process]
 
 A node A prewarms ``--clips`` clips (the camera-like 1280x720 H.264 clips of ``camera_clips.py`` and the
 generated test clips, Qwen2.5-VL at 2 fps) into an S3 tier: moto on loopback in a process of its own, as a
@@ -17,9 +18,15 @@ first reads take on a fresh node (measured first, on a node of its own), so that
 * with: ``vidcache.read_ahead(samples, depth=--depth)`` pulls the next samples' entries in the background.
 
 Prints, per loop, the wait per step (p50 / p99) and the fraction of the wall time spent waiting, over every step
-(the headline: the first step is counted, and nothing can be ahead of it when read-ahead starts with the loop)
-and over the steps after the first (the steady state; Miles' data source starts reading ahead when it is built,
-before the first rollout).  The last line reads ``stall: X% with read-ahead, Y% without``.  Never asserts on time.
+(the headline: the first step is counted) and over the steps after the first (the steady state).  Read-ahead is
+built ``--head-start`` seconds before the first step (default: one step's time), as a trainer builds its data
+source before it loads its model (Miles' data source starts reading ahead when it is built, before the first
+rollout); that setup is not in the wall time.  The last line reads ``stall: X% with read-ahead, Y% without``.
+Never asserts on time.
+
+``--step busy`` (issue 50): the step is a pure-Python loop holding the GIL for ``step_s`` (the worst case for a
+thread of the trainer's interpreter: it runs only at the switch interval).  Read-ahead's pulls run in a worker
+process (``vidcache.pullworker``); ``--in-process`` puts them back in threads of the trainer, for comparison.
 
 A real step instead of the sleep (issue 43):
 
@@ -54,6 +61,7 @@ from camera_clips import make as camera_clips  # noqa: E402
 from shared_tier_read import moto_s3  # noqa: E402
 
 import vidcache  # noqa: E402
+import vidcache.readahead  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 
 OPTS = VideoOptions(family="qwen2_5_vl", fps=2.0)
@@ -137,13 +145,27 @@ class Trainer:
         return dt
 
 
+def busy(seconds: float) -> None:
+    """A step that holds the GIL for ``seconds``: pure Python, no I/O, no C call that lets go of it (the worst
+    case for a thread of this interpreter, which gets the GIL back only at the interpreter's switch interval)."""
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+
+
 def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, step_s: float, ahead: bool,
-             depth: int = 0, trainer: "Trainer | None" = None) -> dict:
-    """One epoch on a fresh node.  Without ``trainer``: read the frames, sleep ``step_s``.  With it: hydrate the
-    batch on its device and run its step (``step_s`` unused; 0 for a calibration loop without steps)."""
+             depth: int = 0, trainer: "Trainer | None" = None, step: str = "sleep", head_start: float = 0.0) -> dict:
+    """One epoch on a fresh node.  Without ``trainer``: read the frames, then the step: sleep ``step_s`` (the GPU's
+    time), or hold the GIL for it (``step="busy"``).  With it: hydrate the batch on its device and run its step
+    (``step_s`` unused; 0 for a calibration loop without steps).  ``head_start``: seconds between building
+    read-ahead and the first step (a trainer builds its data source before it loads its model; that setup is
+    not counted in the wall time), spent as the step is (asleep, or holding the GIL)."""
     c = VideoCache(node, shared=shared, shared_storage_options=s3)
     samples = [[vidcache.from_key(k, c)] for k in ekeys]
     ra = vidcache.read_ahead(samples, depth=depth) if ahead else None
+    if ra is not None and head_start > 0:
+        busy(head_start) if step == "busy" else time.sleep(head_start)
     source = iter(ra) if ra is not None else iter(samples)
     waits = []
     first_step = step_s
@@ -159,7 +181,7 @@ def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, ste
             inputs = trainer.hydrate(handles)
         waits.append(time.perf_counter() - t)
         if trainer is None:
-            time.sleep(step_s)                      # the training step
+            busy(step_s) if step == "busy" else time.sleep(step_s)     # the training step
         elif step_s:
             dt = trainer.step(inputs)               # the training step, for real
             if i == 0:
@@ -211,9 +233,20 @@ def main() -> None:
                     help="a real step (hydrate with train_inputs on DEVICE, forward/backward/update of a small "
                          "Qwen2.5-VL) instead of the sleep")
     ap.add_argument("--gpu", action="store_const", const="cuda", dest="device", help="the same as --device cuda")
+    ap.add_argument("--step", choices=("sleep", "busy"), default="sleep",
+                    help="the simulated step: asleep (the GPU's time, the host free) or a pure-Python busy loop "
+                         "holding the GIL for the step time (the worst case for threads)")
+    ap.add_argument("--head-start", type=float,
+                    help="seconds read-ahead runs before the first step (a trainer's setup: the data source is "
+                         "built before the model is loaded); default: one step's time")
+    ap.add_argument("--in-process", action="store_true",
+                    help="read-ahead's pulls in threads of this process (before issue 50) instead of its worker")
+    ap.add_argument("--also-in-process", action="store_true",
+                    help="a third loop in the same run: read-ahead with its pulls in threads of the trainer")
     ap.add_argument("--thread-moto", action="store_true", help="moto in a thread of this process instead")
     ap.add_argument("--work", help="working directory (default: a temporary one, removed)")
     args = ap.parse_args()
+    vidcache.readahead.IN_WORKER = not args.in_process
     trainer = None
     if args.device is not None:
         import torch
@@ -247,11 +280,14 @@ def main() -> None:
                 tcal = calibrate_trainer(trainer, os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch,
                                          step_s)
             out = {}
-            for name, ahead in (("without", False), ("with", True)):
+            loops = [("without", False), ("with", True)] + ([("in-process", True)] if args.also_in_process else [])
+            for name, ahead in loops:
+                vidcache.readahead.IN_WORKER = not args.in_process and name != "in-process"
                 if trainer is not None:
                     trainer.step_times.clear()
+                head = step_s if args.head_start is None else args.head_start
                 out[name] = run_loop(os.path.join(work, f"node-{name}"), shared, s3, ekeys, args.batch, step_s, ahead,
-                                     args.depth, trainer=trainer)
+                                     args.depth, trainer=trainer, step=args.step, head_start=head)
                 if trainer is not None:
                     out[name]["step_times"] = list(trainer.step_times)
         rows = [("entries / frame bytes", f"{len(ekeys)} / {nbytes / 1e6:.0f} MB (S3 on moto, "
@@ -259,7 +295,8 @@ def main() -> None:
                 ("batch / steps / read-ahead depth", f"{args.batch} / {len(out['with']['waits'])} / {args.depth}")]
         if trainer is None:
             rows += [("a batch's first reads (calibration, mean)", f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
-                     ("step time (simulated training)", f"{step_s * 1e3:.0f} ms")]
+                     ("step time (simulated training)", f"{step_s * 1e3:.0f} ms, "
+                      + ("a busy loop holding the GIL" if args.step == "busy" else "asleep"))]
         else:
             import torch
             dev = (torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda"
@@ -275,15 +312,20 @@ def main() -> None:
                      ("step time: target / measured p50 (p99)",
                       f"{step_s * 1e3:.0f} / {pct(steps, .5) * 1e3:.0f} ({pct(steps, .99) * 1e3:.0f}) ms"),
                      ("loss: first step / last step", f"{trainer.losses[0]:.4f} / {trainer.losses[-1]:.4f}")]
-        for name in ("without", "with"):
+        rows.append(("read-ahead's head start before step 1", f"{head * 1e3:.0f} ms (its pulls run in "
+                     + ("threads of the trainer" if args.in_process else "a worker process") + ")"))
+        for name in out:
             r = out[name]
             rows += [(f"{name} read-ahead: wait per step p50 / p99",
                       f"{pct(r['waits'], .5) * 1e3:.1f} / {pct(r['waits'], .99) * 1e3:.1f} ms"),
                      (f"{name} read-ahead: wall time spent waiting", f"{100 * r['stall']:.1f}% of {r['wall']:.1f} s"),
                      (f"{name} read-ahead: the same after the first step", f"{100 * r['steady']:.1f}%")]
         rows.append(("read-ahead's pulls", str(out["with"]["counts"])))
-        kind = "a real step" if trainer is not None else "a simulated step"
+        kind = "a real step" if trainer is not None else f"a simulated step ({args.step})"
         report(f"trainer stall on a fresh node, {kind} ({os.cpu_count()} cores)", rows)
+        if "in-process" in out:
+            print(f"stall with read-ahead's pulls in threads of the trainer (--in-process): "
+                  f"{100 * out['in-process']['stall']:.1f}% (after step 1: {100 * out['in-process']['steady']:.1f}%)")
         print(f"stall: {100 * out['with']['stall']:.1f}% with read-ahead, {100 * out['without']['stall']:.1f}% without")
     finally:
         if not args.work:

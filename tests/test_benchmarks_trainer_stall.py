@@ -58,3 +58,27 @@ def test_the_batch_marks_each_rows_video_tokens_and_scores_only_the_answer():
     assert (kw["labels"] != -100).sum(1).tolist() == [len(trainer.answer)] * 2
     assert kw["attention_mask"].sum(1).tolist() == [len(trainer.prompt) + 2 + n + len(trainer.answer) for n in (6, 8)]
     assert kw["pixel_values_videos"].shape[0] == 24 + 32
+
+
+def test_the_busy_step_loop_reads_ahead_through_the_worker(tmp_path, s3):
+    """``--step busy`` (issue 50): the step holds the GIL, read-ahead starts ``head_start`` before step 1, and its
+    pulls are the worker's (both entries pulled, none failed, none by the reader's own reads)."""
+    from vidcache import VideoCache
+    from vidcache.compact import CompactLayout
+    from vidcache.testing.videos import make_video
+    ts = _script()
+    clips = [make_video(str(tmp_path / f"c{i}.mp4"), width=96, height=64, fps=8, n_frames=8, seed=i) for i in range(2)]
+    shared = "s3://cache/" + uuid.uuid4().hex
+    opts = {"endpoint_url": s3.endpoint, **S3_OPTS}
+    a = VideoCache(tmp_path / "a", shared=shared, shared_storage_options=opts)
+    keys = [a.ensure(p, ts.OPTS).key for p in clips]
+    a.close()
+    here, real = [], CompactLayout.expand
+    CompactLayout.expand = lambda self, m, *a, **k: here.append(m.key) or real(self, m, *a, **k)
+    try:
+        r = ts.run_loop(str(tmp_path / "fresh"), shared, opts, keys, batch=1, step_s=0.05, ahead=True, depth=2,
+                        step="busy", head_start=0.05)
+    finally:
+        CompactLayout.expand = real
+    assert len(r["waits"]) == 2 and r["counts"] == {"pulled": 2, "local": 0, "not_cached": 0, "failed": 0}
+    assert here == []                  # the trainer's process decoded no compact object: the worker did

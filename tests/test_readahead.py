@@ -35,6 +35,12 @@ def until(cond, timeout=60.0):
         time.sleep(0.02)
 
 
+def _in_this_process(monkeypatch):
+    """Pulls in this process's threads (``readahead.IN_WORKER`` off), where a test patches the pull itself."""
+    from vidcache import readahead
+    monkeypatch.setattr(readahead, "IN_WORKER", False)
+
+
 def at_its_bound(ahead, timeout=60.0):
     """Wait until ``ahead``'s thread is blocked on its bound (waiting on its own condition, which it only does
     once every sample it took is in the window and the window is full) and every pull it started has ended.
@@ -106,7 +112,8 @@ def test_iterating_yields_the_samples_in_order_each_a_local_hit(tmp_path, tier, 
             assert torch.equal(h.frames(), frames[h.key])
             seen.append(h.key)
     assert seen == ks
-    assert sorted(pulls) == sorted(ks)        # one pull each, by read-ahead: the reads pulled nothing
+    # one pull each, by read-ahead's worker process (issue 50): the reads, in this process, pulled nothing
+    assert pulls == [] and ahead.counts["pulled"] == len(ks)
 
 
 def test_the_window_is_bounded_by_samples_and_by_bytes(tmp_path, tier):
@@ -137,6 +144,7 @@ def test_a_byte_bound_above_the_default_is_kept_without_a_budget(tmp_path, tier)
 def test_a_failed_pull_is_tried_again_when_a_later_sample_asks(tmp_path, tier, monkeypatch):
     """A pull that failed (a tier outage) is not remembered as the key's pull: the next sample naming the key
     pulls it again."""
+    _in_this_process(monkeypatch)
     from vidcache.errors import SharedUnavailableError
     shared, ks, frames = tier
     b = VideoCache(tmp_path / "b", shared=shared)
@@ -171,6 +179,7 @@ def test_a_local_budget_halves_the_window(tmp_path, tier):
 
 
 def test_one_pull_per_key_for_many_samples_and_threads(tmp_path, tier, monkeypatch):
+    _in_this_process(monkeypatch)
     shared, ks, frames = tier
     b = VideoCache(tmp_path / "b", shared=shared)
     pulls = []
@@ -286,6 +295,7 @@ def test_entries_not_cached_are_left_to_the_read_which_builds_them(tmp_path, vid
 
 
 def test_close_cancels_what_has_not_started(tmp_path, tier, monkeypatch):
+    _in_this_process(monkeypatch)
     shared, ks, _ = tier
     b = VideoCache(tmp_path / "b", shared=shared)
     real = CompactLayout.expand
@@ -456,10 +466,11 @@ def test_queued_hinted_pulls_are_dropped_at_exit(tmp_path, tier):
     assert len(started) <= WORKERS, started
 
 
-def test_a_pool_shut_down_under_it_is_taken_as_its_close(node_a, tmp_path, videos):
+def test_a_pool_shut_down_under_it_is_taken_as_its_close(node_a, tmp_path, videos, monkeypatch):
     """At interpreter exit concurrent.futures shuts every pool down before the read-ahead's own thread stops, and
     refuses new work (``RuntimeError: cannot schedule new futures after shutdown``, a traceback from the thread at
     the end of every script that never closed it); the read-ahead takes that as its close."""
+    _in_this_process(monkeypatch)
     from vidcache.readahead import ReadAhead, _Sample
     a = node_a.cache
     h = vidcache.get(videos["ffv1_10_small"], VideoOptions(fps=1.0), a)
@@ -469,3 +480,97 @@ def test_a_pool_shut_down_under_it_is_taken_as_its_close(node_a, tmp_path, video
     ra._schedule(_Sample(0, None), vidcache.from_key(h.key, b))   # before: RuntimeError in the thread
     assert ra._closed and ra.counts["failed"] == 0
     ra.close()
+
+
+# --- the pull worker (issue 50): pulls in a process of their own, out of reach of the reader's GIL -----------
+
+
+@pytest.fixture
+def fresh_worker(monkeypatch):
+    """This process's pull worker ended, so the next read-ahead starts one with the test's environment."""
+    from vidcache import pullworker
+
+    def end():
+        with pullworker._WORKER_LOCK:
+            w = pullworker._WORKER.pop(os.getpid(), None)
+        if w is not None:
+            w.kill()
+    end()
+    yield pullworker
+    end()
+
+
+def test_a_worker_killed_mid_pull_is_replaced_and_the_local_tier_stays_sound(tmp_path, tier, monkeypatch,
+                                                                               fresh_worker):
+    """kill -9 of the pull worker while it holds a pull (its key's lock, inside the decode): the sample whose pull
+    died is served (its read pulls by itself), a new worker pulls the rest, and every entry verifies."""
+    shared, ks, frames = tier
+    hook = os.path.join(os.path.dirname(__file__), "support", "hang_pull")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([hook, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("VIDCACHE_TEST_HANG_KEY", ks[0])
+    node = tmp_path / "b"
+    b = VideoCache(node, shared=shared)
+    handles = [vidcache.from_key(k, b) for k in ks]
+    lock = SingleFlight(str(node / "locks"))
+
+    def worker_holds(key):
+        with lock.hold(key, 0.0) as held:
+            return not held
+    with vidcache.read_ahead(handles, depth=1, workers=1) as ahead:
+        until(lambda: worker_holds(ks[0]))                # the worker is inside ks[0]'s pull
+        old = fresh_worker._WORKER[os.getpid()]
+        os.kill(old.proc.pid, signal.SIGKILL)
+        until(lambda: old.dead)                           # seen gone (a pull asked before that fails with it)
+        assert next(ahead) is handles[0]                  # served: its pull failed with the worker
+        assert not worker_holds(ks[0])                    # the lock went with it
+        for h in handles[1:]:
+            assert next(ahead) is h
+            assert local_blobs(b, [h.key]) == [True], (h.key, ahead.counts)   # pulled ahead of it, by the new worker
+        new = fresh_worker._WORKER[os.getpid()]
+    assert new is not old and new.proc.pid != old.proc.pid and old.proc.returncode == -signal.SIGKILL
+    assert ahead.counts == {"pulled": 3, "local": 0, "not_cached": 0, "failed": 1}, ahead.counts
+    assert torch.equal(handles[0].frames(), frames[ks[0]])    # the read pulls it by itself
+    b.sync()
+    assert all(b.verify(k) == [] for k in ks)
+    for k in ks:
+        assert torch.equal(_local_frames(b, k), frames[k])
+
+
+def test_close_with_the_worker_cancels_what_has_not_started_and_waits_for_the_rest(tmp_path, tier, monkeypatch,
+                                                                                    fresh_worker):
+    """close() while the worker is inside one pull (hung here): the queued ones are dropped by the worker, the
+    one under way is waited for at most its bound, then the worker is ended (and replaced on the next ask)."""
+    shared, ks, frames = tier
+    hook = os.path.join(os.path.dirname(__file__), "support", "hang_pull")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([hook, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("VIDCACHE_TEST_HANG_KEY", ks[0])
+    b = VideoCache(tmp_path / "b", shared=shared)
+    monkeypatch.setattr(type(b.reads), "_pull_wait_s", property(lambda self: 1.0))   # the bound close waits
+    lock = SingleFlight(str(tmp_path / "b" / "locks"))
+    ahead = vidcache.read_ahead([vidcache.from_key(k, b) for k in ks], workers=1)
+    until(lambda: not lock.hold(ks[0], 0.0).__enter__())
+    until(lambda: len(ahead._asked) == len(ks))           # all four asked: one under way, three queued
+    w = fresh_worker._WORKER[os.getpid()]
+    ahead.close()
+    assert w.proc.poll() is not None                      # ended: it outlasted the bound
+    b.sync()
+    assert local_blobs(b, ks) == [False] * 4              # the queued three were never pulled
+    assert all(b.verify(k) == [] for k in ks)
+    with vidcache.read_ahead([vidcache.from_key(k, b) for k in ks[1:]]) as again:   # a new worker
+        assert [h.key for h in again] == ks[1:]
+    assert again.counts["pulled"] == 3 and local_blobs(b, ks[1:]) == [True] * 3
+
+
+def test_only_settings_cross_to_the_worker_and_a_custom_store_stays_in_process(tmp_path, tier):
+    """What the worker is sent is JSON (the cache's settings; never a pickle); a cache it cannot rebuild from
+    settings (a custom store object) pulls in this process's threads, as before."""
+    import json as _json
+
+    from vidcache import pullworker
+    from vidcache.store.memory import MemoryStore
+    shared, ks, _ = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    s = pullworker.settings_of(b)
+    assert _json.loads(_json.dumps(s))["shared"] == shared and s["path"] == str(tmp_path / "b")
+    assert pullworker.settings_of(VideoCache(tmp_path / "c", store=MemoryStore())) is None
+    assert pullworker.settings_of(VideoCache(tmp_path / "d")) is None             # nothing to pull from

@@ -29,9 +29,11 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Iterable, Mapping
 
+from . import pullworker
 from .errors import BadRowError, NotCachedError
 from .handle import VideoHandle
 
@@ -40,6 +42,10 @@ log = logging.getLogger("vidcache")
 DEPTH = 64                    # samples ahead of the reader
 MAX_BYTES = 2 << 30           # frames pulled ahead of the reader and not yet passed
 WORKERS = 2                   # pulls at once (each overlaps its download and its decode already)
+# Pulls run in a worker process (``vidcache.pullworker``), out of reach of the reader's GIL (issue 50: a trainer's
+# busy main thread starved them).  Off, or for a cache the worker cannot rebuild from settings (a custom store),
+# they run in this process's threads.
+IN_WORKER = True
 
 
 class _Sample:
@@ -72,7 +78,10 @@ class ReadAhead:
         self._pulls: dict[tuple[str, str], Future] = {}      # (cache identity, key): the pull under way
         self._end: BaseException | None = None                # StopIteration, or what the samples raised
         self._closed = False
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vidcache-read-ahead")
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vidcache-read-ahead")   # IN_WORKER off
+        self._asked: dict[int, tuple] = {}    # pull id -> (worker, pull) asked of the pull worker, not ended
+        self._close_wait_s = 0.0              # the longest pull bound of those asked (close waits at most this)
         self._thread = threading.Thread(target=self._run, name="vidcache-read-ahead", daemon=True)
         self._thread.start()
 
@@ -163,10 +172,21 @@ class ReadAhead:
     def _schedule(self, s: _Sample, h: VideoHandle) -> None:
         try:
             key = h.resolve(build=False)       # a lazy handle's source: one stat or HEAD, never a decode
+        except NotCachedError:
+            self._count("not_cached")
+            return
+        except Exception as e:     # noqa: BLE001 -- an unreachable source: the read meets it
+            self._failed(h, e)
+            return
+        settings = pullworker.settings_of(h.cache) if IN_WORKER else None
+        if settings is not None:
+            self._ask_worker(s, h, key, settings)
+            return
+        try:
             m = h.cache.manifest(key)
         except NotCachedError:
             m = None
-        except Exception as e:     # noqa: BLE001 -- an unreachable source or tier: the read meets it
+        except Exception as e:     # noqa: BLE001 -- an unreachable tier: the read meets it
             self._failed(h, e)
             return
         if m is None:
@@ -196,6 +216,57 @@ class ReadAhead:
         s.pulls.append(fut)
         s.charge += m.frames.nbytes
 
+    def _ask_worker(self, s: _Sample, h: VideoHandle, key: str, settings: dict) -> None:
+        """``_schedule`` through the pull worker (``vidcache.pullworker``): it reads the manifest (the size this
+        sample is charged) and pulls; this thread only sends the key and waits for the size."""
+        ident = (h.identity, key)
+        if (under_way := self._pulls.get(ident)) is not None and not under_way.done():
+            s.pulls.append(under_way)          # another sample of the window asked already: one pull
+            return
+        if (budget := h.cache.config.max_local_bytes) is not None:    # half of it: the other half is the reader's
+            self.max_bytes = min(self.max_bytes, max(1, budget // 2))
+        with self._cond:
+            if self._closed:
+                return
+            self._close_wait_s = max(self._close_wait_s, h.cache.reads._pull_wait_s)
+            try:
+                w = pullworker.worker(self.workers)
+                p = w.pull(settings, key, lambda pulled, e, c=h.cache: self._ended(c, key, pulled, e))
+            except (OSError, pullworker.WorkerDied) as e:   # no worker could start, or it died as it was asked
+                self._failed(key, e)
+                return
+            for n in [n for n, (_, q) in self._asked.items() if q.ended.is_set()]:
+                del self._asked[n]                 # answered: close has nothing to wait for
+            self._asked[p.id] = (w, p)
+        # A sample passed by the reader cancels its pulls (``advance``, ``close``): tell the worker.
+        p.done.add_done_callback(lambda f: w.cancel(p) if f.cancelled() else None)
+        try:
+            size = p.size.result()
+        except CancelledError:
+            return
+        except Exception:     # noqa: BLE001 -- counted and logged by ``_ended``; the read meets it
+            return
+        if size is None:
+            self._count("not_cached")
+            return
+        self._pulls[ident] = p.done
+        p.done.add_done_callback(lambda f, ident=ident: self._pulls.pop(ident, None) if self._pulls.get(ident) is f
+                                 else None)
+        s.pulls.append(p.done)
+        s.charge += size
+
+    def _ended(self, cache, key: str, pulled: bool | None, e: BaseException | None) -> None:
+        """The worker's last word on a pull of ``key``: counted as ``_pull`` counts one of this process."""
+        if getattr(e, "aside", None):
+            cache.reads.note_moved_aside(e.aside, RuntimeError(f"read-ahead's pull worker: {e}"))
+        if e is not None:
+            self._failed(key, e)
+            return
+        with self._cond:
+            if key not in self._counted:
+                self._counted.add(key)
+                self.counts["pulled" if pulled else "local"] += 1
+
     def _pull(self, cache, key: str) -> None:
         try:
             pulled = cache.bring_local(key)
@@ -221,7 +292,16 @@ class ReadAhead:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            asked, self._asked = list(self._asked.values()), {}
         self._pool.shutdown(wait=True, cancel_futures=True)
+        for _, p in asked:
+            p.done.cancel()                      # the worker drops it unless under way
+        end = time.monotonic() + self._close_wait_s
+        for w, p in asked:
+            if not p.ended.wait(max(0.0, end - time.monotonic())):
+                log.warning("vidcache: read-ahead's pull worker outlasted %.0f s at close; ended (the next "
+                            "read-ahead starts another)", self._close_wait_s)
+                w.kill()                         # LMDB stays sound, its locks go with it
         self._thread.join()
 
     def __enter__(self) -> "ReadAhead":

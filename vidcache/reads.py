@@ -113,6 +113,15 @@ class ReadPath:
         if store_key.startswith(keys.AC):
             self.forget(store_key[len(keys.AC):])
 
+    def moved_aside(self, store_key: str) -> BaseException | None:
+        """Why a read of this process moved ``store_key``'s copy aside; None if none did."""
+        return self._moved_aside.get(store_key)
+
+    def note_moved_aside(self, store_key: str, why: BaseException) -> None:
+        """Another process of this node (read-ahead's pull worker) moved ``store_key``'s copy aside for ``why``:
+        remembered as this process's own, so the read that misses it next names the cause."""
+        self._moved_aside.put(store_key, why)
+
     def check_pulled(self, store_key: str, value) -> None:
         """The tiers' check of bytes pulled from the shared tier; a blob that passes counts as verified."""
         check_object(store_key, value)

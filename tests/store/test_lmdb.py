@@ -224,3 +224,31 @@ def test_a_staged_write_whose_commit_fills_the_map_is_dropped_not_retried(tmp_pa
     assert handed == [True] and s.get("cas/x") is None
     s.set_many_staged({"cas/x": b"value"}, lambda: None)             # the grown map takes the next write
     assert s.get("cas/x") == b"value"
+
+
+def test_reads_of_a_store_reopened_past_its_initial_map_size_record_their_touches(tmp_path):
+    """Issue 50 (benchmarks/scale.py, 1,000 entries): a process that opens a store whose data file outgrew the
+    initial map size gets a map exactly full; its reads' LRU touches, flushed every 256 reads, raised
+    ``MapFullError`` out of ``get`` (``vidcache prewarm`` re-run died).  They grow the map as writes do."""
+    path = tmp_path / "db"
+    s = LMDBStore(path, map_size=1 << 20)
+    s.set_many({f"cas/{i:04d}": os.urandom(4096) for i in range(600)})     # ~2.4 MB: the map grew past 1 MiB
+    s.close()
+    again = LMDBStore(path, map_size=1 << 20)
+    for i in range(600):
+        assert again.get(f"cas/{i:04d}") is not None
+    again.close()
+
+
+def test_gc_of_a_store_reopened_past_its_initial_map_size_evicts(tmp_path):
+    """Issue 50 (benchmarks/scale.py, ``vidcache gc`` at 1,000 entries): gc's deletes in a map exactly full (a
+    store reopened past its initial map size) raised ``MapFullError``; they grow the map as writes do."""
+    path = tmp_path / "db"
+    s = LMDBStore(path, map_size=1 << 20)
+    s.set_many({f"cas/{i:04d}": os.urandom(4096) for i in range(600)})
+    s.close()
+    again = LMDBStore(path, map_size=1 << 20)
+    out = again.gc(again.used_bytes() // 2)
+    assert out["evicted"] > 0 and out["used_bytes"] <= again.used_bytes() + 1
+    assert sum(again.get(f"cas/{i:04d}") is not None for i in range(600)) == 600 - out["evicted"]
+    again.close()

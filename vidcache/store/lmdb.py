@@ -195,8 +195,9 @@ class LMDBStore(Store):
         if not touched:
             return
         if txn is None:
-            with self._begin(write=True) as t:
-                self._flush_touched_in(t, touched)
+            # Through ``_write``: a process that opened a store grown past its initial map size has a map exactly
+            # full, and a touch needs room like any write (issue 50: MapFullError out of a read).
+            self._write(lambda t: self._flush_touched_in(t, touched))
         else:
             self._flush_touched_in(txn, touched)
 
@@ -357,10 +358,13 @@ class LMDBStore(Store):
                 break
             victims.append(k)
             freed += n
-        with self._begin(write=True) as txn:
+        def rm(txn):
             for k in victims:
                 txn.delete(k)
                 txn.delete(k, db=e.lru)
+        # Through ``_write``: deletes need free pages too, and a store reopened past its initial map size has
+        # none (issue 50: ``vidcache gc`` raised MapFullError at 1,000 entries).
+        self._write(rm)
         return {"evicted": len(victims), "freed_bytes": freed, "used_bytes": self.used_bytes()}, victims
 
     def stats(self) -> dict:
