@@ -14,7 +14,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   cache                           VideoCache: lookup, build, housekeeping
   node                            the caches open in this process, and the lookup by identity
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
-  handle, dataset, readahead, positions   references above the cache; read-ahead; positions by engine rule
+  handle, dataset, readahead, pullworker, positions   references above the cache; read-ahead, its pull worker; positions
   sglang/, vllm/, rollout/        the rollout side: SGLang's and vLLM's adapters (neither imports the other) on rollout/, the engine-neutral core
   prewarming, cli/, doctor        the jobs
 """

@@ -26,8 +26,8 @@ FLOORS: list[tuple[str, list[str], str]] = [
     ("node", ["node"], "the caches open in this process, and the lookup by identity"),
     ("trainer", ["processing", "device", "mrope"],
      "the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules"),
-    ("references", ["handle", "dataset", "readahead", "positions"],
-     "references above the cache; read-ahead; positions by engine rule"),
+    ("references", ["handle", "dataset", "readahead", "pullworker", "positions"],
+     "references above the cache; read-ahead and its pull worker; positions by engine rule"),
     ("rollout", ["sglang", "vllm", "rollout"],
      "the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; references, server checks "
      "and prompts"),

@@ -88,8 +88,8 @@ class PullWorker:
     """The trainer's handle on one worker process."""
 
     def __init__(self, threads: int) -> None:
-        import vidcache
-        root = os.path.dirname(os.path.dirname(os.path.abspath(vidcache.__file__)))
+        # the directory holding this vidcache package, first on the worker's path: the same code as the trainer's
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "vidcache.pullworker", str(threads)], env=env,
