@@ -11,33 +11,24 @@ stand-ins speaking each engine's discovery endpoints (no engine needed: each cas
 """
 from __future__ import annotations
 
-import json
 import threading
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from support.cli import run_cli
+from support.json_http import JSONHandler
 
 
 @contextmanager
 def standin(routes: dict):
-    """A loopback HTTP server: GET path -> (status, JSON body); anything else 404."""
-    class H(BaseHTTPRequestHandler):
+    """A loopback HTTP server: GET or POST path -> (status, JSON body); anything else 404."""
+    class H(JSONHandler):
         def do_GET(self):       # noqa: N802
-            status, body = routes.get(self.path, (404, {"detail": "Not Found"}))
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
+            self.reply(*routes.get(self.path, (404, {"detail": "Not Found"})))
 
         do_POST = do_GET        # noqa: N815
-
-        def log_message(self, *a):
-            pass
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()

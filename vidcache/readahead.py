@@ -262,10 +262,7 @@ class ReadAhead:
         if e is not None:
             self._failed(key, e)
             return
-        with self._cond:
-            if key not in self._counted:
-                self._counted.add(key)
-                self.counts["pulled" if pulled else "local"] += 1
+        self._done(key, pulled)
 
     def _pull(self, cache, key: str) -> None:
         try:
@@ -273,6 +270,10 @@ class ReadAhead:
         except Exception as e:     # noqa: BLE001 -- never raised in this thread: the read that needs it pulls again
             self._failed(key, e)
             return
+        self._done(key, pulled)
+
+    def _done(self, key: str, pulled: bool | None) -> None:
+        """A pull ended well, counted once per key (a key pulled and already local counts as it came)."""
         with self._cond:
             if key not in self._counted:
                 self._counted.add(key)
