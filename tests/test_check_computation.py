@@ -3,6 +3,7 @@ tests/sglang_server/test_sglang_real_server.py and tests/vllm_engine/test_real_s
 when an engine returns only its top-k tokens, and the threshold it refuses to guess."""
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,9 +30,16 @@ def test_top_k_kl_is_a_kl_never_above_the_full_one(seed, k, scale):
 
 
 def test_no_measured_floor_is_a_clear_error(tmp_path):
-    """A device/dtype pair without a measured floor is refused before any server is asked, naming --threshold."""
+    """A device/dtype pair without a measured floor is refused, naming --threshold; the measured pairs (CPU, and the
+    H100's GPU run) name where their floor comes from; a non-positive --threshold is refused from the CLI."""
+    from vidcache.errors import ConfigError
+    from vidcache.rollout.computation import threshold_for
+    with pytest.raises(ConfigError, match=r"no measured floor for mps float32 .* --threshold"):
+        threshold_for("mps", "float32")
+    assert "H100" in threshold_for("cuda:0", "bfloat16").source and threshold_for("cuda", "bfloat16").mean == 0.1
+    assert threshold_for("cpu", "float32").mean == 1e-6
     ckpt = write_tiny_checkpoint("qwen2_5_vl", tmp_path / "ckpt")
-    r = run_cli(["check-computation", "http://127.0.0.1:9", "--model", ckpt, "--mode", "plugin", "--device", "cuda",
-                 "--dtype", "float32"], node=tmp_path / "node")
+    r = run_cli(["check-computation", "http://127.0.0.1:9", "--model", ckpt, "--mode", "plugin", "--threshold", "0"],
+                node=tmp_path / "node")
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    assert "vidcache: error: [config] no measured floor for cuda float32" in r.stderr and "--threshold" in r.stderr
+    assert "vidcache: error: [config] --threshold must be a positive KL" in r.stderr, r.stderr

@@ -31,9 +31,15 @@ FLOORS: dict[tuple[str, str], tuple[float, str]] = {
     ("cpu", "float32"): (1e-6, "CPU fp32 floor ~1e-8 nats/token (SGLang 0.5.23 / vLLM 0.32 CPU servers vs "
                                "transformers), bound 100x above it"),
     # transformers' sdpa vs eager in bf16: up to 7.7e-3 mean; bf16 vs fp32: up to 2.9e-2 (benchmarks/
-    # computation_floors.py on the CPU; its GPU run is not in yet: a GPU needs --threshold until it is).
+    # computation_floors.py on the CPU).
     ("cpu", "bfloat16"): (1e-1, "CPU bf16 floor up to 2.9e-2 nats/token (transformers sdpa vs eager vs fp32, "
                                 "benchmarks/computation_floors.py), bound ~3x above it"),
+    # On an NVIDIA H100 (torch 2.11.0+cu130, transformers 5.17.0): sdpa vs eager in bf16 up to 9.1e-3 mean, bf16 vs
+    # fp32 up to 2.6e-2; fp32 sdpa vs eager ~1e-8 (benchmarks/computation_floors.py --device cuda).
+    ("cuda", "bfloat16"): (1e-1, "GPU bf16 floor up to 2.6e-2 nats/token (NVIDIA H100: transformers sdpa vs eager "
+                                 "vs fp32, benchmarks/computation_floors.py --device cuda), bound ~4x above it"),
+    ("cuda", "float32"): (1e-6, "GPU fp32 floor ~2e-8 nats/token (NVIDIA H100: transformers sdpa vs eager, "
+                                "benchmarks/computation_floors.py --device cuda), bound 50x above it"),
 }
 MAX_FACTOR = 10
 DEFAULT_TOP_K = 20            # vLLM's default --max-logprobs; a 151k vocabulary in full is ~10 MB per position
