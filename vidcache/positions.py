@@ -17,8 +17,6 @@ from . import mrope
 from .errors import ConfigError
 from .handle import train_inputs
 
-ENGINES = mrope.RULES
-
 # Qwen2.5-VL's vision_config.tokens_per_second in every published checkpoint (3B/7B/32B/72B config.json; the
 # tiny test models too).  transformers' config class defaults to another value (4), so a processor alone cannot
 # tell it: pass ``config`` (the model's config) or ``tokens_per_second`` when a checkpoint sets its own.
@@ -127,6 +125,7 @@ _CANARY_SECONDS = [1.0, 0.5]
 _TRAINER_CLASSES = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLModel", "qwen2_vl"),
                     "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLModel", "qwen2_5_vl"),
                     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLModel", "qwen3_vl"),
+                    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeModel", "qwen3_vl"),
                     "qwen3_5": ("Qwen3_5Config", "Qwen3_5Model", "qwen3_vl"),
                     "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeModel", "qwen3_vl"),
                     "qwen4_exp": ("Qwen4ExpConfig", "Qwen4ExpModel", "qwen3_vl")}

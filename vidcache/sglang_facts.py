@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 
-# SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.  Not 0.5.16:
-# its plugin mode passes, but its stock mode forwards min_pixels/total_pixels to transformers 5.12.1, which
-# rejects them (docs/sglang.md, "SGLang versions").
+# SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.  0.5.16's stock mode
+# needs its own config (it forwards the whole video config to transformers 5.12.1, which refuses the keys its
+# processor does not declare: ``refused_video_keys`` below; docs/sglang.md, "SGLang versions").
 VERIFIED_SGLANG_VERSIONS = ("0.5.16", "0.5.23")
 
 MODES = ("plugin", "stock")
