@@ -22,7 +22,7 @@ def main(workdir: str) -> None:
     from support.toy_processors import build_processor
 
     import vidcache.loader.build as build
-    from vidcache import train_inputs
+    from vidcache import mm_token_type_ids, train_inputs
     from vidcache.sglang.config import PLUGIN_PACKAGE, sglang_config
 
     def no_decoding(*a, **k):
@@ -48,13 +48,15 @@ def main(workdir: str) -> None:
                "video_grid_thw": out["video_grid_thw"].to(torch.int64)}
         if out["second_per_grid_ts"] is not None:
             got["second_per_grid_ts"] = torch.as_tensor(out["second_per_grid_ts"], dtype=torch.float32)
+        # the prompt's token types, from the ids SGLang's processor expanded here (node A's came from its own)
+        got["mm_token_type_ids"] = mm_token_type_ids(build_processor(family), out["input_ids"])
         checks = {k: (k in got and torch.equal(got[k], want[k])) for k in want if k != "expanded_ids"}
         checks["same_keys"] = sorted(got) == sorted(k for k in want if k != "expanded_ids")
         checks["expanded_ids"] = out["input_ids"] == want["expanded_ids"].tolist()
         # The trainer side on node B: A's handles, hydrated with zero decodes.
         handles = pickle.load(open(os.path.join(workdir, f"{name}.handles.pkl"), "rb"))
         ti = train_inputs(build_processor(family), handles, mode=mode, memo=False)
-        checks["handles_hydrate"] = all(torch.equal(ti[k], want[k]) for k in got)
+        checks["handles_hydrate"] = all(torch.equal(ti[k], want[k]) for k in got if k != "mm_token_type_ids")
         report[name] = checks
     json.dump(report, open(os.path.join(workdir, "report.json"), "w"))
 
