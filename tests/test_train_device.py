@@ -82,9 +82,9 @@ def test_device_cpu_equals_the_processor_call(entries, processors, family, mode,
     for handles in ([a], [b], [a, b], [b, a, b]):
         want = reference(proc, handles, mode)
         for batched in (True, False):
-            assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cpu", batched=batched, mode="plugin"), want)
-        assert_same(vidcache.train_inputs(proc, handles, mode, mode="plugin"), want)          # memo on (cold or warm)
-        assert_same(vidcache.train_inputs(proc, handles, mode, mode="plugin"), want)          # warm
+            assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cpu", batched=batched), want)
+        assert_same(vidcache.train_inputs(proc, handles, mode), want)          # memo on (cold or warm)
+        assert_same(vidcache.train_inputs(proc, handles, mode), want)          # warm
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -97,7 +97,7 @@ def test_a_micro_batch_equals_each_sample_alone(entries, processors, family):
     groups = [[a], [a], [b, c], [], [c], [a, b, c]]
     want = [reference(proc, g, "plugin") if g else {} for g in groups]
     for batched in (True, False):
-        got = vidcache.train_inputs_batch(proc, groups, "plugin", memo=False, device="cpu", batched=batched, mode="plugin")
+        got = vidcache.train_inputs_batch(proc, groups, "plugin", memo=False, device="cpu", batched=batched)
         assert len(got) == len(groups)
         for g, w in zip(got, want):
             if w:
@@ -310,12 +310,12 @@ def test_device_cuda_equals_the_cpu_path(entries, processors):
         for handles in ([a], [b], [a, b]):
             want = reference(proc, handles, mode)
             for batched in (True, False):
-                assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cuda", batched=batched, mode="plugin"),
+                assert_same(vidcache.train_inputs(proc, handles, mode, memo=False, device="cuda", batched=batched),
                             want, "cuda")
-            assert_same(vidcache.train_inputs(proc, handles, mode, device="cuda", mode="plugin"), want, "cuda")   # memo
-        assert_same(a.train_inputs(proc, mode, device="cuda", mode="plugin"), reference(proc, [a], mode), "cuda")
+            assert_same(vidcache.train_inputs(proc, handles, mode, device="cuda"), want, "cuda")   # memo
+        assert_same(a.train_inputs(proc, mode, device="cuda"), reference(proc, [a], mode), "cuda")
         groups = [[a], [b], [a, b], [a]]
-        for g, out in zip(groups, vidcache.train_inputs_batch(proc, groups, mode, memo=False, device="cuda", mode="plugin")):
+        for g, out in zip(groups, vidcache.train_inputs_batch(proc, groups, mode, memo=False, device="cuda")):
             assert_same(out, reference(proc, g, mode), "cuda")
 
 
@@ -327,7 +327,7 @@ def test_cuda_memo_and_pinned_memory_stay_bounded(entries, processors):
     MEMO.max_device_bytes = 8 << 20
     try:
         for key in entries:
-            vidcache.train_inputs_batch(processors[key[0]], [[h] for h in entries[key]], key[1], device="cuda", mode="plugin")
+            vidcache.train_inputs_batch(processors[key[0]], [[h] for h in entries[key]], key[1], device="cuda")
             assert 0 < MEMO.nbytes(f"cuda:{torch.cuda.current_device()}") <= MEMO.max_device_bytes
         assert 0 < PINNED.pinned_bytes <= PINNED.max_bytes
     finally:
@@ -351,7 +351,7 @@ def test_cuda_hydration_from_a_fresh_node_is_exact_for_every_clip_and_family(tmp
                     opts = options_for(family, mode, "default")
                     want = reference(processors[family], [vidcache.get(path, opts, node_a)], mode)
                     h = vidcache.get(path, opts, node_b)
-                    got = vidcache.train_inputs(processors[family], [h], mode, memo=False, device="cuda", mode="plugin")
+                    got = vidcache.train_inputs(processors[family], [h], mode, memo=False, device="cuda")
                     assert_same(got, want, "cuda")
                     checked += 1
         assert checked == len(videos) * len(FAMILIES) * len(MODES)
