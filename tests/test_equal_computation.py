@@ -209,16 +209,15 @@ def test_per_temporal_patch_changes_only_the_full_attention_sequences():
 
     from vidcache.sglang.models.qwen2_5_vl import per_temporal_patch
     me = types.SimpleNamespace(window_size=112, spatial_merge_size=2, patch_size=14, spatial_merge_unit=4)
-    me.rot_pos_ids = types.MethodType(SGL.rot_pos_ids, me) if hasattr(SGL, "rot_pos_ids") else None
     split = per_temporal_patch(GRIDS)
     assert split.tolist() == [[1, 8, 12]] * 4 + [[1, 6, 10]] + [[1, 16, 4]] * 3
     wi, cu = SGL.get_window_index(me, GRIDS)
     wi_s, cu_s = SGL.get_window_index(me, split)
     assert torch.equal(wi, wi_s) and cu == cu_s
-    if me.rot_pos_ids is not None:
-        ids = [me.rot_pos_ids(h, w, 2).repeat(t, 1) for t, h, w in GRIDS.tolist()]
-        ids_s = [me.rot_pos_ids(h, w, 2) for _, h, w in split.tolist()]
-        assert torch.equal(torch.cat(ids), torch.cat(ids_s))
+    # rot_pos_emb's ids: SGLang's own (a static method of its RotaryPosMixin), repeated t times per row
+    ids = [SGL.rot_pos_ids(h, w, 2).repeat(t, 1) for t, h, w in GRIDS.tolist()]
+    ids_s = [SGL.rot_pos_ids(h, w, 2) for _, h, w in split.tolist()]
+    assert torch.equal(torch.cat(ids), torch.cat(ids_s))
     sglang_full = torch.cat([torch.zeros(1, dtype=torch.long), (split.prod(-1)).cumsum(0)])
     assert torch.equal(sglang_full.to(torch.int32), get_vision_cu_seqlens(GRIDS))        # transformers' own
     assert not torch.equal(torch.cat([torch.zeros(1, dtype=torch.long), GRIDS.prod(-1).cumsum(0)]).to(torch.int32),

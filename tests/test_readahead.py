@@ -574,3 +574,22 @@ def test_only_settings_cross_to_the_worker_and_a_custom_store_stays_in_process(t
     assert _json.loads(_json.dumps(s))["shared"] == shared and s["path"] == str(tmp_path / "b")
     assert pullworker.settings_of(VideoCache(tmp_path / "c", store=MemoryStore())) is None
     assert pullworker.settings_of(VideoCache(tmp_path / "d")) is None             # nothing to pull from
+
+
+def test_a_worker_started_under_another_environment_is_replaced(tmp_path, tier, monkeypatch, fresh_worker):
+    """The worker reads credentials and endpoints from the environment it started with (AWS_*, FSSPEC_*): one
+    started before the trainer set them would fail every pull (seen in the suite: a worker started by a test on a
+    directory tier, reused by a test whose S3 credentials came later).  A changed environment gets a new worker."""
+    shared, ks, frames = tier
+    b = VideoCache(tmp_path / "b", shared=shared)
+    with vidcache.read_ahead([vidcache.from_key(ks[0], b)], workers=1) as ahead:
+        assert next(ahead).key == ks[0]
+    first = fresh_worker._WORKER[os.getpid()]
+    monkeypatch.setenv("VIDCACHE_TEST_CREDENTIAL", "set after the worker started")
+    with vidcache.read_ahead([vidcache.from_key(k, b) for k in ks[1:]], workers=1) as ahead:
+        assert [h.key for h in ahead] == ks[1:]
+    second = fresh_worker._WORKER[os.getpid()]
+    assert second is not first and second.environ["VIDCACHE_TEST_CREDENTIAL"] == "set after the worker started"
+    until(lambda: first.proc.poll() is not None)                 # the old one exits by itself
+    assert ahead.counts["failed"] == 0 and ahead.counts["pulled"] == len(ks) - 1, ahead.counts
+    assert all(torch.equal(_local_frames(b, k), frames[k]) for k in ks)

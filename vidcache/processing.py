@@ -59,21 +59,19 @@ def check_family(processor, manifests) -> None:
     from .errors import ConfigError
     from .options import PATCH_SIZE
     from .rollout.models import family_of_processor
-    own = family_of_processor(processor)
+    patch = getattr(video_processor(processor), "patch_size", None)
+    for m in manifests:
+        if isinstance(patch, int) and PATCH_SIZE.get(m.family, patch) != patch:
+            fams = sorted(f for f, p in PATCH_SIZE.items() if p == patch)
+            raise ConfigError(f"the processor's patch size is {patch} ({' / '.join(fams)}), but entry {m.key} is "
+                              f"{m.family} (patch {PATCH_SIZE[m.family]}): use the {m.family} checkpoint's "
+                              f"processor, or prewarm with --family {fams[-1]}")
+    own = family_of_processor(processor)        # same patch size: the class tells Qwen2-VL from Qwen2.5-VL
     for m in manifests:
         if own is not None and m.family != own:
             raise ConfigError(f"entry {m.key} was built for {m.family}, but the processor is {own}'s "
                               f"({type(processor).__name__}): its tensors and M-RoPE positions follow {own}'s "
                               f"rules. Use the {m.family} checkpoint's processor, or prewarm with --family {own}")
-    patch = getattr(video_processor(processor), "patch_size", None)
-    if not isinstance(patch, int):
-        return
-    for m in manifests:
-        if PATCH_SIZE.get(m.family, patch) != patch:
-            fams = sorted(f for f, p in PATCH_SIZE.items() if p == patch)
-            raise ConfigError(f"the processor's patch size is {patch} ({' / '.join(fams)}), but entry {m.key} is "
-                              f"{m.family} (patch {PATCH_SIZE[m.family]}): use the {m.family} checkpoint's "
-                              f"processor, or prewarm with --family {fams[-1]}")
 
 
 def resolve_mode(family: str, mode: str | None, what: str = "train_inputs") -> str:

@@ -90,7 +90,10 @@ class PullWorker:
     def __init__(self, threads: int) -> None:
         # the directory holding this vidcache package, first on the worker's path: the same code as the trainer's
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
+        # The environment it starts with is what it reads credentials and endpoints from (AWS_*, FSSPEC_*): a
+        # worker is replaced when the trainer's changes (``worker``), so a pull never uses stale ones.
+        self.environ = dict(os.environ)
+        env = dict(self.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "vidcache.pullworker", str(threads)], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
@@ -220,6 +223,11 @@ def worker(threads: int) -> PullWorker:
     """This process's worker, started (or replaced, after it died) now."""
     with _WORKER_LOCK:
         w = _WORKER.get(os.getpid())
+        if w is not None and not w.dead and w.environ != dict(os.environ):
+            # The trainer's environment changed since it started (credentials set later, another endpoint): its
+            # queued work is dropped and it exits after the pulls under way, off this thread.
+            threading.Thread(target=w.stop, name="vidcache-pull-worker-stop", daemon=True).start()
+            w.dead = True
         if w is None or w.dead:
             w = PullWorker(threads)
             _WORKER.clear()
