@@ -20,6 +20,8 @@ import logging
 import torch
 from sglang.srt.models import qwen2_5_vl as _sglang
 
+from ...sglang_facts import VERIFIED_SGLANG_VERSIONS
+from ..versions import installed_sglang
 from . import PACKAGE
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,10 @@ class Qwen2_5_VLForConditionalGeneration(_sglang.Qwen2_5_VLForConditionalGenerat
             raise TypeError(f"{PACKAGE}: expected SGLang's Qwen2_5_VisionTransformer, got {type(self.visual)}")
         logger.info("%s: %s with per-temporal-patch vision attention (the original model's)", PACKAGE,
                     type(self).__name__)
+        if (version := installed_sglang()) not in VERIFIED_SGLANG_VERSIONS:
+            logger.warning("%s: SGLang %s is UNVERIFIED for vidcache's Qwen2.5-VL model package (verified: %s); "
+                           "run `vidcache check-computation` against this server", PACKAGE, version,
+                           ", ".join(VERIFIED_SGLANG_VERSIONS))
 
 
 EntryClass = [Qwen2_5_VLForConditionalGeneration]
