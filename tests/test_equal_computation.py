@@ -241,9 +241,9 @@ def test_the_plugin_reports_the_model_package(monkeypatch):
     ("auto", "vidcache.sglang.models", "per_temporal_patch"), ("auto", "other.pkg", "across_frames")])
 def test_server_vision_rule(impl, package, want):
     from vidcache.sglang_facts import server_vision
-    assert server_vision("qwen2_5_vl", impl, package, "0.5.23") == want
-    assert server_vision("qwen3_vl", impl, package, "0.5.23") == "per_temporal_patch"
-    assert server_vision("qwen2_vl", impl, package, "0.5.16") == "per_temporal_patch"
+    assert server_vision("qwen2_5_vl", impl, package) == want
+    assert server_vision("qwen3_vl", impl, package) == "per_temporal_patch"
+    assert server_vision("qwen2_vl", impl, package) == "per_temporal_patch"
 
 
 def test_the_trainer_position_check_covers_every_model_type():

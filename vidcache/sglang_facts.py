@@ -80,18 +80,18 @@ def default_vision_fix(mode: str) -> str:
     return "package" if mode == "plugin" else "transformers"
 
 
-def vision_differs(family: str, sglang_version: str | None = None) -> bool:
-    """Whether SGLang's own model code for ``family`` attends otherwise than the trainer (``VISION_ACROSS_FRAMES``).
-    A release not listed is taken to keep the newest listed release's code (unverified: check-server says so)."""
+def vision_differs(family: str) -> bool:
+    """Whether SGLang's own model code for ``family`` attends otherwise than the trainer (``VISION_ACROSS_FRAMES``),
+    whatever the release: one not listed is taken to keep the listed releases' code (unverified: check-server
+    says so)."""
     return family in VISION_ACROSS_FRAMES
 
 
-def server_vision(family: str, model_impl: str | None, model_package: str | None,
-                  sglang_version: str | None = None) -> str:
+def server_vision(family: str, model_impl: str | None, model_package: str | None) -> str:
     """The vision attention a server computes for ``family``: ``TRAINER_VISION`` when it runs transformers' code
     (``--model-impl transformers``) or vidcache's model package, or when SGLang's own code attends as the trainer;
     else ``SGLANG_VISION``."""
-    if not vision_differs(family, sglang_version):
+    if not vision_differs(family):
         return TRAINER_VISION
     if str(model_impl or "").lower() == "transformers" or model_package == MODEL_PACKAGE:
         return TRAINER_VISION

@@ -512,35 +512,46 @@ def test_one_address_with_slow_readers_leaves_workers_for_another(cache, monkeyp
                 s.close()
 
 
+def _small_send_buffers(monkeypatch) -> None:
+    """The server's sends block on a slow reader, as on a network (the loopback's buffers would hold the file)."""
+    real_get_request = server.FrozenFileServer.get_request
+
+    def small_send_buffer(self):
+        conn, addr = real_get_request(self)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        return conn, addr
+    monkeypatch.setattr(server.FrozenFileServer, "get_request", small_send_buffer)
+
+
+def _slow_readers(srv, cache, hosts, slow: list) -> None:
+    """From each of ``hosts``, four GETs that are never read (each holds a worker for as long as it lives),
+    appended to ``slow``; returns once the server holds every one of them (in a worker or queued)."""
+    for host in hosts:
+        for _ in range(4):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.bind((host, 0))
+            s.connect(srv.server_address[:2])
+            s.sendall(f"GET /frozen/{cache.key1}.mkv HTTP/1.0\r\n\r\n".encode())
+            slow.append(s)
+        deadline = time.monotonic() + 20
+        while srv._in_workers.get(host, 0) == 0 or sum(len(q) for q in srv._held.values()) + sum(
+                srv._in_workers.values()) < len(slow):
+            assert time.monotonic() < deadline, "the slow requests never reached the server"
+            time.sleep(0.05)
+
+
 def test_two_addresses_with_slow_readers_leave_workers_for_a_third(cache, monkeypatch):
     """D50 (D34 residual): each address could occupy half the pool, so two addresses of slow readers held every
     worker and a third waited 35.7 s.  An address now gets at most half of what the others leave free: with 4
     workers and 4 slow GETs from each of two addresses, a third address is served while they all still read."""
     path = local_frozen_path(cache, cache.key1, "ffv1")
-    real_get_request = server.FrozenFileServer.get_request
-
-    def small_send_buffer(self):       # the server waits on a slow reader, as on a network
-        conn, addr = real_get_request(self)
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        return conn, addr
-    monkeypatch.setattr(server.FrozenFileServer, "get_request", small_send_buffer)
+    _small_send_buffers(monkeypatch)
     assert os.path.getsize(path) > 64 << 10            # larger than every buffer between: the sends block
     slow = []
     with serving(cache, workers=4, timeout_s=60, header_timeout_s=60, min_rate=1) as (srv, _):
         try:
-            for host in ("127.0.0.1", "127.0.0.3"):
-                for _ in range(4):                     # never read: each holds a worker for as long as it lives
-                    s = socket.socket()
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                    s.bind((host, 0))
-                    s.connect(srv.server_address[:2])
-                    s.sendall(f"GET /frozen/{cache.key1}.mkv HTTP/1.0\r\n\r\n".encode())
-                    slow.append(s)
-                deadline = time.monotonic() + 20
-                while srv._in_workers.get(host, 0) == 0 or sum(len(q) for q in srv._held.values()) + sum(
-                        srv._in_workers.values()) < len(slow):
-                    assert time.monotonic() < deadline, "the slow requests never reached the server"
-                    time.sleep(0.05)
+            _slow_readers(srv, cache, ("127.0.0.1", "127.0.0.3"), slow)
             assert fetch_from(srv, "127.0.0.2", f"/frozen/{cache.key1}.mkv", timeout=20) == file_bytes(path)
             assert sum(srv._in_workers.get(h, 0) for h in ("127.0.0.1", "127.0.0.3")) < 4   # a worker was left
         finally:
@@ -554,31 +565,13 @@ def test_a_new_address_is_served_however_many_addresses_hold_the_pool(cache, mon
     worker gets one at once, past the pool if need be: with 4 workers filled by three addresses (2 + 1 + 1) of
     never-reading GETs, a fourth address is served while every one of them still holds its worker."""
     path = local_frozen_path(cache, cache.key1, "ffv1")
-    real_get_request = server.FrozenFileServer.get_request
-
-    def small_send_buffer(self):       # the server waits on a slow reader, as on a network
-        conn, addr = real_get_request(self)
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-        return conn, addr
-    monkeypatch.setattr(server.FrozenFileServer, "get_request", small_send_buffer)
+    _small_send_buffers(monkeypatch)
     assert os.path.getsize(path) > 64 << 10            # larger than every buffer between: the sends block
     hosts = ("127.0.0.1", "127.0.0.3", "127.0.0.4")
     slow = []
     with serving(cache, workers=4, timeout_s=60, header_timeout_s=60, min_rate=1) as (srv, _):
         try:
-            for host in hosts:
-                for _ in range(4):                     # never read: each holds a worker for as long as it lives
-                    s = socket.socket()
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                    s.bind((host, 0))
-                    s.connect(srv.server_address[:2])
-                    s.sendall(f"GET /frozen/{cache.key1}.mkv HTTP/1.0\r\n\r\n".encode())
-                    slow.append(s)
-                deadline = time.monotonic() + 20
-                while srv._in_workers.get(host, 0) == 0 or sum(len(q) for q in srv._held.values()) + sum(
-                        srv._in_workers.values()) < len(slow):
-                    assert time.monotonic() < deadline, "the slow requests never reached the server"
-                    time.sleep(0.05)
+            _slow_readers(srv, cache, hosts, slow)
             assert sum(srv._in_workers.get(h, 0) for h in hosts) == 4        # the whole pool is theirs
             assert fetch_from(srv, "127.0.0.2", f"/frozen/{cache.key1}.mkv", timeout=20) == file_bytes(path)
             assert sum(srv._in_workers.get(h, 0) for h in hosts) == 4        # and still is: none was let go

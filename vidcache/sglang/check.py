@@ -209,7 +209,7 @@ def _vision(res: ServerCheck, family: str, mode: str, info: dict, facts: dict | 
     else:
         package, how = None, ("stock mode: nothing reports a model package" if mode == "stock"
                               else "the plugin did not report its model package (an older vidcache there?)")
-    got = server_vision(family, impl, package, version)
+    got = server_vision(family, impl, package)
     if got == TRAINER_VISION:
         what = ("transformers' model code (--model-impl transformers)" if str(impl).lower() == "transformers"
                 else f"vidcache's model package ({how})" if package == MODEL_PACKAGE and vision_differs(family)

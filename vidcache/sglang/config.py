@@ -157,7 +157,7 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
 def _vision(out: dict, family: str, mode: str, vision: str) -> None:
     """Make the server compute the trainer's vision tower (``sglang_facts.VISION_ACROSS_FRAMES``) the ``vision``
     way, and record it (``out["vision"]``: what check-server verifies)."""
-    if not vision_differs(family, out["sglang_version"]):
+    if not vision_differs(family):
         out["vision"] = {"attention": TRAINER_VISION, "fix": None}
         return
     out["vision"] = {"attention": TRAINER_VISION, "fix": vision}
