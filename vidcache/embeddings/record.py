@@ -1,0 +1,108 @@
+"""What one entry's vision embeddings are, what determines them, and their bytes.
+
+An embedding is a pure function of (the entry's frames and processor settings: the entry key; the tower's
+weights; the dtype it ran in; the tower's code).  :class:`EmbeddingKey` names all four, so a read can never
+return embeddings that another tower, dtype or implementation computed.
+
+Bytes are safetensors (a header of JSON and raw little-endian tensors): no pickle, so bytes from the cache or
+the network are never executed.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import xxhash
+
+from ..errors import CorruptEntryError
+from ..keys import check_key
+
+FORMAT = "vidcache-embeddings/1"
+
+
+def weights_digest(state_dict) -> str:
+    """xxh3-128 over the tower's *loaded* tensors (names, dtypes, shapes, bytes), in name order.
+
+    Not a path, a hub id or a config: two checkpoints with one name but other weights differ here, and a
+    tower that has been trained since it was loaded differs too.
+    """
+    import torch
+
+    h = xxhash.xxh3_128()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class EmbeddingKey:
+    entry: str          # the frames' cache key (source digest + options digest)
+    weights: str        # weights_digest of the vision tower as loaded
+    dtype: str          # the dtype the tower ran in, e.g. "bfloat16"
+    code: str           # the tower's implementation: "<family>:<module>.<class>@<library version>"
+
+    def __post_init__(self):
+        check_key(self.entry)
+
+    @property
+    def id(self) -> str:
+        """The store name: the entry key, then a digest of everything else (hex only, fixed length)."""
+        rest = xxhash.xxh3_128(f"{self.weights}|{self.dtype}|{self.code}".encode()).hexdigest()
+        return f"{self.entry}.{rest}"
+
+    def as_dict(self) -> dict:
+        return {"entry": self.entry, "weights": self.weights, "dtype": self.dtype, "code": self.code}
+
+
+@dataclass(frozen=True)
+class VisionEmbeddings:
+    """One entry's tower output: what the decoder consumes in place of ``pixel_values_videos``.
+
+    ``embeds``: ``[merged tokens, hidden]``, one row per video pad token, in the order the decoder scatters them.
+    ``deepstack``: Qwen3-VL's per-layer features (same rows), empty for families without them.
+    """
+    key: EmbeddingKey
+    grid_thw: tuple[int, int, int]
+    embeds: "object"                    # torch.Tensor
+    deepstack: tuple = ()
+
+    def to_bytes(self) -> bytes:
+        from safetensors.torch import save
+
+        tensors = {"embeds": self.embeds.detach().to("cpu").contiguous()}
+        for i, t in enumerate(self.deepstack):
+            tensors[f"deepstack.{i}"] = t.detach().to("cpu").contiguous()
+        meta = {"format": FORMAT, "key": json.dumps(self.key.as_dict(), sort_keys=True),
+                "grid_thw": json.dumps(list(self.grid_thw)), "deepstack": str(len(self.deepstack))}
+        return save(tensors, metadata=meta)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, expect: EmbeddingKey | None = None) -> "VisionEmbeddings":
+        """Parse; refuse bytes that are not ours or that another key computed (``CorruptEntryError``)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load
+
+        try:
+            tensors = load(bytes(raw))
+            meta = _metadata(raw)
+            if meta.get("format") != FORMAT:
+                raise ValueError(f"format {meta.get('format')!r}")
+            key = EmbeddingKey(**json.loads(meta["key"]))
+            grid = tuple(int(v) for v in json.loads(meta["grid_thw"]))
+            n = int(meta["deepstack"])
+            out = cls(key, grid, tensors["embeds"], tuple(tensors[f"deepstack.{i}"] for i in range(n)))
+        except (SafetensorError, ValueError, KeyError, TypeError) as exc:
+            raise CorruptEntryError(f"embeddings record is not readable: {exc}") from None
+        if expect is not None and key != expect:
+            raise CorruptEntryError(f"embeddings record was computed for {key.as_dict()}, not {expect.as_dict()}")
+        return out
+
+
+def _metadata(raw: bytes) -> dict:
+    # safetensors: 8-byte little-endian header length, then a JSON header whose "__metadata__" holds our strings.
+    n = int.from_bytes(bytes(raw[:8]), "little")
+    if n <= 0 or n > len(raw) - 8:
+        raise ValueError("header length out of range")
+    return json.loads(bytes(raw[8:8 + n])).get("__metadata__") or {}
