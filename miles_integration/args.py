@@ -20,15 +20,16 @@ from dataclasses import dataclass
 from vidcache import VideoOptions
 from vidcache.cli import parse_size        # the CLI's sizes (20GB, 500MiB, bytes): one parser for every size flag
 from vidcache.errors import ModelTypeError
-from vidcache.options import OPTION_HELP, PATCH_SIZE
-from vidcache.rollout import models
+from vidcache.families import FAMILIES
+from vidcache.options import OPTION_HELP
+from vidcache import families
 from vidcache.sglang_facts import MODES, STOCK_QWEN3_GRID, default_mode, stock_sglang_problems
 from vidcache.sglang.transport import TRANSPORTS
 
 TRAIN_INPUTS = ("tensors", "handles")
 FALLBACK_FAMILY = "qwen2_5_vl"
-# config.json model_type -> vidcache family: the one table of model types (vidcache.rollout.models).
-MODEL_TYPES = models.FAMILY_OF_MODEL_TYPE
+# config.json model_type -> vidcache family: the one table of model types (vidcache.families).
+MODEL_TYPES = families.FAMILY_OF_MODEL_TYPE
 
 
 OPTION_NAMES = tuple(n for n, _ in VideoOptions.flag_fields())
@@ -66,7 +67,7 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                    help="this node's local cache directory, never on NFS (default: $VIDCACHE_DIR or ~/.cache/vidcache)")
     g.add_argument("--vidcache-shared", default=None, metavar="URL",
                    help="the cluster's shared tier: an NFS path or s3://bucket/prefix (default: $VIDCACHE_SHARED)")
-    g.add_argument("--vidcache-family", default=None, choices=sorted(PATCH_SIZE),
+    g.add_argument("--vidcache-family", default=None, choices=sorted(FAMILIES),
                    help=OPTION_HELP["family"] + " (default: from --hf-checkpoint's config.json model_type; a "
                         "contradicting value is refused at startup)")
     for name, typ in VideoOptions.flag_fields():
@@ -132,12 +133,12 @@ def _get(args, name):
 
 def family_of_checkpoint(checkpoint: str | None, family: str | None = None) -> str | None:
     """The vidcache family of a local HF checkpoint directory, derived from its processor classes and vision
-    config (``vidcache.rollout.models.derive``; ``family``: the one named, which lets an unknown model type whose
+    config (``vidcache.families.derive``; ``family``: the one named, which lets an unknown model type whose
     processing is that family's run, unverified).  None where there is nothing to read (a hub id, no
     config.json); ``ModelTypeError`` where the checkpoint's processing is not one vidcache can vouch for."""
     if not checkpoint or not os.path.isfile(os.path.join(checkpoint, "config.json")):
         return None           # a hub id or a processor without its model config: nothing to infer from here
-    return models.derive(checkpoint, family).family
+    return families.derive(checkpoint, family).family
 
 
 def family_from_args(args) -> str:

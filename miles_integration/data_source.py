@@ -41,6 +41,7 @@ from miles.utils.types import Sample
 
 import vidcache
 from vidcache import NotCachedError
+from vidcache.families import FAMILIES
 from vidcache.dataset import IMAGE_TOKEN, VIDEO_TOKEN, LazyVideoDataset, ensure_inline, image_source
 from vidcache.processing import VIDEO_PLACEHOLDER, expanded_ids
 
@@ -72,7 +73,7 @@ def expanded_length(num_compact_tokens: int, handles, family: str) -> int | None
         if not _cached(h):
             return None
         n += h.num_video_tokens - 1
-        if family == "qwen3_vl":                   # one vision_start/vision_end pair per temporal group
+        if FAMILIES[family].per_frame:             # one vision_start/vision_end pair per temporal group
             n += 2 * (h.metadata["video_grid_thw"][0] - 1)
     return n
 
@@ -248,8 +249,7 @@ class VidcacheDataset:
         if processor is None:      # Miles' patch-size fallback needs an image_processor attribute to read
             from types import SimpleNamespace
 
-            from vidcache.options import PATCH_SIZE
-            processor = SimpleNamespace(image_processor=SimpleNamespace(patch_size=PATCH_SIZE[self.config.options.family]))
+            processor = SimpleNamespace(image_processor=SimpleNamespace(patch_size=self.config.options.patch_size))
         return process_vision_info(messages, processor)["images"]
 
     def _tools(self, data: dict):

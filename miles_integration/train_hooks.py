@@ -147,13 +147,19 @@ class HydratingIterator:
 
 
 def positions_family(processor, tensors: dict) -> str | None:
-    """The family whose M-RoPE rule the trainer's transformers gets wrong (``vidcache.positions.PATCHABLE``), from
-    what decides it: the patch size (14: Qwen2/2.5-VL) and Qwen2.5-VL's ``second_per_grid_ts``; None otherwise
-    (Qwen3-VL and its successors: transformers' positions are the engines')."""
+    """The family whose M-RoPE rule the trainer's transformers gets wrong (``Family.trainer_rope``), from what
+    decides it: the processor's class where it names a family, else its patch size and whether the sample carries
+    ``second_per_grid_ts`` (a scaled-time rule); None otherwise (Qwen3-VL and its successors: transformers'
+    positions are the engines')."""
+    from vidcache.families import FAMILIES, family_of_processor
+    named = family_of_processor(processor)
+    if named is not None:
+        return named if FAMILIES[named].trainer_rope is not None else None
     patch = getattr(getattr(processor, "video_processor", processor), "patch_size", None)
-    if patch != 14:
-        return None
-    return "qwen2_5_vl" if "second_per_grid_ts" in tensors else "qwen2_vl"
+    scaled = "second_per_grid_ts" in tensors
+    fits = [f.name for f in FAMILIES.values()
+            if f.trainer_rope is not None and f.patch == patch and f.scaled_time == scaled]
+    return fits[0] if len(fits) == 1 else None
 
 
 def sample_positions(processor, tokens, tensors: dict | None, engine: str):

@@ -250,9 +250,10 @@ def test_the_trainer_position_check_covers_every_model_type():
     """The architecture review found positions' table without qwen3_vl_moe, which MODEL_TYPES has: a model type
     half-added.  Every model type has a trainer class to check, under its family's rule."""
     from vidcache import mrope
-    from vidcache.positions import _TRAINER_CLASSES, trainer_rule_problem
-    from vidcache.rollout.models import FAMILY_OF_MODEL_TYPE
-    assert set(FAMILY_OF_MODEL_TYPE) <= set(_TRAINER_CLASSES)
+    from vidcache.families import FAMILIES, MODEL_TYPES
+    from vidcache.positions import trainer_rule_problem
+    from vidcache.families import FAMILY_OF_MODEL_TYPE
+    assert all(all(m.trainer_classes) for m in MODEL_TYPES.values())
     for model_type, family in FAMILY_OF_MODEL_TYPE.items():
-        assert _TRAINER_CLASSES[model_type][2] == family
-    assert mrope.TEMPORAL["qwen3_vl"] == "per_frame" and trainer_rule_problem("qwen3_vl_moe", "sglang") is None
+        assert MODEL_TYPES[model_type].family == family
+    assert FAMILIES["qwen3_vl"].per_frame and trainer_rule_problem("qwen3_vl_moe", "sglang") is None

@@ -136,7 +136,7 @@ def floor_of(module: str, pkg: str = "vidcache") -> int:
     rel = module[len(pkg) + 1:] if module != pkg else ""
     best, longest = None, -1
     for i, (_, names) in enumerate(FLOORS):
-        for n in names:      # the most specific name wins: "rollout.models" (facts) within "rollout" (rollout)
+        for n in names:      # the most specific name wins: "sglang.plugin" over "sglang", say
             if ((n == "" and rel == "") or (n and (rel == n or rel.startswith(n + ".")))) and len(n) > longest:
                 best, longest = i, len(n)
     if best is None:

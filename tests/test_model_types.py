@@ -1,4 +1,4 @@
-"""The one table of model types and the family derived from a checkpoint (``vidcache.rollout.models``), through
+"""The one table of model types and the family derived from a checkpoint (``vidcache.families``), through
 the Python API and the CLI (``prewarm`` / ``sglang-config`` with ``--model DIR``), and the docs' copy of the table."""
 import json
 import re
@@ -11,8 +11,8 @@ from support.cli import SHELL, run_cli
 from support.toy_processors import build_processor, save_checkpoint
 
 from vidcache.errors import ModelTypeError
-from vidcache.rollout import models
-from vidcache.rollout.models import MODEL_TYPES, derive, read_checkpoint
+from vidcache import families as models
+from vidcache.families import MODEL_TYPES, derive, read_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 NEW = ("qwen3_5", "qwen3_5_moe", "qwen4_exp")
@@ -117,7 +117,7 @@ def test_a_named_family_must_agree_with_a_known_model_type(ckpts):
 def test_the_docs_carry_the_table():
     """docs/sglang.md's table of supported model types is ``supported_table()``'s, verbatim."""
     doc = (ROOT / "docs" / "sglang.md").read_text()
-    assert models.supported_table() in doc, "regenerate: python -c 'from vidcache.rollout.models import " \
+    assert models.supported_table() in doc, "regenerate: python -c 'from vidcache.families import " \
                                             "supported_table; print(supported_table())'"
 
 

@@ -204,9 +204,9 @@ def test_check_trainer_flags_transformers_rule_naming_the_component_and_the_fix(
 def test_a_trainer_that_computes_the_engines_rule_passes(monkeypatch):
     """The check can pass: a model whose get_rope_index is SGLang's own rule (through use_engine_positions), or
     the Qwen3-VL family's own."""
-    from vidcache.positions import PATCHABLE, trainer_rule_problem, use_engine_positions
+    from vidcache.positions import patchable, trainer_rule_problem, use_engine_positions
     import importlib
-    for module, name in PATCHABLE.values():
+    for module, name in patchable().values():
         cls = getattr(importlib.import_module(module), name)
         monkeypatch.setattr(cls, "get_rope_index", cls.get_rope_index)      # restored after the test
     assert trainer_rule_problem("qwen2_5_vl", "sglang") is not None
@@ -223,9 +223,9 @@ def test_a_patched_model_scores_as_a_model_given_the_engines_positions(monkeypat
 
     from support.toy_processors import build_processor
 
-    from vidcache.positions import PATCHABLE, use_engine_positions
+    from vidcache.positions import patchable, use_engine_positions
     from vidcache.testing import kl
-    for module, name in PATCHABLE.values():
+    for module, name in patchable().values():
         cls = getattr(importlib.import_module(module), name)
         monkeypatch.setattr(cls, "get_rope_index", cls.get_rope_index)
     proc = build_processor("qwen2_5_vl")

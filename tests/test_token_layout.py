@@ -18,7 +18,8 @@ from support.toy_processors import TOKEN_IDS, build_processor, token_ids
 from vidcache.errors import ParityError, TokenLayoutError
 from vidcache.processing import VIDEO_PLACEHOLDER, expanded_ids, layout_of, request_layout
 from vidcache.sglang.request import check_prompt_ids
-from vidcache.token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, VERIFIED_TRANSFORMERS, convert, env_layout,
+from vidcache.families import FAMILIES
+from vidcache.token_layout import (ENV_LAYOUT, VERIFIED_TRANSFORMERS, convert, env_layout,
                                    implied_layout, layout_difference)
 
 VS, VE, PAD = TOKEN_IDS["<|vision_start|>"], TOKEN_IDS["<|vision_end|>"], TOKEN_IDS["<|video_pad|>"]
@@ -79,7 +80,7 @@ def test_the_processor_expands_in_the_layout_it_is_probed_to(family):
 
 
 # Qwen3.5 / 3.6 / 3.8 (their own model types, Qwen3-VL's processor): the goldens above with the real ids of the
-# published checkpoints (rollout.models' table: vision_start 248053, vision_end 248054, video_pad 248057).
+# published checkpoints (families' table: vision_start 248053, vision_end 248054, video_pad 248057).
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe", "qwen4_exp")
 
 
@@ -98,7 +99,7 @@ def test_qwen3_5_model_types_have_qwen3_vl_layouts_with_their_own_ids(model_type
         [248053, 248054, 248057]
     proc = build_processor(model_type)
     e = entry("qwen3_vl", (2, 4, 4))
-    for layout in LAYOUTS["qwen3_vl"]:
+    for layout in FAMILIES["qwen3_vl"].layouts:
         got = expanded_ids(proc, PROMPT, [e], mode="plugin", token_layout=layout)
         assert got == real_golden(model_type, layout) and max(got) == 248057
     native = layout_of(proc, "qwen3_vl")
@@ -112,7 +113,7 @@ def test_qwen3_5_model_types_have_qwen3_vl_layouts_with_their_own_ids(model_type
 def test_request_layout_defaults(monkeypatch):
     monkeypatch.delenv(ENV_LAYOUT, raising=False)
     proc = build_processor("qwen3_vl")
-    assert request_layout(proc, "qwen3_vl", "plugin") == MODEL_LAYOUT["qwen3_vl"] == "collapsed"
+    assert request_layout(proc, "qwen3_vl", "plugin") == FAMILIES["qwen3_vl"].model_layout == "collapsed"
     assert request_layout(proc, "qwen3_vl", "stock") == layout_of(proc, "qwen3_vl")
     assert request_layout(proc, "qwen3_vl", "stock", "wrapped") == "wrapped"
     monkeypatch.setenv(ENV_LAYOUT, "qwen3_vl:wrapped")
@@ -175,4 +176,4 @@ def test_the_id_guard_names_the_token_layout():
     with pytest.raises(ParityError, match="Check that the server runs with") as e:
         check_prompt_ids(c, {"prompt_token_ids": c[:-1] + [c[-1] + 1]})      # another difference: not a layout
     assert "token layout" not in str(e.value)
-    assert set(LAYOUTS) == set(MODEL_LAYOUT)
+    assert all(f.model_layout in f.layouts for f in FAMILIES.values())

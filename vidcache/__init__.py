@@ -4,7 +4,7 @@ Names are imported lazily, so ``vidcache.dataset`` (lazy datasets, no frames) ca
 used without importing torch.
 
 Floors, bottom up (each imports only from below; vidcache/floors.py states them, tests/test_layers.py keeps them):
-  errors, digest, keys, options, serving, sglang_facts, token_layout, attest, rollout.models   facts: exceptions, digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests, the model types served
+  errors, families, digest, keys, options, serving, sglang_facts, token_layout, attest   facts: exceptions, the model families and types served (one record each), digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config, identity   entry records; the video writer; the frozen-file format; node settings; the cache's identity
@@ -14,7 +14,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   cache                           VideoCache: lookup, build, housekeeping
   node                            the caches open in this process, and the lookup by identity
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
-  handle, dataset, readahead, pullworker, positions   references above the cache; read-ahead, its pull worker; positions
+  handle, dataset, readahead, pullworker, positions, embeddings/   references above the cache; read-ahead, its pull worker; positions; the frozen-vision embedding tier
   sglang/, vllm/, rollout/        the rollout side: SGLang's and vLLM's adapters (neither imports the other) on rollout/, the engine-neutral core
   prewarming, cli/, doctor        the jobs
 """

@@ -225,7 +225,7 @@ class TokenLayoutError(VidcacheError, ValueError):
 
 class ModelTypeError(ConfigError):
     """A checkpoint whose video processing vidcache cannot vouch for: its processor classes or geometry are not
-    its model type's, or an unknown model type (``vidcache.rollout.models``)."""
+    its model type's, or an unknown model type (``vidcache.families``)."""
     kind = "model_type"
 
 

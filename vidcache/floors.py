@@ -1,19 +1,19 @@
 """The import floors, bottom up: the one statement of them.  Each module imports only from its own floor or
 below (``tests/test_layers.py`` checks every import against this table; it also checks that the package docstring
 of ``vidcache/__init__.py`` and the README's code map say the same).  A dotted name covers its submodules:
-``store`` is ``vidcache/store/`` and everything in it; the most specific name wins (``rollout.models`` sits on
-the facts floor, the rest of ``rollout/`` on the rollout floor; SGLang's facts are ``sglang_facts``, beside
-``sglang/``, since the trainer side reads them).  On the rollout floor ``sglang/`` and ``vllm/`` stand side by
+``store`` is ``vidcache/store/`` and everything in it; the most specific name wins.  SGLang's facts are
+``sglang_facts``, beside ``sglang/``, since the trainer side reads them; what a model family is lives in
+``families``, on the bottom floor, since every floor asks it.  On the rollout floor ``sglang/`` and ``vllm/`` stand side by
 side on ``rollout/`` and never import each other (``ENGINES``).  Data only: nothing here is imported at run time.
 """
 from __future__ import annotations
 
 # (floor, modules, what the floor is for)
 FLOORS: list[tuple[str, list[str], str]] = [
-    ("facts", ["errors", "digest", "keys", "options", "serving", "sglang_facts", "token_layout", "attest",
-               "rollout.models"],
-     "exceptions, digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests, the model "
-     "types served"),
+    ("facts", ["errors", "families", "digest", "keys", "options", "serving", "sglang_facts", "token_layout",
+               "attest"],
+     "exceptions, the model families and types served (one record each), digests, keys, options, serving and SGLang "
+     "facts, token layouts, train-tensor digests"),
     ("store", ["store"], "bytes under keys (LMDB, fsspec, tiers); imports only errors"),
     ("loader", ["loader"], "the pure pipeline: source bytes -> canonical frames"),
     ("entries", ["manifest", "encode", "frozen_file", "config", "identity"],
@@ -26,8 +26,9 @@ FLOORS: list[tuple[str, list[str], str]] = [
     ("node", ["node"], "the caches open in this process, and the lookup by identity"),
     ("trainer", ["processing", "device", "mrope"],
      "the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules"),
-    ("references", ["handle", "dataset", "readahead", "pullworker", "positions"],
-     "references above the cache; read-ahead and its pull worker; positions by engine rule"),
+    ("references", ["handle", "dataset", "readahead", "pullworker", "positions", "embeddings"],
+     "references above the cache; read-ahead and its pull worker; positions by engine rule; the frozen-vision "
+     "embedding tier"),
     ("rollout", ["sglang", "vllm", "rollout"],
      "the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; references, server checks "
      "and prompts"),

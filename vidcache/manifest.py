@@ -27,7 +27,8 @@ from .digest import Digest
 from .errors import CorruptManifestError, InvalidKeyError, OptionsError
 from .keys import AC, check_blob, check_key, entry_key
 from .loader.record import Built, Sampling, Source
-from .options import MERGE_SIZE, TEMPORAL_PATCH_SIZE, VideoOptions
+from .families import FAMILIES
+from .options import VideoOptions
 
 # 3: sealed (``seal``, an xxh3-128 of every other field), so a flipped byte anywhere, or a manifest pointed
 #    at another entry's blob of the same shape, is corruption.
@@ -56,13 +57,14 @@ def versions() -> dict:
 
 
 def grid_thw(options: VideoOptions, num_frames: int, height: int, width: int) -> tuple[int, int, int]:
-    p = options.patch_size
-    return (-(-num_frames // TEMPORAL_PATCH_SIZE), height // p, width // p)
+    fam = FAMILIES[options.family]
+    return (-(-num_frames // fam.temporal_patch), height // fam.patch, width // fam.patch)
 
 
-def pad_tokens(grid: tuple[int, int, int]) -> int:
+def pad_tokens(grid: tuple[int, int, int], options: VideoOptions) -> int:
     t, h, w = grid
-    return t * h * w // (MERGE_SIZE * MERGE_SIZE)
+    merge = FAMILIES[options.family].merge
+    return t * h * w // (merge * merge)
 
 
 # How a blob's frame bytes may be stored (``Frames.encode`` / ``decode``; a cache picks one: CacheConfig.encoding).
@@ -225,8 +227,8 @@ class Manifest:
             raise bad(f"{len(self.sampling.frame_indices)} frame indices for {t} frames")
         self._check_timing(bad)
         g = grid_thw(opts, t, hh, ww)
-        if tuple(self.tokens.video_grid_thw) != g or self.tokens.video_pad_tokens != pad_tokens(g):
-            raise bad(f"token counts {self.tokens} do not follow from the shape (grid {g}, {pad_tokens(g)} pads)")
+        if tuple(self.tokens.video_grid_thw) != g or self.tokens.video_pad_tokens != pad_tokens(g, opts):
+            raise bad(f"token counts {self.tokens} do not follow from the shape (grid {g}, {pad_tokens(g, opts)} pads)")
 
 
     def _check_timing(self, bad) -> None:
@@ -353,7 +355,7 @@ def build_manifest(key: str, source_digest: Digest, options: VideoOptions, blob:
         options_digest=options.digest,
         frames=Frames(str(blob), tuple(int(x) for x in shape), encoding=encoding),
         source=built.source, sampling=built.sampling,
-        tokens=Tokens(grid, pad_tokens(grid)),
+        tokens=Tokens(grid, pad_tokens(grid, options)),
         aspect_distortion=built.aspect_distortion,
         provenance={**built.provenance, **versions(), **provenance},
     )

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .families import FAMILIES
+
 RULES = ("sglang", "vllm", "transformers")
 
 # transformers releases whose Qwen2.5-VL get_rope_index was run against this module (tests/test_positions.py),
@@ -40,12 +42,15 @@ RULES = ("sglang", "vllm", "transformers")
 TRANSFORMERS_INT_SECONDS = ("5.12.1",)
 TRANSFORMERS_FLOAT_SECONDS = ("5.19.0", "5.22.2", "5.24.0", "5.25.0")
 
-# Which temporal index a video item gets, by the model type's family (the engines' own dispatch):
-#   "scaled"   Qwen2.5-VL: frame group t at ``t * second_per_grid * tokens_per_second`` (floored);
-#   "index"    Qwen2-VL: frame group t at t;
-#   "per_frame" Qwen3-VL and successors: each frame group is its own item of T = 1 (its timestamp is text).
-TEMPORAL = {"qwen2_vl": "index", "qwen2_5_vl": "scaled", "qwen3_vl": "per_frame"}
+# Which temporal index a video item gets is the family's temporal rule (``families.Family.temporal``, the engines'
+# own dispatch): "scaled" (Qwen2.5-VL) puts frame group t at ``t * second_per_grid * tokens_per_second`` (floored),
+# "index" (Qwen2-VL) at t, and "per_frame" (Qwen3-VL and successors) makes each frame group its own item of T = 1.
 
+
+
+def _scaled(family: str) -> bool:
+    fam = FAMILIES.get(family)
+    return fam is not None and fam.scaled_time
 
 @dataclass(frozen=True)
 class Item:
@@ -100,8 +105,8 @@ def items(ids: list[int], *, family: str, merge: int, image_token_id: int, video
     A Qwen3-VL video's grid ``(T, H, W)`` is T items of ``(1, H, W)`` (each behind its own timestamp). Raises
     ``ValueError`` when the pad runs and the grids disagree: positions from a mismatched pair would be wrong
     silently."""
-    if family not in TEMPORAL:
-        raise ValueError(f"no M-RoPE rule for family {family!r}; expected one of {sorted(TEMPORAL)}")
+    if family not in FAMILIES:
+        raise ValueError(f"no M-RoPE rule for family {family!r}; expected one of {sorted(FAMILIES)}")
     vgrids = [tuple(int(x) for x in g) for g in (video_grid_thw.tolist() if torch.is_tensor(video_grid_thw)
                                                  else (video_grid_thw or []))]
     igrids = [tuple(int(x) for x in g) for g in (image_grid_thw.tolist() if torch.is_tensor(image_grid_thw)
@@ -111,7 +116,7 @@ def items(ids: list[int], *, family: str, merge: int, image_token_id: int, video
         raise ValueError(f"{len(vgrids)} video grids but {len(spg)} second_per_grid_ts values")
     videos: list[tuple[tuple[int, int, int], object]] = []
     for g, s in zip(vgrids, spg):
-        if TEMPORAL[family] == "per_frame":
+        if FAMILIES[family].per_frame:
             videos += [((1, g[1], g[2]), s)] * g[0]
         else:
             videos.append((g, s))
@@ -144,7 +149,7 @@ def _temporal(item: Item, family: str, rule: str, tokens_per_second, h: int, w: 
               seconds: str = "float") -> torch.Tensor:
     """The temporal index of each of the item's tokens (before its start offset), as ``rule`` computes it."""
     t = item.grid[0]
-    if item.modality == "image" or TEMPORAL[family] != "scaled":
+    if item.modality == "image" or not FAMILIES[family].scaled_time:
         return torch.arange(t).view(-1, 1).expand(-1, h * w).flatten()
     s = 1.0 if item.second_per_grid is None else item.second_per_grid
     if rule == "transformers":       # (arange(T) * (tokens_per_second * s)).long(); 5.12.1: int(s)
@@ -166,7 +171,7 @@ def positions(ids, *, rule: str, family: str, merge: int, image_token_id: int, v
     (Qwen2.5-VL only).  ``transformers_version``: whose ``transformers`` rule (default: the installed one)."""
     _check_rule(rule)
     seconds = "float"
-    if rule == "transformers" and TEMPORAL.get(family) == "scaled":
+    if rule == "transformers" and _scaled(family):
         seconds = transformers_seconds(transformers_version or installed_transformers())
     if torch.is_tensor(ids) and ids.dim() != 1:
         raise ValueError(f"input_ids must be one sequence (1-D), got shape {tuple(ids.shape)}: positions are per "
@@ -174,7 +179,7 @@ def positions(ids, *, rule: str, family: str, merge: int, image_token_id: int, v
     ids = ids.tolist() if torch.is_tensor(ids) else list(ids)
     if ids and isinstance(ids[0], (list, tuple)):
         raise ValueError(f"input_ids must be one sequence (a flat list of ids), got a list of {len(ids)} lists")
-    if TEMPORAL.get(family) == "scaled":
+    if _scaled(family):
         if tokens_per_second is None:
             raise ValueError("Qwen2.5-VL's positions need the checkpoint's vision_config.tokens_per_second")
         if isinstance(tokens_per_second, bool) or not isinstance(tokens_per_second, (int, float)) \
@@ -207,7 +212,7 @@ def rules_differ(grid, *, family: str, merge: int = 2, tokens_per_second: float 
     """Whether the ``transformers`` and engine rules resume the text at different positions after one video of
     ``grid`` (T, H, W): its temporal extent reaches past its spatial one."""
     t, h, w = (int(x) for x in grid)
-    if TEMPORAL[family] == "per_frame":
+    if FAMILIES[family].per_frame:
         return False
-    last_t = int((t - 1) * second_per_grid * tokens_per_second) if TEMPORAL[family] == "scaled" else t - 1
+    last_t = int((t - 1) * second_per_grid * tokens_per_second) if FAMILIES[family].scaled_time else t - 1
     return last_t + 1 > max(h, w) // merge

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 import xxhash
 
 from .errors import OptionsError
-from .sglang_facts import STOCK_QWEN3_GRID, stock_sglang_problems
+from .families import FAMILIES, Family, unknown_family
+from .sglang_facts import STOCK_QWEN3_GRID, stock_distorts, stock_grid, stock_sglang_problems
 
 # The decoders a cache can be configured with (vidcache.loader.decode implements them; the CLI offers them).
 # A decoder is not part of any key: where two decode one stream, their bytes are equal (tests/scenarios).
@@ -45,10 +46,6 @@ FPS = 2.0
 FPS_MIN_FRAMES = 4
 FPS_MAX_FRAMES = 768
 FRAME_FACTOR = 2
-MERGE_SIZE = 2
-TEMPORAL_PATCH_SIZE = 2
-
-PATCH_SIZE = {"qwen2_vl": 14, "qwen2_5_vl": 14, "qwen3_vl": 16}
 
 # The largest integer option: every JSON reader holds it exactly (2**53), and it stays far below
 # anything a frame count or pixel budget means.
@@ -122,11 +119,8 @@ class VideoOptions:
     size_factor: int | None = None     # None: the model factor (28, or 32 for qwen3_vl), as in qwen-vl-utils
 
     def __post_init__(self) -> None:
-        if self.family not in PATCH_SIZE:
-            from .rollout.models import FAMILY_OF_MODEL_TYPE        # the same floor: the model-type table
-            hint = (f" ({self.family} is a model type: its family is {FAMILY_OF_MODEL_TYPE[self.family]})"
-                    if isinstance(self.family, str) and self.family in FAMILY_OF_MODEL_TYPE else "")
-            raise OptionsError(f"unknown family {_shown(self.family)}; expected one of {sorted(PATCH_SIZE)}{hint}")
+        if not isinstance(self.family, str) or self.family not in FAMILIES:
+            raise OptionsError(unknown_family(self.family))
         if self.fps is not None and self.nframes is not None:
             raise OptionsError("give either fps or nframes, not both (qwen-vl-utils semantics)")
         if (self.resized_height is None) != (self.resized_width is None):
@@ -147,15 +141,19 @@ class VideoOptions:
         if self.size_factor is not None and self.size_factor % self.factor:
             raise OptionsError(f"size_factor {self.size_factor} must be a multiple of {self.factor} for {self.family}")
 
-    # --- family constants -------------------------------------------------
+    # --- the family's record (vidcache.families) ---------------------------
+    @property
+    def fam(self) -> Family:
+        return FAMILIES[self.family]
+
     @property
     def patch_size(self) -> int:
-        return PATCH_SIZE[self.family]
+        return self.fam.patch
 
     @property
     def factor(self) -> int:
         """The model's spatial factor: patch size x merge size (28 or 32)."""
-        return self.patch_size * MERGE_SIZE
+        return self.fam.grid
 
     # --- resolution -------------------------------------------------------
     def resolved(self) -> "VideoOptions":
@@ -179,8 +177,8 @@ class VideoOptions:
         distorts aspect ratios (see benchmarks/aspect_distortion.py); plugin mode serves the default 32
         grid exactly.  Qwen2/2.5-VL options are returned unchanged: their 28 grid already is SGLang's.
         """
-        if family == "qwen3_vl" and kw.get("size_factor") is None:
-            kw["size_factor"] = STOCK_QWEN3_GRID
+        if kw.get("size_factor") is None and family in FAMILIES and stock_distorts(family):
+            kw["size_factor"] = stock_grid(family)
         opts = cls(family=family, **kw)          # validates every value first
         problems = stock_sglang_problems(family, opts.resolved().size_factor)
         if problems:

@@ -15,6 +15,7 @@ import torch
 
 from . import mrope
 from .errors import ConfigError
+from .families import FAMILIES, MODEL_TYPES
 from .handle import train_inputs
 
 # Qwen2.5-VL's vision_config.tokens_per_second in every published checkpoint (3B/7B/32B/72B config.json; the
@@ -45,7 +46,7 @@ def positions_from_tensors(processor, input_ids, tensors: dict, family: str, eng
     ``second_per_grid_ts``, and ``image_grid_thw`` when it has images), by ``engine``'s rule."""
     merge = int(getattr(getattr(processor, "video_processor", processor), "merge_size", 2) or 2)
     tps = tokens_per_second if tokens_per_second is not None else tokens_per_second_of(config)
-    if tps is None and mrope.TEMPORAL.get(family) == "scaled":
+    if tps is None and (family in FAMILIES and FAMILIES[family].scaled_time):
         tps = PUBLISHED_TOKENS_PER_SECOND
     spg = tensors.get("second_per_grid_ts")
     try:
@@ -75,7 +76,7 @@ def rope_positions(processor, input_ids, handles=None, engine: str = "sglang", *
     the published checkpoints' 2).  ``image_grid_thw``: the sample's images' grids, when it has images.
     """
     from .processing import check_family, resolve_mode
-    from .rollout.models import family_of_processor
+    from .families import family_of_processor
     mrope._check_rule(engine)
     handles = list(handles or [])
     manifests = [h.manifest for h in handles]
@@ -120,16 +121,8 @@ _CANARY_IDS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start
                "vision_end_token_id": 151653}
 _CANARY_GRIDS = [[24, 20, 20], [6, 12, 16]]
 _CANARY_SECONDS = [1.0, 0.5]
-# transformers' classes per model type, and the family whose rule applies (Qwen3.5 / 3.6 / 3.8 position their
-# videos as Qwen3-VL does: one item per frame group).
-_TRAINER_CLASSES = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLModel", "qwen2_vl"),
-                    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLModel", "qwen2_5_vl"),
-                    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLModel", "qwen3_vl"),
-                    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeModel", "qwen3_vl"),
-                    "qwen3_5": ("Qwen3_5Config", "Qwen3_5Model", "qwen3_vl"),
-                    "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeModel", "qwen3_vl"),
-                    "qwen4_exp": ("Qwen4ExpConfig", "Qwen4ExpModel", "qwen3_vl")}
-TRAINER_MODEL_TYPES = tuple(_TRAINER_CLASSES)
+# transformers' classes per model type are its record's (``ModelType.trainer_classes``), and so is its family's rule
+# (Qwen3.5 / 3.6 / 3.8 position their videos as Qwen3-VL does: one item per frame group).
 
 
 def _canary(family: str) -> list[int]:
@@ -137,7 +130,7 @@ def _canary(family: str) -> list[int]:
     ids = list(range(1000, 1007))
     for t, h, w in _CANARY_GRIDS:
         per = h * w // 4
-        if mrope.TEMPORAL[family] == "per_frame":
+        if FAMILIES[family].per_frame:
             for _ in range(t):
                 ids += [2000, 2001, vs] + [vp] * per + [ve]
         else:
@@ -157,12 +150,12 @@ def trainer_positions(model_type: str, model=None, tokens_per_second: float = PU
 
     import transformers
     version = importlib.metadata.version("transformers")
-    family = _TRAINER_CLASSES[model_type][2]
+    family = MODEL_TYPES[model_type].family
     ids = torch.tensor([_canary(family)])
     mm = torch.zeros_like(ids, dtype=torch.int32)
     mm[ids == _CANARY_IDS["video_token_id"]] = 2
     kw = {"video_grid_thw": torch.tensor(_CANARY_GRIDS)}
-    if mrope.TEMPORAL[family] == "scaled":
+    if FAMILIES[family].scaled_time:
         kw["second_per_grid_ts"] = torch.tensor(_CANARY_SECONDS, dtype=torch.float32)
     if model is not None:
         inner = model if hasattr(model, "get_rope_index") else getattr(model, "model", None)
@@ -170,7 +163,7 @@ def trainer_positions(model_type: str, model=None, tokens_per_second: float = PU
             raise ConfigError(f"{type(model).__name__} has no get_rope_index: not a transformers Qwen-VL model")
         cls, cfg_cls = type(inner), type(inner.config)
     else:
-        cfg_name, cls_name, _ = _TRAINER_CLASSES[model_type]
+        cfg_name, cls_name = MODEL_TYPES[model_type].trainer_classes
         cls, cfg_cls = getattr(transformers, cls_name), getattr(transformers, cfg_name)
     # The class's own methods, run on a stand-in holding only a config: no weights are built.
     me = types.SimpleNamespace(config=_canary_config(cfg_cls, family, tokens_per_second), rope_deltas=None)
@@ -183,26 +176,26 @@ def trainer_positions(model_type: str, model=None, tokens_per_second: float = PU
 def _canary_config(cfg_cls, family, tokens_per_second):
     """The model's config with the canary's token ids (the geometry that decides positions is kept)."""
     vision = {"spatial_merge_size": 2}
-    if mrope.TEMPORAL[family] == "scaled":
+    if FAMILIES[family].scaled_time:
         vision["tokens_per_second"] = tokens_per_second
     return cfg_cls(vision_config=vision, **_CANARY_IDS)
 
 
 def trainer_rule_problem(model_type: str, engine: str = "sglang", model=None) -> str | None:
-    """None when the trainer's own model code for ``model_type`` (one of ``TRAINER_MODEL_TYPES``) puts every
+    """None when the trainer's own model code for ``model_type`` (one of ``families.MODEL_TYPES``) puts every
     canary token where ``engine`` does; else what differs, which component computes it, and the fix (pass
     ``vidcache.rope_positions`` as ``position_ids``)."""
     mrope._check_rule(engine)
-    if model_type not in _TRAINER_CLASSES:
-        raise ConfigError(f"no position check for model type {model_type!r}; known: {', '.join(TRAINER_MODEL_TYPES)}")
-    family = _TRAINER_CLASSES[model_type][2]
+    if model_type not in MODEL_TYPES:
+        raise ConfigError(f"no position check for model type {model_type!r}; known: {', '.join(MODEL_TYPES)}")
+    family = MODEL_TYPES[model_type].family
     try:
         theirs, what = trainer_positions(model_type, model)
     except (AttributeError, TypeError, ValueError, ImportError) as e:
         return (f"could not run the trainer's get_rope_index for {model_type} ({type(e).__name__}: {e}): its "
                 f"position rule is unverified; pass vidcache.rope_positions(..., engine={engine!r}) as position_ids")
     ids = _canary(family)
-    spg = torch.tensor(_CANARY_SECONDS, dtype=torch.float32) if mrope.TEMPORAL[family] == "scaled" else None
+    spg = torch.tensor(_CANARY_SECONDS, dtype=torch.float32) if FAMILIES[family].scaled_time else None
     ours = mrope.positions(ids, rule=engine, family=family, merge=2, tokens_per_second=PUBLISHED_TOKENS_PER_SECOND,
                            image_token_id=_CANARY_IDS["image_token_id"], video_token_id=_CANARY_IDS["video_token_id"],
                            video_grid_thw=_CANARY_GRIDS, second_per_grid_ts=spg)
@@ -225,9 +218,10 @@ def position_warning(family: str, engine: str) -> str | None:
 
 
 # --- a trainer that computes its own positions: give its model class the engine's rule -------------------------
-# transformers' classes whose get_rope_index differs from the engines' (Qwen3-VL's and its successors' do not).
-PATCHABLE = {"qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel"),
-             "qwen2_5_vl": ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel")}
+def patchable() -> dict[str, tuple[str, str]]:
+    """family -> (module, class) of transformers' models whose get_rope_index differs from the engines'
+    (``Family.trainer_rope``; Qwen3-VL's and its successors' do not)."""
+    return {name: f.trainer_rope for name, f in FAMILIES.items() if f.trainer_rope is not None}
 
 
 _NEW_FORM = ("mm_token_type_ids", "image_grid_thw", "video_grid_thw", "second_per_grid_ts", "attention_mask")
@@ -296,7 +290,7 @@ def use_engine_positions(engine: str = "sglang") -> list[str]:
     the method at construction.  Returns the classes patched."""
     import importlib
     done = []
-    for family, (module, name) in PATCHABLE.items():
+    for family, (module, name) in patchable().items():
         cls = getattr(importlib.import_module(module), name)
         if getattr(cls.get_rope_index, "_vidcache_rule", None) != engine:
             cls.get_rope_index = engine_get_rope_index(engine, family)

@@ -437,11 +437,10 @@ def plan(dataset, options: VideoOptions, input_key: str = INPUT_KEY, video_key: 
     dicts), with the rows that need each, and row-level failures.  A task is a video (by source, or by content
     for bytes) under its options, or an image to check.  Relative paths resolve against the file's directory
     (rows: the current directory)."""
-    from .options import PATCH_SIZE
     tasks: dict[tuple[str, str], tuple[object, VideoOptions, list[int]]] = {}
     bad_rows = []
     base = _dataset_dir(dataset)
-    patch = PATCH_SIZE[options.family]
+    patch = options.patch_size
     reader = _check_keys(dataset, input_key, video_key, image_key, split)
     # Videos held as bytes are planned by digest and place, where the rows can be read again one at a time
     rows_again = _Rows(reader, options, input_key, video_key, image_key, base) if hasattr(reader, "raw") else None

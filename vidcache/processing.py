@@ -25,9 +25,10 @@ import xxhash
 # Serving facts: in stock mode Qwen3-VL's timestamps come from the frozen file's FROZEN_FPS timeline; the modes
 # (plugin: the source's timeline, stock: the frozen file's) are SGLang's names for the two.
 from .errors import TokenLayoutError
+from .families import FAMILIES
 from .serving import FROZEN_FPS
 from .sglang_facts import MODES
-from .token_layout import LAYOUTS, MODEL_LAYOUT, check_layout, convert, env_layout
+from .token_layout import check_layout, convert, env_layout, layouts
 
 VIDEO_PLACEHOLDER = "<|vision_start|><|video_pad|><|vision_end|>"
 
@@ -40,7 +41,7 @@ def video_metadata(manifest, mode: str) -> dict | None:
         return {"fps": manifest.source.average_fps_from_decoder,
                 "frames_indices": list(manifest.sampling.frame_indices),
                 "total_num_frames": manifest.sampling.total_num_frames}
-    if manifest.family == "qwen3_vl":   # SGLang passes the frozen file's own metadata
+    if FAMILIES[manifest.family].per_frame:   # SGLang passes the frozen file's own metadata (timestamps are text)
         n = manifest.num_frames
         return {"fps": float(FROZEN_FPS), "frames_indices": list(range(n)), "total_num_frames": n}
     return None                # SGLang passes none for Qwen2/2.5-VL
@@ -53,18 +54,18 @@ def video_processor(processor):
 
 def check_family(processor, manifests) -> None:
     """Refuse frames of one family given to another family's processor: the processor's class names its family
-    (``rollout.models.family_of_processor``: Qwen2-VL and Qwen2.5-VL entries share a patch size, but not a rule for
+    (``families.family_of_processor``: Qwen2-VL and Qwen2.5-VL entries share a patch size, but not a rule for
     time), and the patch sizes must agree (Qwen2.5-VL entries with a Qwen3-VL processor fail deep in transformers
     with a reshape error)."""
     from .errors import ConfigError
-    from .options import PATCH_SIZE
-    from .rollout.models import family_of_processor
+    from .families import family_of_processor
     patch = getattr(video_processor(processor), "patch_size", None)
     for m in manifests:
-        if isinstance(patch, int) and PATCH_SIZE.get(m.family, patch) != patch:
-            fams = sorted(f for f, p in PATCH_SIZE.items() if p == patch)
+        own_patch = FAMILIES[m.family].patch if m.family in FAMILIES else patch
+        if isinstance(patch, int) and own_patch != patch:
+            fams = sorted(f.name for f in FAMILIES.values() if f.patch == patch)
             raise ConfigError(f"the processor's patch size is {patch} ({' / '.join(fams)}), but entry {m.key} is "
-                              f"{m.family} (patch {PATCH_SIZE[m.family]}): use the {m.family} checkpoint's "
+                              f"{m.family} (patch {own_patch}): use the {m.family} checkpoint's "
                               f"processor, or prewarm with --family {fams[-1]}")
     own = family_of_processor(processor)        # same patch size: the class tells Qwen2-VL from Qwen2.5-VL
     for m in manifests:
@@ -79,12 +80,12 @@ def resolve_mode(family: str, mode: str | None, what: str = "train_inputs") -> s
     Only Qwen2.5-VL's tensors and positions depend on it (``second_per_grid_ts``: the source's 2/sample_fps in
     plugin mode, the frozen file's 2/24 in stock mode); the other families' tensors are the same in both."""
     from .errors import ConfigError
-    from .mrope import TEMPORAL
     if mode is not None:
         if mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {mode!r}")
         return mode
-    if TEMPORAL.get(family) == "scaled":
+    fam = FAMILIES.get(family)
+    if fam is not None and fam.scaled_time:
         raise ConfigError(f"{what}: {family}'s second_per_grid_ts (and so its M-RoPE positions) depend on the mode "
                           "the rollout was made in: pass the PreparedRequest (request=req, or req.train_inputs) or "
                           "mode='stock' / mode='plugin' (the mode of your SGLang servers; `vidcache sglang-config` "
@@ -266,8 +267,7 @@ def layout_of(processor, family: str) -> str:
         return _LAYOUT_OF[processor]
     except (KeyError, TypeError):
         pass
-    from .options import PATCH_SIZE
-    side = PATCH_SIZE[family] * int(getattr(video_processor(processor), "merge_size", 2) or 2)
+    side = FAMILIES[family].patch * int(getattr(video_processor(processor), "merge_size", 2) or 2)
     frames = torch.zeros(2, 3, side, side, dtype=torch.uint8)
     meta = {"fps": 2.0, "frames_indices": [0, 1], "total_num_frames": 2}
     out = processor(text=[VIDEO_PLACEHOLDER], videos=[frames], **_final_frames_kwargs(processor, [meta]))
@@ -275,11 +275,11 @@ def layout_of(processor, family: str) -> str:
     vision_start, _ = special_ids(processor)
     groups, starts = int(out["video_grid_thw"][0][0]), ids.count(vision_start)
     # The family's first layout has no wrapper (plain, collapsed); "wrapped" adds one pair around the groups.
-    layout = {groups: LAYOUTS.get(family, ("?",))[0], groups + 1: "wrapped"}.get(starts)
-    if layout not in LAYOUTS.get(family, ()):
+    layout = {groups: layouts(family)[0] if layouts(family) else "?", groups + 1: "wrapped"}.get(starts)
+    if layout not in layouts(family):
         raise TokenLayoutError(f"{type(processor).__name__} expands one {family} video of {groups} group(s) into "
                                f"{starts} <|vision_start|> ids: not a token layout vidcache knows "
-                               f"({', '.join(LAYOUTS.get(family, ()))})")
+                               f"({', '.join(layouts(family))})")
     try:
         _LAYOUT_OF[processor] = layout
     except TypeError:          # not weak-referenceable: probe again next time (a few ms)
@@ -294,7 +294,7 @@ def special_ids(processor) -> tuple[int, int]:
 
 def request_layout(processor, family: str, mode: str, token_layout: str | None = None) -> str:
     """The token layout a request's ids are in: ``token_layout`` if given, else ``$VIDCACHE_TOKEN_LAYOUT``'s for
-    the family, else in plugin mode the model's own (``MODEL_LAYOUT``: the plugin makes the server expand in it,
+    the family, else in plugin mode the model's own (``Family.model_layout``: the plugin makes the server expand in it,
     whatever either side's transformers), and in stock mode this processor's (stock SGLang expands in its own
     transformers' layout; name the server's layout here to follow it: ``check-server`` tells it)."""
     if token_layout is not None:
@@ -302,7 +302,7 @@ def request_layout(processor, family: str, mode: str, token_layout: str | None =
     named = env_layout(family)
     if named is not None:
         return named
-    return MODEL_LAYOUT[family] if mode == "plugin" else layout_of(processor, family)
+    return FAMILIES[family].model_layout if mode == "plugin" else layout_of(processor, family)
 
 
 def to_layout(processor, ids, manifests, mode: str, token_layout: str | None = None,

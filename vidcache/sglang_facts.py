@@ -1,6 +1,6 @@
 """What SGLang does to a video, and how vidcache configures it: the SGLang facts, each in one place.
 
-Imports nothing of vidcache (the facts floor, beside ``vidcache/sglang/`` rather than in it), because the trainer side
+On the facts floor, beside ``vidcache/sglang/`` rather than in it (it imports only ``families``), because the trainer side
 (``processing``: ``MODES``), the options preset (``VideoOptions.for_stock_sglang``), the CLI, ``sglang-config``,
 ``check-server``, ``vidcache serve`` and the Miles adapters all read these.  The facts every engine shares (the
 frozen files' rate and format, a presigned URL's lifetime) are ``vidcache.serving``'s.
@@ -13,6 +13,8 @@ other release unless it is named explicitly (``--allow-unverified-sglang VERSION
 from __future__ import annotations
 
 import math
+
+from .families import FAMILIES
 
 # SGLang releases whose Qwen-VL processor was run through the parity suites, in both modes.  0.5.16's stock mode
 # needs its own config (it forwards the whole video config to transformers 5.12.1, which refuses the keys its
@@ -34,9 +36,22 @@ SGLANG_0516_DEFAULT_PIXELS = (128 * 28 * 28, 768 * 28 * 28)     # its preprocess
 
 # SGLang's preprocess_video resizes every video to multiples of this (smart_resize, every family) ...
 SGLANG_RESIZE_FACTOR = 28
-# ... and the HF Qwen3-VL video processor then to multiples of 32: both are identities only on
-# lcm(28, 32) = 224, so stock mode needs Qwen3-VL frames there (aspect distortion is the price).
-STOCK_QWEN3_GRID = math.lcm(SGLANG_RESIZE_FACTOR, 32)
+# ... and the HF video processor then to multiples of the family's grid (patch x merge): both are identities only
+# on lcm(28, grid), so stock mode needs frames there: 28 for Qwen2/2.5-VL, lcm(28, 32) = 224 for Qwen3-VL (aspect
+# distortion is the price).
+
+
+def stock_grid(family: str) -> int:
+    """The grid stock SGLang leaves frames of ``family`` alone on (``SGLANG_RESIZE_FACTOR`` and the family's)."""
+    return math.lcm(SGLANG_RESIZE_FACTOR, FAMILIES[family].grid)
+
+
+def stock_distorts(family: str) -> bool:
+    """Whether stock SGLang needs a coarser grid than the family's own (its frames then move, and distort)."""
+    return stock_grid(family) != FAMILIES[family].grid
+
+
+STOCK_QWEN3_GRID = stock_grid("qwen3_vl")     # in help texts: the one such grid today
 # --mm-process-config pixel bounds that make SGLang's smart_resize an identity on frames already sized.
 SGLANG_MIN_PIXELS = SGLANG_RESIZE_FACTOR * SGLANG_RESIZE_FACTOR          # never upscale
 SGLANG_MAX_PIXELS = 16384 * SGLANG_RESIZE_FACTOR * SGLANG_RESIZE_FACTOR  # never downscale
@@ -101,7 +116,7 @@ def server_vision(family: str, model_impl: str | None, model_package: str | None
 def default_mode(family: str) -> str:
     """Qwen3-VL's faithful (32-grid) frames only survive SGLang through the plugin; the 28-grid
     families are served exactly by stock SGLang too."""
-    return "plugin" if family == "qwen3_vl" else "stock"
+    return "plugin" if stock_distorts(family) else "stock"
 
 
 def refused_video_keys(family: str | None, sglang_version: str) -> tuple[str, ...]:
@@ -139,16 +154,17 @@ def stock_sglang_problems(family: str, grid: int | None, n: int | None = None, h
     if n is not None and (n > max_frames or n % 2):
         out.append(f"{n} frames: stock SGLang keeps an even count of at most {max_frames} and would "
                    f"re-sample them. Fix: max_frames/nframes <= {max_frames}, or mode='plugin'.")
-    need = STOCK_QWEN3_GRID if family == "qwen3_vl" else SGLANG_RESIZE_FACTOR
+    need = stock_grid(family)
     off_grid = (grid is not None and grid % need) or (h is not None and (h % need or w % need))
     if off_grid:
         shape = f"{w}x{h} " if h is not None else ""
         where = f"on the {grid}-pixel grid" if grid is not None else f"not on a {need}-pixel grid"
-        if family == "qwen3_vl":
-            out.append(f"{shape}Qwen3-VL frames {where} (stock SGLang needs a multiple of {STOCK_QWEN3_GRID}): "
-                       f"it resizes them to multiples of {SGLANG_RESIZE_FACTOR} before the model's 32. Fix: mode='plugin' (recommended: it serves "
+        if stock_distorts(family):
+            own = FAMILIES[family].grid
+            out.append(f"{shape}{family} frames {where} (stock SGLang needs a multiple of {need}): "
+                       f"it resizes them to multiples of {SGLANG_RESIZE_FACTOR} before the model's {own}. Fix: mode='plugin' (recommended: it serves "
                        "these faithful frames as they are), or VideoOptions.for_stock_sglang(...) / "
-                       f"size_factor={STOCK_QWEN3_GRID}, which distorts the aspect ratio (a 16:9 1280x720 clip "
+                       f"size_factor={need}, which distorts the aspect ratio (a 16:9 1280x720 clip "
                        "becomes 1120x448, 2.5:1; see README).")
         else:
             out.append(f"{shape}frames {where} (stock SGLang needs a multiple of {need}): it resizes "

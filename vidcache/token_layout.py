@@ -21,11 +21,19 @@ from __future__ import annotations
 import re
 
 from .errors import TokenLayoutError
+from .families import FAMILIES
 
-LAYOUTS = {"qwen2_vl": ("plain",), "qwen2_5_vl": ("plain",), "qwen3_vl": ("collapsed", "wrapped")}
-# The layout of the model's own release (Qwen3-VL: transformers 4.57.x, the processor it shipped with): the
+# A family's token layouts, and the one of the model's own release, are its record's (``Family.layouts``,
+# ``Family.model_layout``).  Qwen3-VL's: the model shipped with transformers 4.57.x's processor ("collapsed"); the
 # default that plugin-mode requests carry, whatever transformers the trainer or the server happens to have.
-MODEL_LAYOUT = {"qwen2_vl": "plain", "qwen2_5_vl": "plain", "qwen3_vl": "collapsed"}
+
+
+def layouts(family: str) -> tuple[str, ...]:
+    """``family``'s token layouts (empty: no such family)."""
+    fam = FAMILIES.get(family)
+    return fam.layouts if fam is not None else ()
+
+
 # The environment variable that pins a project's request layout (plugin mode: the server converts to it; stock
 # mode: the trainer follows a server it names).  Values: a layout name, or "family:layout,family:layout".
 ENV_LAYOUT = "VIDCACHE_TOKEN_LAYOUT"
@@ -42,10 +50,10 @@ SGLANG_TRANSFORMERS_PIN = {"0.5.16": "5.12.1", "0.5.23": "5.19.0"}
 
 
 def check_layout(family: str, layout: str) -> str:
-    if family not in LAYOUTS:
-        raise TokenLayoutError(f"unknown family {family!r}; expected one of {sorted(LAYOUTS)}")
-    if layout not in LAYOUTS[family]:
-        raise TokenLayoutError(f"{family} has no token layout {layout!r}; its layouts: {', '.join(LAYOUTS[family])}")
+    if family not in FAMILIES:
+        raise TokenLayoutError(f"unknown family {family!r}; expected one of {sorted(FAMILIES)}")
+    if layout not in FAMILIES[family].layouts:
+        raise TokenLayoutError(f"{family} has no token layout {layout!r}; its layouts: {', '.join(FAMILIES[family].layouts)}")
     return layout
 
 
@@ -60,11 +68,11 @@ def env_layout(family: str, environ=None) -> str | None:
         fam, sep, name = part.strip().rpartition(":")
         fam, name = fam.strip(), name.strip()
         if not sep:                      # a bare name applies to every family that has it
-            if not any(name in v for v in LAYOUTS.values()):
+            if not any(name in v for v in (f.layouts for f in FAMILIES.values())):
                 raise TokenLayoutError(f"${ENV_LAYOUT}={raw!r}: no family has a token layout {name!r}")
-            pick = name if name in LAYOUTS.get(family, ()) else None
-        elif fam not in LAYOUTS:         # a misspelt family would drop the pin silently (D54)
-            raise TokenLayoutError(f"${ENV_LAYOUT}={raw!r}: unknown family {fam!r}; families: {sorted(LAYOUTS)}")
+            pick = name if name in layouts(family) else None
+        elif fam not in FAMILIES:         # a misspelt family would drop the pin silently (D54)
+            raise TokenLayoutError(f"${ENV_LAYOUT}={raw!r}: unknown family {fam!r}; families: {sorted(FAMILIES)}")
         else:
             pick = check_layout(family, name) if fam == family else None
         if pick is not None and found is not None and pick != found:
@@ -80,10 +88,10 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def implied_layout(family: str, transformers_version: str | None) -> str | None:
     """The layout ``family``'s processor of this transformers release produces, by the release table (None: not
     known).  Only for a side that cannot be probed; ``processing.layout_of`` probes a processor."""
-    if transformers_version is None or family not in LAYOUTS:
+    if transformers_version is None or family not in FAMILIES:
         return None
-    if len(LAYOUTS[family]) == 1:
-        return LAYOUTS[family][0]
+    if len(FAMILIES[family].layouts) == 1:
+        return FAMILIES[family].layouts[0]
     v = _version_tuple(transformers_version)[:2]
     lo, hi = _QWEN3_WRAPPED_RELEASES
     if lo <= v <= hi:
@@ -108,7 +116,7 @@ def server_transformers(info: dict) -> tuple[str | None, str]:
 def unverified_warning(family: str, version: str | None) -> str | None:
     """One line for a transformers release the layout tests did not run, for a family whose layout moved between
     releases (None: verified, or a family with one layout).  ``prewarm`` and ``check-server`` print it."""
-    if len(LAYOUTS.get(family, ())) < 2 or version in VERIFIED_TRANSFORMERS:
+    if len(layouts(family)) < 2 or version in VERIFIED_TRANSFORMERS:
         return None
     return (f"transformers {version} is unverified for {family}'s token layout (verified: "
             f"{', '.join(VERIFIED_TRANSFORMERS)}); its layout is probed from the processor, never guessed, and "

@@ -283,11 +283,11 @@ def test_get_batch_is_patched_in_every_by_name_importer(cache, videos, q25, monk
 @pytest.fixture
 def restore_rope_index(monkeypatch):
     """install_train_hooks gives transformers' classes the engine's M-RoPE rule: put the originals back after."""
-    from vidcache.positions import PATCHABLE
-    for module, name in PATCHABLE.values():
+    from vidcache.positions import patchable
+    for module, name in patchable().values():
         cls = getattr(importlib.import_module(module), name)
         monkeypatch.setattr(cls, "get_rope_index", cls.get_rope_index)
-    return [f"{m}.{n}" for m, n in PATCHABLE.values()]
+    return [f"{m}.{n}" for m, n in patchable().values()]
 
 
 def test_install_train_hooks_opens_the_configured_cache(tmp_path, monkeypatch, node_env, restore_rope_index):

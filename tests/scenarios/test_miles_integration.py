@@ -907,10 +907,10 @@ def test_plugin_mode_matches_the_sglang_plugin(env, monkeypatch):
     # ... carrying the attestation of exactly the tensors the trainer gets (vidcache.attest, checked by the plugin)
     from vidcache.attest import attest
     from vidcache.rollout.ref import REF_VERSION
-    from vidcache.token_layout import MODEL_LAYOUT
+    from vidcache.families import FAMILIES
     assert refs == [{"vidcache_ref": REF_VERSION, "tier": vidcache.node_cache().identity, "key": h.resolve(build=False),
                      "attest": {**attest(s.multimodal_train_inputs)[0], "position": [0, 1]},
-                     "layout": MODEL_LAYOUT[h.options.family]}]
+                     "layout": FAMILIES[h.options.family].model_layout}]
     assert refs[0]["tier"] == h.identity
     assert_matches_sglang(s, srv.log[-1])
     sfps = h.metadata["sample_fps"]

@@ -305,7 +305,7 @@ def test_a_server_that_streams_an_endless_reply_is_cut_off(tmp_path):
     assert sent and sent[0] < 4 * MAX_REPLY_BYTES, sent
 
 
-# --- Qwen3.5 / 3.6 / 3.8: the family derived from the checkpoint (vidcache.rollout.models) ----------------
+# --- Qwen3.5 / 3.6 / 3.8: the family derived from the checkpoint (vidcache.families) ----------------
 def test_cli_check_server_derives_a_qwen3_5_family_from_the_checkpoint_and_names_a_mismatch(tmp_path, monkeypatch):
     """No --family: `--processor DIR` (a Qwen3.5 checkpoint: Qwen3-VL's processor, the real ids) and the server's
     /model_info decide.  A checkpoint whose processing is not Qwen3.5's, one of another model type, and an

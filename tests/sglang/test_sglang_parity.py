@@ -45,7 +45,7 @@ FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # Qwen3-VL-MoE and Qwen3.5 / 3.6 / 3.8: Qwen3-VL's processing under their own model type (SGLang branches on it),
 # architecture (the plugin must take it over) and special-token ids (248053... for Qwen3.5).
 # Each runs on the SGLang releases the table says serve it (verified): 0.5.16 does not know them.
-from vidcache.rollout.models import MODEL_TYPES as TABLE  # noqa: E402
+from vidcache.families import MODEL_TYPES as TABLE  # noqa: E402
 MODEL_TYPES = tuple(t for t in ("qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "qwen4_exp")
                     if md.version("sglang") in TABLE[t].engines.get("SGLang", ()))
 MODES = ("stock", "plugin")

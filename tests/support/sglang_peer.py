@@ -45,7 +45,7 @@ PEER_SGLANG_VERSIONS = ("0.5.16", "0.5.23")
 PINNED_SGLANG_VERSION = PEER_SGLANG_VERSIONS[-1]
 FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 # The peer also runs as any model type of vidcache's table (``hf_config.model_type``: SGLang branches on it).
-from vidcache.rollout.models import FAMILY_OF_MODEL_TYPE, MODEL_TYPES  # noqa: E402
+from vidcache.families import FAMILY_OF_MODEL_TYPE, MODEL_TYPES  # noqa: E402
 
 _ARCH = {name: m.architectures[0] for name, m in MODEL_TYPES.items()}
 # vision_config.tokens_per_second of the published checkpoints (only Qwen2.5-VL has it).
@@ -191,7 +191,7 @@ def build_peer(
 ):
     """A ready-to-run SGLang ``QwenVLImageProcessor`` (or ``processor_cls``, e.g. a plugin subclass).
 
-    family: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl", or a model type of ``vidcache.rollout.models.MODEL_TYPES``
+    family: "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl", or a model type of ``vidcache.families.MODEL_TYPES``
         (e.g. "qwen3_5"; becomes ``hf_config.model_type``, on which SGLang's processor branches).
     hf_processor: the HF processor SGLang would load (see tests/support/toy_processors.build_processor). For qwen2_vl a
         real server also forces size={shortest_edge: 3136, longest_edge: 1003520} on it when loading

@@ -237,7 +237,7 @@ def write_checkpoint(family: str, path, processor=None, **video_processor_change
                                   ("vision_end_token_id", "<|vision_end|>"),
                                   ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"))}
     cls_name, arch = _CONFIG[family]
-    from vidcache.rollout.models import FAMILY_OF_MODEL_TYPE, MODEL_TYPES
+    from vidcache.families import FAMILY_OF_MODEL_TYPE, MODEL_TYPES
     model_type, family = family, FAMILY_OF_MODEL_TYPE[family]
     text = {"vocab_size": 512 if model_type == family else MODEL_TYPES[model_type].vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
             "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": MAX_MODEL_LEN,

@@ -26,8 +26,8 @@ def command(sub, name: str, **kw) -> argparse.ArgumentParser:
 
 def family_arg(text: str) -> str:
     """``--family``: a family, or a model type (``qwen3_5``, ``qwen3_5_moe``...) taken as its family and said so
-    (vidcache.rollout.models' table), so a user who knows only the checkpoint's model type is never refused."""
-    from ..rollout.models import FAMILIES, FAMILY_OF_MODEL_TYPE
+    (vidcache.families' table), so a user who knows only the checkpoint's model type is never refused."""
+    from ..families import FAMILIES, FAMILY_OF_MODEL_TYPE
     if text in FAMILIES:
         return text
     if text in FAMILY_OF_MODEL_TYPE:
@@ -39,7 +39,7 @@ def family_arg(text: str) -> str:
 
 
 def family_help(what: str) -> str:
-    from ..rollout.models import FAMILIES, FAMILY_OF_MODEL_TYPE
+    from ..families import FAMILIES, FAMILY_OF_MODEL_TYPE
     types = ", ".join(t for t in FAMILY_OF_MODEL_TYPE if t not in FAMILIES)
     return f"{what}: {', '.join(FAMILIES)}, or a model type ({types}: Qwen3.5 and others, mapped to their family)"
 
@@ -79,14 +79,14 @@ def check_local_budget(size: int | None) -> None:
 
 
 MODEL_HELP = ("a checkpoint directory: the family is derived from its processor classes and vision config "
-              "(vidcache.rollout.models; an unknown model type is refused unless --family names it)")
+              "(vidcache.families; an unknown model type is refused unless --family names it)")
 
 
 def family_of(args) -> str | None:
     """--family, or the family derived from --model DIR (both given: they must agree)."""
     if not getattr(args, "model", None):
         return args.family
-    from ..rollout.models import derive
+    from ..families import derive
     d = derive(args.model, args.family)
     # Named either way, so the user sees which model type the checkpoint declared and what it maps to.
     print(f"{'warning' if not d.verified else 'vidcache'}: --model {args.model}: {d.reason}", file=sys.stderr)
@@ -102,9 +102,9 @@ def options_of(args):
 
 
 def mode_default_help() -> str:
-    from ..options import PATCH_SIZE
+    from ..families import FAMILIES
     from ..sglang_facts import default_mode
-    return "default: " + ", ".join(f"{default_mode(f)} for {f}" for f in sorted(PATCH_SIZE))
+    return "default: " + ", ".join(f"{default_mode(f)} for {f}" for f in sorted(FAMILIES))
 
 
 def add_cache_flags(p: argparse.ArgumentParser) -> None:

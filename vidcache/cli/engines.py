@@ -26,8 +26,8 @@ def cmd_check_trainer(args) -> int:
     """Does this environment's transformers compute the engine's M-RoPE positions?  (No GPU, no weights.)"""
     from ..positions import trainer_rule_problem
     bad = 0
-    from ..positions import TRAINER_MODEL_TYPES
-    for family in args.family or TRAINER_MODEL_TYPES:
+    from ..families import MODEL_TYPES
+    for family in args.family or MODEL_TYPES:
         problem = trainer_rule_problem(family, args.engine)
         print(f"OK   {family}: transformers' own positions are {args.engine}'s" if problem is None
               else f"FAIL [positions] {family}: {problem}")
@@ -58,7 +58,9 @@ def _add_sglang_config(sub) -> None:
 
 
 def cmd_sglang_config(args) -> int:
+    from ..families import FAMILIES
     from ..sglang.config import render, sglang_config
+    from ..sglang_facts import stock_distorts, stock_grid
     path = node_dir(args)
     # The cache (identity, largest frozen file) when this node has one or reaches a shared tier; on a fresh
     # node without either, the config alone.
@@ -71,9 +73,10 @@ def cmd_sglang_config(args) -> int:
     if args.model:              # the checkpoint the user named, in place of MODEL in the launch line
         cfg["model"] = os.path.abspath(args.model)
     sys.stdout.write(render(cfg, args.format))
-    if family == "qwen3_vl" and cfg["mode"] == "stock":
-        print("note: stock mode serves Qwen3-VL only on the 224 grid (VideoOptions.for_stock_sglang), which "
-              "distorts aspect ratios; the default 32-grid frames need --mode plugin", file=sys.stderr)
+    if cfg["mode"] == "stock" and stock_distorts(family):
+        print(f"note: stock mode serves {family} only on the {stock_grid(family)} grid (VideoOptions.for_stock_sglang), "
+              f"which distorts aspect ratios; the default {FAMILIES[family].grid}-grid frames need --mode plugin",
+              file=sys.stderr)
     return 0
 
 
@@ -217,7 +220,7 @@ def cmd_check_computation(args) -> int:
         res = check_computation(args.url, args.model, cache=cache, token_layout=args.token_layout,
                                 max_logprobs=args.max_logprobs, **kw)
     else:
-        from ..rollout.models import derive
+        from ..families import derive
         from ..sglang.computation import check_computation
         mode = args.mode or default_mode(derive(args.model).family)
         res = check_computation(args.url, args.model, mode, cache=cache, token_layout=args.token_layout, **kw)

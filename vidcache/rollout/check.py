@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ..errors import ParityError, VidcacheError
-from ..options import PATCH_SIZE, VideoOptions
+from ..families import FAMILIES
+from ..options import VideoOptions
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def exact_canary_options(family: str, nframes: int = 2) -> VideoOptions:
     """The canary for an engine that takes the cached frames as they are (SGLang's plugin, vLLM's loader): two
     frames (or ``nframes``), small enough that the canary's rows travel in its attestation
     (``attest.VALUES_MAX_BYTES``)."""
-    side = 2 * PATCH_SIZE[family] * 2
+    side = 2 * FAMILIES[family].grid
     return VideoOptions(family=family, nframes=nframes, resized_height=side, resized_width=side)
 
 

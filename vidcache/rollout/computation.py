@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..sglang_facts import vision_differs
 from .check import Cause
 
 # The pass thresholds, from measured floors (docs/benchmarks.md, "Computation check floors"): (device, dtype) ->
@@ -378,7 +379,7 @@ def attribute(res: ComputationCheck, model, processor, config, engine_rule: str,
     several = [r for r in bad if r.canary.patches > 1 and r.canary.name not in explained]
     if several and one is not None and one.score.passes(t):
         across = ""
-        if res.family == "qwen2_5_vl":
+        if vision_differs(res.family):      # a family whose tower one engine computes across the video
             with across_video_attention():
                 s = _rescored(res, several[0], model, processor)
             res.notes.append(f"{several[0].canary.name} against transformers attending across the whole video: "
@@ -425,7 +426,7 @@ def check(url: str, checkpoint: str, engine: str, mode: str, make_send, *, devic
     from ..errors import ConfigError
     from ..mrope import RULES
     from .check import load_processor
-    from .models import derive
+    from ..families import derive
     t = threshold_for(device, dtype, threshold)
     rule = trainer_positions or engine
     if rule not in RULES:

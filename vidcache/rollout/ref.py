@@ -29,7 +29,7 @@ from .. import keys
 from ..attest import check_record
 from ..errors import InvalidKeyError
 from ..identity import ANY_ID
-from ..token_layout import LAYOUTS
+from ..families import FAMILIES
 
 REF_MEDIA_TYPE = "application/vnd.vidcache.ref+json"
 REF_PREFIX = f"data:{REF_MEDIA_TYPE};base64,"
@@ -109,7 +109,7 @@ def parse_ref(uri: str) -> dict | None:
         raise InvalidKeyError(f"vidcache reference with a malformed tier identity {_short(tier)}")
     keys.check_key(rec.get("key"))
     layout = rec.get("layout")
-    if layout is not None and not (isinstance(layout, str) and any(layout in v for v in LAYOUTS.values())):
+    if layout is not None and not (isinstance(layout, str) and any(layout in f.layouts for f in FAMILIES.values())):
         raise InvalidKeyError(f"vidcache reference with an unknown token layout {_short(layout)}")
     ahead = rec.get("ahead")
     if ahead is not None:

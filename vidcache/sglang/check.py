@@ -21,24 +21,26 @@ import json
 import os
 
 from ..errors import ModelTypeError, ParityError
-from ..options import PATCH_SIZE, VideoOptions
+from ..options import VideoOptions
 from ..positions import position_warning
 from ..processing import VIDEO_PLACEHOLDER, layout_of, request_layout
-from ..rollout import models
+from .. import families
+from ..families import FAMILIES, unknown_family
 from ..rollout.check import (Cause, ServerCheck, canary_video, check_version, error_message, exact_canary_options,
                              http_json, load_processor, local_checkpoint, server_processor_dir)
 from ..rollout.ref import REF_PREFIX, ref_uri
-from ..token_layout import (ENV_LAYOUT, LAYOUTS, implied_layout, layout_difference, server_transformers,
+from ..token_layout import (ENV_LAYOUT, implied_layout, layout_difference, server_transformers,
                             unverified_warning)
 from .config import mm_process_config
 from ..sglang_facts import (MODEL_PACKAGE, MODEL_PACKAGE_ENV, MODES, STOCK_GPU_TORCHCODEC,
-                            STOCK_QWEN3_GRID, TRAINER_VISION, VERIFIED_SGLANG_VERSIONS, VISION_ACROSS_FRAMES,
-                            default_mode, server_vision, stock_pixel_bounds, vision_differs)
+                            TRAINER_VISION, VERIFIED_SGLANG_VERSIONS, VISION_ACROSS_FRAMES,
+                            default_mode, server_vision, stock_distorts, stock_grid, stock_pixel_bounds,
+                            vision_differs)
 from .request import ATTESTATION_MARK, check_prompt_ids, parse_server_facts, prepare
 from .transport import ENV_SERVER_PATH
 
-# SGLang's model_type -> vidcache family: the one table of model types (vidcache.rollout.models).
-FAMILY_OF_MODEL_TYPE = models.FAMILY_OF_MODEL_TYPE
+# SGLang's model_type -> vidcache family: the one table of model types (vidcache.families).
+FAMILY_OF_MODEL_TYPE = families.FAMILY_OF_MODEL_TYPE
 CANARY_PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}vidcache canary.<|im_end|>\n<|im_start|>assistant\n"
 # The caller's spelling of the settings a failure tells the operator to change: the CLI's by default; Miles'
 # startup check (miles_integration/server_check.py) passes its --vidcache-* flags, so the fix named is the one
@@ -55,13 +57,13 @@ def canary_options(family: str, mode: str, sglang_version: str | None = None, nf
     four as Matroska, ``frozen_format="ffv1"``)."""
     if mode == "plugin":
         return exact_canary_options(family, nframes or 2)
-    q3_stock = family == "qwen3_vl"
-    side = STOCK_QWEN3_GRID if q3_stock else 2 * PATCH_SIZE[family] * 2
+    distorts = stock_distorts(family)     # Qwen3-VL: stock SGLang keeps only its 224 grid
+    side = stock_grid(family) if distorts else 2 * FAMILIES[family].grid
     width = side
     while width * side < stock_pixel_bounds(family, sglang_version)[0]:
         width += side
     return VideoOptions(family=family, nframes=nframes or 4, resized_height=side, resized_width=width,
-                        size_factor=STOCK_QWEN3_GRID if q3_stock else None)
+                        size_factor=stock_grid(family) if distorts else None)
 
 
 def canary_handle(family: str, mode: str, cache=None, sglang_version: str | None = None):
@@ -113,7 +115,7 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
         ckpt = found                  # a directory here, or the hub id's snapshot in the local HF cache
     if ckpt is not None:
         try:
-            derived = models.derive(ckpt, family, model_type=model_type)
+            derived = families.derive(ckpt, family, model_type=model_type)
         except ModelTypeError as e:
             res.causes.append(Cause("model", str(e)))
             return res
@@ -132,8 +134,8 @@ def check_server(url: str, family: str | None = None, mode: str | None = None, p
                                          f"({', '.join(FAMILY_OF_MODEL_TYPE)}); pass --processor DIR (the "
                                          "checkpoint) to derive its family from its processor and vision config"))
         return res
-    if family not in PATCH_SIZE:
-        raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
+    if family not in FAMILIES:
+        raise ValueError(unknown_family(family))
     if served is not None and served != family:
         res.causes.append(Cause("model", f"the server runs {model_type} ({model.get('architectures')}), "
                                          f"not {family}"))
@@ -249,7 +251,7 @@ def _layout_cause(sides: dict, family: str, mode: str, expected: list[int], got:
     if diff is None:
         return None
     req = sides["request"]
-    other = next(x for x in LAYOUTS[family] if x != req)
+    other = next(x for x in FAMILIES[family].layouts if x != req)
     extra = "the trainer's" if len(expected) > len(got) else "the server's"
     server = (f"the server's transformers {sides['server_transformers']} ({sides['server_how']}) expands in "
               f"'{other}'" if sides["server_transformers"] else f"the server expands in '{other}' (its transformers "
@@ -267,7 +269,7 @@ def _layout_cause(sides: dict, family: str, mode: str, expected: list[int], got:
 
 def _layout_passed(sides: dict, family: str, mode: str) -> str:
     line = f"token layout '{sides['request']}'"
-    if len(LAYOUTS[family]) < 2:
+    if len(FAMILIES[family].layouts) < 2:
         return line
     line += f" (trainer's transformers {sides['trainer_transformers']} expands in '{sides['trainer']}'"
     if sides["server_transformers"]:

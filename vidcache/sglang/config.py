@@ -15,9 +15,9 @@ import os
 import shlex
 
 from ..config import ENV_DIR, export_line
-from ..options import PATCH_SIZE
+from ..families import FAMILIES, unknown_family
 from ..serving import FROZEN_FPS
-from ..token_layout import (ENV_LAYOUT, LAYOUTS, MODEL_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
+from ..token_layout import (ENV_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
                             env_layout, implied_layout)
 from ..sglang_facts import (MODEL_PACKAGE, MODEL_PACKAGE_ENV, MODES, SGLANG_MAX_FRAMES, SGLANG_MAX_PIXELS,
                             SGLANG_MIN_PIXELS, SGLANG_TOTAL_PIXELS_ENV, SGLANG_URL_CAP, STOCK_GPU_TORCHCODEC,
@@ -84,8 +84,8 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
     (a ``VideoCache``), stock mode also lifts SGLang's URL download cap when the largest frozen file needs it.
     ``vision``: how the server computes the original model's vision tower where SGLang's own code does not
     (``sglang_facts.VISION_FIXES``; None: ``default_vision_fix(mode)``)."""
-    if family not in PATCH_SIZE:
-        raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
+    if family not in FAMILIES:
+        raise ValueError(unknown_family(family))
     mode = default_mode(family) if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
@@ -129,7 +129,7 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
         out["notes"].append(f"on GPU servers stock mode needs torchcodec {STOCK_GPU_TORCHCODEC}: with 0.17.0 (SGLang "
                             "0.5.23's pin) frozen frames decode inexactly on CUDA (max error 2). Plugin mode does "
                             "not decode.")
-        if family == "qwen2_5_vl":
+        if FAMILIES[family].scaled_time:
             out["notes"].append("stock SGLang 0.5.23 passes no video_metadata: second_per_grid_ts is always 2/24. "
                                 "Use --mode plugin for the model's intended 2/sample_fps.")
         lo, hi = stock_pixel_bounds(family, target)
@@ -138,8 +138,8 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
                                 f"config, so its fixed [{lo}, {hi}] pixels per frame apply: prewarm with "
                                 f"min_pixels={lo}, max_pixels={hi} (stock mode refuses frames outside), or use "
                                 "--mode plugin")
-        if family == "qwen3_vl":
-            out["notes"].append("stock SGLang 0.5.23 derives Qwen3-VL timestamps from the frozen file "
+        if FAMILIES[family].per_frame:
+            out["notes"].append(f"stock SGLang 0.5.23 derives {family}'s timestamps from the frozen file "
                                 f"({float(FROZEN_FPS)} fps), not from the original video. Use --mode plugin for "
                                 "the original timestamps.")
     if cache is not None:
@@ -186,12 +186,12 @@ def token_layout_record(family: str, mode: str, sglang_version: str | None = Non
     processor is probed by ``prepare`` and ``check-server``; a server's transformers is not reported)."""
     here = installed_transformers()
     pin = SGLANG_TRANSFORMERS_PIN.get(target_sglang(sglang_version))
-    rec = {"layouts": list(LAYOUTS[family]), "model": MODEL_LAYOUT[family],
+    rec = {"layouts": list(FAMILIES[family].layouts), "model": FAMILIES[family].model_layout,
            "transformers_here": here, "implied_here": implied_layout(family, here),
            "server_pin": pin, "implied_server": implied_layout(family, pin),
            "verified_transformers": list(VERIFIED_TRANSFORMERS)}
     if mode == "plugin":
-        rec["request"] = env_layout(family) or MODEL_LAYOUT[family]
+        rec["request"] = env_layout(family) or FAMILIES[family].model_layout
         rec["how"] = "each reference names it and the plugin expands the prompt in it, whatever the server's transformers"
     else:
         rec["request"] = env_layout(family) or "the server's own (stock SGLang expands in its transformers' layout)"
@@ -228,9 +228,6 @@ def _command(cfg: dict) -> str:
 # Miles' train hook: the trainer's transformers Qwen2-VL / Qwen2.5-VL models compute the engine's M-RoPE positions
 # (and rebuild handles, --vidcache-train-inputs handles).  miles_integration/train_hooks.py.
 MILES_TRAIN_HOOK = "miles_integration.train_hooks.install_train_hooks"
-# The families whose transformers models compute other positions than the engines (vidcache.mrope: a video is one
-# item whose temporal extent can pass its spatial one); Qwen3-VL and its successors place one item per frame.
-OWN_RULE_DIFFERS = ("qwen2_vl", "qwen2_5_vl")
 
 
 def miles_args(cfg: dict) -> list[str]:
@@ -240,7 +237,9 @@ def miles_args(cfg: dict) -> list[str]:
     Qwen2-VL and Qwen2.5-VL add the train hook, so the trainer computes SGLang's positions (the startup check fails
     without it)."""
     out = ["--vidcache-family", cfg["family"], "--vidcache-mode", cfg["mode"]]
-    if cfg["family"] in OWN_RULE_DIFFERS:
+    # A family whose transformers model computes other positions than the engines (``Family.trainer_rope``;
+    # vidcache.mrope: a video is one item whose temporal extent can pass its spatial one).
+    if FAMILIES[cfg["family"]].trainer_rope is not None:
         out += ["--custom-megatron-init-path", MILES_TRAIN_HOOK]
     if (cfg.get("vision") or {}).get("fix") == "package" and cfg["mode"] == "stock":
         out += ["--vidcache-server-vision", "package"]

@@ -129,8 +129,8 @@ def _load_checkpoint_processor(path: str, mtime: float):
 
 def checkpoint_processor(path):
     """The processor of a checkpoint directory, once its video processing is one vidcache vouches for
-    (``rollout.models.derive``: an unknown model type or a processor unlike its model type's is refused)."""
-    from ..rollout.models import derive
+    (``families.derive``: an unknown model type or a processor unlike its model type's is refused)."""
+    from ..families import derive
     path = os.path.abspath(os.fspath(path))
     derive(path)
     return _load_checkpoint_processor(path, os.path.getmtime(path))

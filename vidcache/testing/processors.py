@@ -14,7 +14,7 @@ For the families (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``) token ids are NOT 
 Qwen3-VL-MoE (``qwen3_vl_moe``, Qwen3-VL's ids 151652...) and the Qwen3.5 / 3.6 / 3.8 model types
 (``qwen3_5``, ``qwen3_5_moe``, ``qwen4_exp``: ``MODEL_TYPES``) get the
 Qwen3-VL processor (what transformers' Auto mapping gives them) with a tokenizer whose special tokens sit at the
-real ids: vision_start 248053, vision_end 248054, image_pad 248056, video_pad 248057 (``rollout.models``' table:
+real ids: vision_start 248053, vision_end 248054, image_pad 248056, video_pad 248057 (``families``' table:
 transformers' ``Qwen3_5Config`` defaults, the published config.json's values), the other Qwen specials in
 Qwen's order just before them (<|endoftext|> at vision_start - 9, as in every Qwen vocabulary), and filler tokens
 (never produced by encoding) between the bytes and the specials.  ``save_checkpoint`` writes either as a
@@ -93,8 +93,8 @@ def _tokenizer_object(model_type: str | None = None):
 
 
 def token_ids(model_type: str) -> dict[str, int]:
-    """The real vision token ids of a model type (``vidcache.rollout.models.MODEL_TYPES``), by token."""
-    from ..rollout.models import MODEL_TYPES as TABLE
+    """The real vision token ids of a model type (``vidcache.families.MODEL_TYPES``), by token."""
+    from ..families import MODEL_TYPES as TABLE
     return dict(zip(("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"),
                     TABLE[model_type].token_ids))
 
@@ -157,7 +157,7 @@ def build_processor(family: str, *, video_processor_kwargs: dict | None = None, 
 
     model_type = family if family in MODEL_TYPES else None
     if model_type is not None:
-        from ..rollout.models import FAMILY_OF_MODEL_TYPE
+        from ..families import FAMILY_OF_MODEL_TYPE
         family = FAMILY_OF_MODEL_TYPE[model_type]
     _check_family(family)
     vkw = dict(video_processor_kwargs or {})
@@ -174,7 +174,7 @@ def build_processor(family: str, *, video_processor_kwargs: dict | None = None, 
 def checkpoint_config(model_type: str) -> dict:
     """A ``config.json`` for ``model_type`` (a family's own, or one of MODEL_TYPES) with what vidcache and the
     engines read: architectures, the vision config's geometry, the token ids and vocab_size (the table's)."""
-    from ..rollout.models import MODEL_TYPES as TABLE
+    from ..families import MODEL_TYPES as TABLE
     m = TABLE[model_type]
     patch, merge, temporal = m.geometry
     start, end, image, video = m.token_ids

@@ -22,13 +22,13 @@ import json
 import os
 
 from ..errors import ModelTypeError, ParityError
-from ..options import PATCH_SIZE
+from ..families import FAMILIES, unknown_family
 from ..positions import position_warning
 from ..processing import layout_of, request_layout
-from ..rollout import models as model_types
+from .. import families as model_types
 from ..rollout.check import (Cause, ServerCheck, canary_video, check_version, error_message, exact_canary_options,
                              http_json, load_processor, server_processor_dir)
-from ..token_layout import LAYOUTS, implied_layout, layout_difference
+from ..token_layout import implied_layout, layout_difference
 from .config import (ENGINE_KWARGS, REQUEST_GATE_FLAG, VERIFIED_VLLM_VERSIONS, VLLM_TRANSFORMERS_PIN, serve_flags,
                      settings_problems)
 from .request import chat_expected_ids, chat_request, check_prompt_ids
@@ -66,7 +66,7 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
                                                                 "the served model's root")) is None:
         return res
     if isinstance(processor, (str, os.PathLike)):
-        try:      # the family from what decides the checkpoint's video processing (vidcache.rollout.models)
+        try:      # the family from what decides the checkpoint's video processing (vidcache.families)
             derived = model_types.derive(processor, family)
         except ModelTypeError as e:
             res.causes.append(Cause("model", str(e)))
@@ -76,10 +76,10 @@ def check_server(url: str, family: str | None = None, processor=None, allow_unve
         family = derived.family
     if family is None:
         res.causes.append(Cause("model", "no checkpoint directory to derive the family from: pass --processor DIR "
-                                         f"or --family ({', '.join(sorted(PATCH_SIZE))})"))
+                                         f"or --family ({', '.join(sorted(FAMILIES))})"))
         return res
-    if family not in PATCH_SIZE:
-        raise ValueError(f"unknown family {family!r}; expected one of {sorted(PATCH_SIZE)}")
+    if family not in FAMILIES:
+        raise ValueError(unknown_family(family))
     res.family = family
     if (warn := position_warning(family, "vllm")) is not None:
         res.warnings.append(warn)          # the trainer's own rule (this environment's transformers): a warning
@@ -139,7 +139,7 @@ def _canary(res, url, model, processor, family, cache, timeout, version, token_l
         diff = layout_difference(expected, got)
         if diff:
             tf = VLLM_TRANSFORMERS_PIN.get(version)
-            server = implied_layout(family, tf) or next(x for x in LAYOUTS[family] if x != layout)
+            server = implied_layout(family, tf) or next(x for x in FAMILIES[family].layouts if x != layout)
             res.causes.append(Cause("layout", f"token layout differs: the trainer sends '{layout}' (transformers here "
                                               f"expands in '{layout_of(processor, family)}'), vLLM's chat endpoint "
                                               f"expands in '{server}'"

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ParityError, TokenLayoutError
+from ..families import FAMILIES
 from ..processing import VIDEO_PLACEHOLDER, expanded_ids, request_layout, video_metadata
 from ..rollout.prompt import video_prompt
 from ..rollout.ref import ref_uri
@@ -118,7 +119,7 @@ def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = Non
     family = manifests[0].family
     layout = request_layout(processor, family, "plugin", token_layout)
     expected = expanded_ids(processor, prompt, manifests, "plugin", layout)
-    if family == "qwen3_vl":
+    if FAMILIES[family].per_frame:         # one vision_start/vision_end pair per temporal group
         pad, start, end = (tok.convert_tokens_to_ids(t)
                            for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>"))
         bare = expands_bare_video_token(processor)

@@ -39,7 +39,7 @@ from sglang.srt.multimodal.processors.base_processor import BaseMultimodalProces
 
 from ...attest import attest, compare
 from ...errors import VidcacheError
-from ...options import PATCH_SIZE
+from ...families import FAMILIES
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
 from ...rollout.ref import open_ref, parse_ref
 from ...sglang_facts import MODEL_PACKAGE_ENV
@@ -221,9 +221,9 @@ class VidcachePluginMixin:
                              "prewarm every video into the cache, or send none as a reference")
         want = getattr(getattr(self._processor, "video_processor", None), "patch_size", None)
         for v in refs:
-            if want is not None and PATCH_SIZE[v.family] != want:
+            if want is not None and FAMILIES[v.family].patch != want:
                 raise ValueError(f"vidcache entry {v.key} was built for {v.family} (patch "
-                                 f"{PATCH_SIZE[v.family]}) but this server's model uses patch {want}; "
+                                 f"{FAMILIES[v.family].patch}) but this server's model uses patch {want}; "
                                  "prewarm with VideoOptions(family=<this model's family>)")
         # Frames are final: the HF processor must neither sample nor resize, only
         # normalise and patchify; the metadata carries the original timeline.

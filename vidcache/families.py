@@ -1,12 +1,18 @@
-"""The model types vidcache serves, as one table of data, and a checkpoint's family derived from what decides
-its video processing.
+"""What a model family is, and the model types vidcache serves: one record each, the one home of these facts.
 
-A *family* (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``) is a way of processing video: the transformers processor
-and video processor classes, and the vision geometry (patch, merge and temporal patch size).  Frames cached for
-one family serve every model type of that family: a Qwen3.5 model (``qwen3_5``) reads the entries a Qwen3-VL
-prewarm wrote, because its processor *is* Qwen3-VL's (transformers 5.19-5.25 map ``qwen3_5``, ``qwen3_5_moe`` and
-``qwen4_exp`` to ``Qwen3VLProcessor`` + ``Qwen3VLVideoProcessor``; their vision configs have patch 16, merge 2,
-temporal 2).
+A *family* (``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_vl``) is a way of processing video: the vision geometry (patch,
+merge and temporal patch size), the M-RoPE temporal rule, the token layouts its processors have produced, and the
+transformers classes that compute it.  It is a :class:`Family` record in ``FAMILIES``; code asks it for *traits*
+(``fam.per_frame``, ``fam.scaled_time``, ``fam.grid``) rather than testing its name, so adding a family is adding a
+record here (and to the engine tables that ``tests/test_families.py`` names), not editing every module that reads
+one.  Engine-specific facts about a family stay with their engine (``sglang_facts``, ``vllm/config``), and that
+test asserts each of their tables covers every family, so a family cannot be half-added.
+
+A *model type* (a checkpoint's ``config.json`` ``model_type``) is a :class:`ModelType` record in ``MODEL_TYPES``
+pointing at its family.  Frames cached for one family serve every model type of that family: a Qwen3.5 model
+(``qwen3_5``) reads the entries a Qwen3-VL prewarm wrote, because its processor *is* Qwen3-VL's (transformers
+5.19-5.25 map ``qwen3_5``, ``qwen3_5_moe`` and ``qwen4_exp`` to ``Qwen3VLProcessor`` + ``Qwen3VLVideoProcessor``;
+their vision configs have patch 16, merge 2, temporal 2).
 
 ``derive(checkpoint_dir)`` reads the checkpoint's ``config.json`` (model type, architectures, vision config) and
 its processor files (processor and video processor classes, the video processor's geometry) and answers with a
@@ -19,16 +25,79 @@ its processor files (processor and video processor classes, the video processor'
   caller refuses it unless the operator names the family (``--family``), and says so when it runs;
 * anything else: refused, naming what matches no family.
 
-Engine-neutral (``vidcache.sglang`` and ``vidcache.vllm`` both read it) and on the facts floor: it imports only
-``errors`` (transformers only inside ``derive``, and only where a checkpoint leaves a class default unstated).
+On the facts floor (every floor asks it): it imports only ``errors`` (transformers only inside ``derive``, and only
+where a checkpoint leaves a class default unstated).
 """
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..errors import ModelTypeError
+from .errors import ModelTypeError
+
+
+@dataclass(frozen=True)
+class Family:
+    """One way of processing video, and the traits the rest of vidcache asks of it."""
+    name: str
+    patch: int                            # the vision tower's patch side (pixels)
+    merge: int                            # spatial merge: merge x merge patches become one LLM token
+    temporal_patch: int                   # frames per temporal patch
+    # The M-RoPE temporal rule of the model's own release (what engines compute):
+    #   "index":     a temporal patch's position is its index (Qwen2-VL);
+    #   "scaled":    index x seconds per grid x tokens_per_second (Qwen2.5-VL);
+    #   "per_frame": each temporal patch is an item of its own, with its timestamp in the text (Qwen3-VL line).
+    temporal: str
+    layouts: tuple[str, ...]              # the token layouts its processors have produced (vidcache.token_layout)
+    model_layout: str                     # the layout of the model's own release: plugin requests' default
+    # The transformers module and class whose ``get_rope_index`` differs from the engines' rule (vidcache patches
+    # it for a trainer, vidcache.positions); None: transformers' rule is the engines'.
+    trainer_rope: tuple[str, str] | None = None
+
+    @property
+    def grid(self) -> int:
+        """A frame side's multiple: one merged token is ``grid`` x ``grid`` pixels (28, or 32 for Qwen3-VL)."""
+        return self.patch * self.merge
+
+    @property
+    def per_frame(self) -> bool:
+        """Videos are one item per temporal patch, with timestamps in the text (frozen files carry metadata)."""
+        return self.temporal == "per_frame"
+
+    @property
+    def scaled_time(self) -> bool:
+        """Positions scale with seconds per grid (``second_per_grid_ts`` is a train input)."""
+        return self.temporal == "scaled"
+
+
+_TEMPORAL_RULES = ("index", "scaled", "per_frame")
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("qwen2_vl", 14, 2, 2, "index", ("plain",), "plain",
+           ("transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLModel")),
+    Family("qwen2_5_vl", 14, 2, 2, "scaled", ("plain",), "plain",
+           ("transformers.models.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLModel")),
+    # Qwen3-VL: transformers 4.57's processor wrote "collapsed", 5.x's "wrapped"; the model shipped with 4.57.
+    Family("qwen3_vl", 16, 2, 2, "per_frame", ("collapsed", "wrapped"), "collapsed"),
+)}
+
+
+def unknown_family(name: object) -> str:
+    """The one message for a name that is no family (a model type's name gets its family as a hint)."""
+    shown = repr(name)[:80]
+    hint = (f" ({name} is a model type: its family is {MODEL_TYPES[name].family})"
+            if isinstance(name, str) and name in MODEL_TYPES else "")
+    return f"unknown family {shown}; expected one of {', '.join(FAMILIES)}{hint}"
+
+
+def family(name: str) -> Family:
+    """The record of family ``name``; ``ModelTypeError`` (a ``ConfigError``) naming the families otherwise."""
+    try:
+        return FAMILIES[name]
+    except (KeyError, TypeError):
+        raise ModelTypeError(unknown_family(name)) from None
 
 
 @dataclass(frozen=True)
@@ -39,7 +108,6 @@ class ModelType:
     architectures: tuple[str, ...]        # config.json "architectures" (SGLang and vLLM pick their class by it)
     processor: str                        # transformers' AutoProcessor class for this model type
     video_processor: str                  # transformers' AutoVideoProcessor class
-    geometry: tuple[int, int, int]        # (patch_size, spatial merge_size, temporal_patch_size)
     # vision_start, vision_end, image_pad, video_pad: transformers' <Model>Config defaults (the published
     # checkpoints' config.json carry the same), and the text config's default vocab_size.
     token_ids: tuple[int, int, int, int]
@@ -47,6 +115,18 @@ class ModelType:
     # Releases the parity / layout tests ran this model type under (a release not listed is "unverified").
     verified_transformers: tuple[str, ...]
     engines: dict = field(default_factory=dict)   # engine -> the releases whose own processor code was run
+    # transformers' config and model classes (the trainer's: its get_rope_index is checked by vidcache.positions).
+    trainer_classes: tuple[str, str] = ("", "")
+
+    @property
+    def fam(self) -> Family:
+        return FAMILIES[self.family]
+
+    @property
+    def geometry(self) -> tuple[int, int, int]:
+        """(patch_size, spatial merge_size, temporal_patch_size): its family's."""
+        f = self.fam
+        return (f.patch, f.merge, f.temporal_patch)
 
 
 _QWEN2_IDS = (151652, 151653, 151655, 151656)
@@ -58,31 +138,52 @@ _Q3_ENGINES = {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)}
 
 MODEL_TYPES: dict[str, ModelType] = {m.name: m for m in (
     ModelType("qwen2_vl", "qwen2_vl", ("Qwen2VLForConditionalGeneration",), "Qwen2VLProcessor",
-              "Qwen2VLVideoProcessor", (14, 2, 2), _QWEN2_IDS, 152064,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES),
+              "Qwen2VLVideoProcessor", _QWEN2_IDS, 152064,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES,
+              trainer_classes=("Qwen2VLConfig", "Qwen2VLModel")),
     ModelType("qwen2_5_vl", "qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "Qwen2_5_VLProcessor",
-              "Qwen2VLVideoProcessor", (14, 2, 2), _QWEN2_IDS, 152064,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES),
+              "Qwen2VLVideoProcessor", _QWEN2_IDS, 152064,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES,
+              trainer_classes=("Qwen2_5_VLConfig", "Qwen2_5_VLModel")),
     ModelType("qwen3_vl", "qwen3_vl", ("Qwen3VLForConditionalGeneration",), "Qwen3VLProcessor",
-              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN2_IDS, 151936,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES),
+              "Qwen3VLVideoProcessor", _QWEN2_IDS, 151936,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES,
+              trainer_classes=("Qwen3VLConfig", "Qwen3VLModel")),
     ModelType("qwen3_vl_moe", "qwen3_vl", ("Qwen3VLMoeForConditionalGeneration",), "Qwen3VLProcessor",
-              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN2_IDS, 151936,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23")}),
+              "Qwen3VLVideoProcessor", _QWEN2_IDS, 151936,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23")},
+              trainer_classes=("Qwen3VLMoeConfig", "Qwen3VLMoeModel")),
     ModelType("qwen3_5", "qwen3_vl", ("Qwen3_5ForConditionalGeneration",), "Qwen3VLProcessor",
-              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN3_5_IDS, 248320,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)}),
+              "Qwen3VLVideoProcessor", _QWEN3_5_IDS, 248320,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)},
+              trainer_classes=("Qwen3_5Config", "Qwen3_5Model")),
     ModelType("qwen3_5_moe", "qwen3_vl", ("Qwen3_5MoeForConditionalGeneration",), "Qwen3VLProcessor",
-              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN3_5_IDS, 248320,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)}),
+              "Qwen3VLVideoProcessor", _QWEN3_5_IDS, 248320,
+              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)},
+              trainer_classes=("Qwen3_5MoeConfig", "Qwen3_5MoeModel")),
     ModelType("qwen4_exp", "qwen3_vl", ("Qwen4ExpForConditionalGeneration",), "Qwen3VLProcessor",
-              "Qwen3VLVideoProcessor", (16, 2, 2), _QWEN3_5_IDS, 248320,
-              ("5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.23",)}),
+              "Qwen3VLVideoProcessor", _QWEN3_5_IDS, 248320,
+              ("5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.23",)},
+              trainer_classes=("Qwen4ExpConfig", "Qwen4ExpModel")),
 )}
 
-# model_type -> family, for the callers that only need that (a server's /model_info, Miles' checkpoint).
-FAMILY_OF_MODEL_TYPE = {name: m.family for name, m in MODEL_TYPES.items()}
-FAMILIES = tuple(sorted(set(FAMILY_OF_MODEL_TYPE.values())))
+
+
+class _FamilyOfModelType(Mapping):
+    """model_type -> family name, read through ``MODEL_TYPES`` (a view, not a second table)."""
+
+    def __getitem__(self, name):
+        return MODEL_TYPES[name].family
+
+    def __iter__(self):
+        return iter(MODEL_TYPES)
+
+    def __len__(self):
+        return len(MODEL_TYPES)
+
+
+# For the callers that only need a model type's family (a server's /model_info, Miles' checkpoint).
+FAMILY_OF_MODEL_TYPE: Mapping[str, str] = _FamilyOfModelType()
 
 
 def family_of_processor(processor) -> str | None:
