@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from vidcache import VideoOptions
 from vidcache.cli import parse_size        # the CLI's sizes (20GB, 500MiB, bytes): one parser for every size flag
 from vidcache.errors import ModelTypeError
+from vidcache.engines import ENGINES
 from vidcache.families import FAMILIES
 from vidcache.options import OPTION_HELP
 from vidcache import families
@@ -85,7 +86,7 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                         "travels and train actors rebuild the tensors (needs --custom-megatron-init-path "
                         "miles_integration.train_hooks.install_train_hooks)")
     g.add_argument("--vidcache-positions", default=DEFAULTS["vidcache_positions"],
-                   choices=("sglang", "vllm", "transformers"),
+                   choices=(*ENGINES, "transformers"),
                    help="the M-RoPE position rule the trainer's Qwen2-VL / Qwen2.5-VL model computes (installed by "
                         "--custom-megatron-init-path miles_integration.train_hooks.install_train_hooks): the rollout "
                         "engine's; 'transformers' leaves transformers' own, which puts text after a long video "

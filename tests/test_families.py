@@ -130,3 +130,24 @@ def test_a_family_without_its_engine_rows_is_caught(monkeypatch):
     monkeypatch.setitem(FAMILIES, TOY.name, TOY)
     with pytest.raises(AssertionError, match="toy_vl"):
         test_every_engine_table_covers_every_family()
+
+
+# --- an engine is one record too -----------------------------------------------------------------------------
+def test_every_engine_record_has_its_adapter_and_rule():
+    from vidcache.engines import ENGINES
+    from vidcache.mrope import RULES
+    for e in ENGINES.values():
+        assert callable(e.adapter("check").check_server), e.name
+        assert callable(e.adapter("computation").check_computation), e.name
+        assert e.name in RULES and e.verified, e.name
+
+
+def test_the_cli_offers_the_engines_of_the_records():
+    """``--engine``'s choices come from the records: the parser refuses a name no record has, naming the ones
+    there are."""
+    from support.cli import run_cli
+    from vidcache.engines import ENGINES
+    out = run_cli(["check-trainer", "--engine", "nosuch"])
+    assert out.returncode == 2
+    for name in ENGINES:
+        assert name in out.stderr

@@ -30,7 +30,7 @@ FLOORS = [(name, modules) for name, modules, _ in _F["FLOORS"]]
 UNSTATED = _F["UNSTATED"]
 STORE_MAY_IMPORT = _F["STORE_MAY_IMPORT"]
 LOADER_MAY_IMPORT = _F["LOADER_MAY_IMPORT"]
-ENGINES = _F["ENGINES"]
+ENGINES = tuple(__import__("vidcache.engines", fromlist=["ENGINES"]).ENGINES)   # the engines' records
 
 
 # --- reading imports -------------------------------------------------------------------------------

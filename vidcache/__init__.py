@@ -4,7 +4,7 @@ Names are imported lazily, so ``vidcache.dataset`` (lazy datasets, no frames) ca
 used without importing torch.
 
 Floors, bottom up (each imports only from below; vidcache/floors.py states them, tests/test_layers.py keeps them):
-  errors, families, digest, keys, options, serving, sglang_facts, token_layout, attest   facts: exceptions, the model families and types served (one record each), digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests
+  errors, families, engines, digest, keys, options, serving, sglang_facts, token_layout, attest   facts: exceptions, the model families and types and the rollout engines served (one record each), digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
   manifest, encode, frozen_file, config, identity   entry records; the video writer; the frozen-file format; node settings; the cache's identity

@@ -15,13 +15,16 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from .engines import ENGINES
+
 # (distribution, import name, required): what vidcache runs on, and the optional peers.
 DEPENDENCIES = (
     ("torch", "torch", True), ("torchvision", "torchvision", True), ("numpy", "numpy", True),
     ("transformers", "transformers", True), ("qwen-vl-utils", "qwen_vl_utils", True),
     ("lmdb", "lmdb", True), ("xxhash", "xxhash", True), ("fsspec", "fsspec", True), ("s3fs", "s3fs", True),
     ("decord", "decord", platform.machine() == "x86_64"), ("av", "av", True), ("pebble", "pebble", True), ("tqdm", "tqdm", True),
-    ("torchcodec", "torchcodec", False), ("sglang", "sglang", False), ("ray", "ray", False),
+    ("torchcodec", "torchcodec", False), ("ray", "ray", False),
+    *((e.distribution, e.distribution, False) for e in ENGINES.values()),   # the rollout engines (vidcache.engines)
 )
 NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "ceph", "glusterfs", "beegfs",
               "fuse.sshfs", "9p"}

@@ -4,15 +4,15 @@ of ``vidcache/__init__.py`` and the README's code map say the same).  A dotted n
 ``store`` is ``vidcache/store/`` and everything in it; the most specific name wins.  SGLang's facts are
 ``sglang_facts``, beside ``sglang/``, since the trainer side reads them; what a model family is lives in
 ``families``, on the bottom floor, since every floor asks it.  On the rollout floor ``sglang/`` and ``vllm/`` stand side by
-side on ``rollout/`` and never import each other (``ENGINES``).  Data only: nothing here is imported at run time.
+side on ``rollout/`` and never import each other (``vidcache.engines``).  Data only: nothing here is imported at run time.
 """
 from __future__ import annotations
 
 # (floor, modules, what the floor is for)
 FLOORS: list[tuple[str, list[str], str]] = [
-    ("facts", ["errors", "families", "digest", "keys", "options", "serving", "sglang_facts", "token_layout",
+    ("facts", ["errors", "families", "engines", "digest", "keys", "options", "serving", "sglang_facts", "token_layout",
                "attest"],
-     "exceptions, the model families and types served (one record each), digests, keys, options, serving and SGLang "
+     "exceptions, the model families and types and the rollout engines served (one record each), digests, keys, options, serving and SGLang "
      "facts, token layouts, train-tensor digests"),
     ("store", ["store"], "bytes under keys (LMDB, fsspec, tiers); imports only errors"),
     ("loader", ["loader"], "the pure pipeline: source bytes -> canonical frames"),
@@ -41,6 +41,5 @@ UNSTATED = ("floors", "contact_sheet", "testing", "")
 # Stricter rules for the two bottom packages (their own modules are always allowed).
 STORE_MAY_IMPORT = {"vidcache.errors"}
 LOADER_MAY_IMPORT = {"vidcache.errors", "vidcache.digest", "vidcache.options"}
-# The engine adapters: each builds on the engine-neutral core (rollout/) and neither imports the other, so one
-# engine's code can change (or be absent) without the other's moving.
-ENGINES = ("sglang", "vllm")
+# The engine adapters (``vidcache.engines.ENGINES``, the engines' records): each builds on the engine-neutral core
+# (rollout/) and none imports another, so one engine's code can change (or be absent) without the others' moving.

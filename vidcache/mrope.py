@@ -33,9 +33,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .engines import ENGINES
 from .families import FAMILIES
 
-RULES = ("sglang", "vllm", "transformers")
+# Each engine's rule (named as the engine: vidcache.engines), and transformers' own.
+RULES = (*ENGINES, "transformers")
 
 # transformers releases whose Qwen2.5-VL get_rope_index was run against this module (tests/test_positions.py),
 # by how they treat the seconds per grid.  Any other release is unverified: ``transformers_seconds`` refuses it.

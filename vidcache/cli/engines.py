@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from ..engines import DEFAULT_ENGINE, ENGINES
 from .common import (MODEL_HELP, add_cache_flags, cache_of, command, family_arg, family_help, family_of, has_local,
                      mode_default_help, node_dir, shared_url)
 
@@ -18,7 +19,7 @@ def _add_check_trainer(sub) -> None:
     p.add_argument("--family", action="append", metavar="MODEL_TYPE",
                    help="a model type: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_5_moe, qwen4_exp (repeatable; "
                         "default: all)")
-    p.add_argument("--engine", default="sglang", choices=["sglang", "vllm"], help="the rollout engine")
+    p.add_argument("--engine", default=DEFAULT_ENGINE, choices=sorted(ENGINES), help="the rollout engine")
     p.set_defaults(fn=cmd_check_trainer)
 
 
@@ -150,9 +151,9 @@ def _add_check_server(sub) -> None:
                         "endpoint reports it, and in stock mode there is no plugin to ask)")
     p.add_argument("--token-layout", metavar="LAYOUT", help="the token layout the trainer's ids are in (default: "
                    "$VIDCACHE_TOKEN_LAYOUT, else the model's own in plugin mode and this transformers' in stock mode)")
-    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang",
-                   help="the server's engine (default: sglang; vllm: a vLLM OpenAI server with vidcache's loader, "
-                        "docs/vllm.md)")
+    p.add_argument("--engine", choices=sorted(ENGINES), default=DEFAULT_ENGINE,
+                   help="the server's engine (default: %(default)s; vllm: a vLLM OpenAI server with vidcache's "
+                        "loader, docs/vllm.md)")
     p.add_argument("--allow-unverified-vllm", metavar="VERSION",
                    help="--engine vllm: accept this exact vLLM version although vidcache is not verified with it")
     # One bound for the whole check: a per-read timeout never trips on a server that drips a byte a second (D60).
@@ -166,12 +167,12 @@ def cmd_check_server(args) -> int:
     from ..rollout.check import check_deadline, check_url
     args.url = check_url(args.url)          # a [config] error naming the fix, before any import or request
     cache = cache_of(args) if (args.cache or args.shared) else None       # default: this node's configuration
-    if args.engine == "vllm":           # one path (vidcache's loader): --mode and the SGLang-only flags do not apply
-        from ..vllm.check import check_server as check_vllm
-        run = lambda: check_vllm(args.url, args.family, args.processor, args.allow_unverified_vllm,  # noqa: E731
-                                 cache=cache, token_layout=args.token_layout, timeout=args.timeout)
+    eng = ENGINES[args.engine]
+    check_server = eng.adapter("check").check_server
+    if not eng.modes:                   # one path (vidcache's loader): --mode and the SGLang-only flags do not apply
+        run = lambda: check_server(args.url, args.family, args.processor, args.allow_unverified_vllm,  # noqa: E731
+                                   cache=cache, token_layout=args.token_layout, timeout=args.timeout)
     else:
-        from ..sglang.check import check_server
         run = lambda: check_server(args.url, args.family, args.mode, args.processor,  # noqa: E731
                                    args.allow_unverified_sglang, args.server_torchcodec, cache=cache,
                                    token_layout=args.token_layout, timeout=args.timeout,
@@ -190,7 +191,7 @@ def _add_check_computation(sub) -> None:
     add_cache_flags(p)
     p.add_argument("--model", metavar="CKPT", required=True, help="the checkpoint the server runs and the trainer "
                    "trains (its directory: transformers' class for it scores the canaries)")
-    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang", help="the server's engine")
+    p.add_argument("--engine", choices=sorted(ENGINES), default=DEFAULT_ENGINE, help="the server's engine")
     p.add_argument("--mode", choices=sorted(MODES), help="SGLang: the servers' mode (" + mode_default_help() + ")")
     p.add_argument("--device", default="cpu", help="where the trainer's model runs: cpu, cuda, cuda:N")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the trainer's model's dtype")
@@ -215,13 +216,13 @@ def cmd_check_computation(args) -> int:
     cache = cache_of(args) if (args.cache or args.shared) else None       # default: this node's configuration
     kw = {"device": args.device, "dtype": args.dtype, "top_k": args.top_k, "threshold": args.threshold,
           "trainer_positions": None if args.trainer_positions == "engine" else args.trainer_positions}
-    if args.engine == "vllm":
-        from ..vllm.computation import check_computation
+    eng = ENGINES[args.engine]
+    check_computation = eng.adapter("computation").check_computation
+    if not eng.modes:
         res = check_computation(args.url, args.model, cache=cache, token_layout=args.token_layout,
                                 max_logprobs=args.max_logprobs, **kw)
     else:
         from ..families import derive
-        from ..sglang.computation import check_computation
         mode = args.mode or default_mode(derive(args.model).family)
         res = check_computation(args.url, args.model, mode, cache=cache, token_layout=args.token_layout, **kw)
     print("\n".join(res.lines()))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..engines import ENGINES
 from ..sglang_facts import vision_differs
 from .check import Cause
 
@@ -439,6 +440,6 @@ def check(url: str, checkpoint: str, engine: str, mode: str, make_send, *, devic
     p = next(model.parameters())
     trainer = (f"transformers {type(model).__name__} on {p.device} {str(p.dtype).removeprefix('torch.')}, "
                f"{rule} positions")
-    res = ComputationCheck(url, {"sglang": "SGLang", "vllm": "vLLM"}.get(engine, engine), fam, mode, trainer, said, t)
+    res = ComputationCheck(url, ENGINES[engine].display if engine in ENGINES else engine, fam, mode, trainer, said, t)
     return run_check(res, make_send(processor, fam, vocab_size(model), k), model, processor, config, engine, rule,
                      canaries)

