@@ -151,3 +151,15 @@ def test_the_names_removed_in_0_2_are_gone_and_the_changelog_says_where_they_wen
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("vidcache.store.fsspec_cas")
     assert "`vidcache.store.fsspec_cas`" in changelog
+
+
+def test_close_forgets_the_cache_by_identity(tmp_path):
+    """A closed cache is not found by identity (``vidcache.node`` would hand out a closed LMDB environment) and is
+    not kept alive by the registry."""
+    from vidcache import VideoCache
+    from vidcache.cache import registered
+    c = VideoCache(tmp_path / "c")
+    ident = c.identity
+    assert registered(ident) is c
+    c.close()
+    assert registered(ident) is None

@@ -122,6 +122,7 @@ class VideoCache:
         self.reads.settle()
         self._backfill.close()
         self.store.close()
+        _unregister(self)           # a closed cache is never found by identity again (nor kept alive by the registry)
 
     def sync(self) -> None:
         """A durability checkpoint for the local tier (LMDB runs with sync=False), after every local copy this
@@ -341,6 +342,11 @@ _REGISTRY: dict[str, VideoCache] = {}
 def _register(cache: VideoCache) -> None:
     if cache._identity is not None:
         _REGISTRY[cache._identity] = cache
+
+
+def _unregister(cache: VideoCache) -> None:
+    if cache._identity is not None and _REGISTRY.get(cache._identity) is cache:
+        del _REGISTRY[cache._identity]
 
 
 def registered(identity: str) -> VideoCache | None:

@@ -16,7 +16,6 @@ Each failed check is one ``Cause`` naming what differs; parity is established on
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 
@@ -28,7 +27,7 @@ from .. import families
 from ..families import FAMILIES, unknown_family
 from ..rollout.check import (Cause, ServerCheck, canary_video, check_version, error_message, exact_canary_options,
                              http_json, load_processor, local_checkpoint, server_processor_dir)
-from ..rollout.ref import REF_PREFIX, ref_uri
+from ..rollout.ref import parse_ref, ref_uri
 from ..token_layout import (ENV_LAYOUT, implied_layout, layout_difference, server_transformers,
                             unverified_warning)
 from .config import mm_process_config
@@ -330,7 +329,7 @@ def _canary(res: ServerCheck, url: str, processor, family: str, mode: str, cache
         return None
     res.passed.append("canary attested (pixels, grid, second_per_grid_ts)")
     # The plugin must refuse a wrong attestation, or a 200 proves nothing about the pixels.
-    rec = json.loads(base64.b64decode(prep.video_data[0][len(REF_PREFIX):]))
+    rec = parse_ref(prep.video_data[0])          # the reference this check built: the one parser, never by hand
     rec["attest"]["pixel_values_videos"] = "0" * 32
     rec["attest"].pop("values", None)
     prep.video_data = [ref_uri(rec["tier"], rec["key"], rec["attest"], rec.get("layout"))]

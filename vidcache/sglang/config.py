@@ -14,7 +14,7 @@ import math
 import os
 import shlex
 
-from ..config import ENV_DIR, export_line
+from ..config import ENV_DIR, ENV_SHARED, export_line
 from ..families import FAMILIES, unknown_family
 from ..serving import FROZEN_FPS
 from ..token_layout import (ENV_LAYOUT, SGLANG_TRANSFORMERS_PIN, VERIFIED_TRANSFORMERS,
@@ -119,7 +119,7 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
     if mode == "plugin":
         out["env"]["SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"] = PLUGIN_PACKAGE
         out["env"][ENV_DIR] = "<a node-local directory on each SGLang node (never NFS)>"
-        out["env"]["VIDCACHE_SHARED"] = (cache.config.shared if cache is not None and cache.config.shared
+        out["env"][ENV_SHARED] = (cache.config.shared if cache is not None and cache.config.shared
                                          else "<the cluster's shared tier: NFS path or s3://bucket/prefix>")
         out["notes"].append("vidcache must be importable by the SGLang server; the plugin resolves each "
                             "reference through this node's VIDCACHE_DIR + VIDCACHE_SHARED (never a path named in "
@@ -215,7 +215,7 @@ def largest_frozen_bytes(cache) -> int:
 
 # --- the same configuration as shell text: what `vidcache sglang-config --format miles|shell` prints --------------
 FORMATS = ("json", "miles", "shell")
-NODE_ENV = (ENV_DIR, "VIDCACHE_SHARED")     # each node's own settings (docs/miles.md section 1), not the servers'
+NODE_ENV = (ENV_DIR, ENV_SHARED)     # each node's own settings (docs/miles.md section 1), not the servers'
 
 
 def _command(cfg: dict) -> str:
