@@ -169,3 +169,57 @@ def test_the_tier_has_its_own_budget(node_a, tmp_path):
     assert tier.local.exists_many([K.emb(keys_[-1].id)]) == [True]      # the newest stays
     assert node_a.cache.local.exists_many([K.ac(key)]) == [True]         # the frames are untouched
     assert len(tier.ids(shared=True)) == len(keys_)                       # the shared tier is never evicted
+
+
+def test_cli_embed_resume_verify_and_a_fresh_node_through_the_shared_tier(tmp_path, videos):
+    """The CLI only, on fresh node directories: prewarm, embed, embed again (resumed: nothing computed), verify
+    covers the records; a second node reads them from the shared tier (checked, kept locally) without its tower
+    recomputing them; a damaged local copy is found by verify and repaired from the shared tier."""
+    from support.cli import run_cli
+    ckpt = write_tiny_checkpoint("qwen3_vl", tmp_path / "ckpt")
+    ds = tmp_path / "d.jsonl"
+    ds.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n"
+                          for n in (VIDEO, "mjpeg_24")))
+    a, b, shared = tmp_path / "a", tmp_path / "b", tmp_path / "tier"
+    common = ["--model", ckpt, "--dtype", "float32", "--no-progress"]
+
+    r = run_cli(["prewarm", ds, "--model", ckpt, "--no-progress"], node=a, shared=shared)
+    assert r.returncode == 0, r.stderr
+    r = run_cli(["embed", ds, *common], node=a, shared=shared)
+    assert r.returncode == 0, r.stderr
+    assert "embed: 2 computed, 0 pulled from the shared tier, 0 already on this node, 0 failed" in r.stdout, r.stdout
+    r = run_cli(["embed", ds, *common], node=a, shared=shared)          # resumed: every record is already here
+    assert "embed: 0 computed, 0 pulled from the shared tier, 2 already on this node" in r.stdout, r.stdout
+    r = run_cli(["verify", "--embeddings"], node=a, shared=shared)
+    assert r.returncode == 0 and r.stdout.count("OK  emb ") == 2, r.stdout + r.stderr
+
+    r = run_cli(["embed", ds, *common], node=b, shared=shared)          # a fresh node: read, not recomputed
+    assert r.returncode == 0, r.stderr
+    assert "embed: 0 computed, 2 pulled from the shared tier, 0 already on this node" in r.stdout, r.stdout
+    r = run_cli(["verify", "--embeddings"], node=b, shared=shared)
+    assert r.returncode == 0 and r.stdout.count("OK  emb ") == 2, r.stdout + r.stderr
+
+    # damage one record in node b's own LMDB: verify names it, --repair restores it from the shared tier
+    from vidcache import VideoCache
+    c = VideoCache(b, shared=str(shared))
+    tier = EmbeddingTier(c)
+    emb_id = tier.ids()[0]
+    raw = bytearray(tier.local.get(K.emb(emb_id)))
+    raw[-3] ^= 0x40
+    tier.local.set_many({K.emb(emb_id): bytes(raw)})
+    tier.close()
+    c.close()
+    r = run_cli(["verify", "--embeddings"], node=b, shared=shared)
+    assert r.returncode == 1 and f"BAD emb {emb_id}: local copy fails its check" in r.stdout, r.stdout
+    r = run_cli(["verify", "--embeddings", "--repair"], node=b, shared=shared)
+    assert f"BAD emb {emb_id}: local copy fails its check -> repaired" in r.stdout, r.stdout + r.stderr
+    r = run_cli(["verify", "--embeddings"], node=b, shared=shared)
+    assert r.returncode == 0 and r.stdout.count("OK  emb ") == 2, r.stdout
+
+
+def test_cli_embed_needs_a_model(tmp_path):
+    from support.cli import run_cli
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": ["x.mp4"]}) + "\n")
+    r = run_cli(["embed", ds], node=tmp_path / "n")
+    assert r.returncode == 1 and "vidcache: error: [config] embed needs --model CKPT" in r.stderr, r.stderr

@@ -268,3 +268,55 @@ def cmd_demo(args) -> int:
                              log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"demo dataset: {path}")
     return 0
+
+
+def _add_embed(sub) -> None:
+    from ..options import INPUT_KEY
+    p = command(sub, "embed", help="run a checkpoint's frozen vision tower over a dataset's cached entries into the "
+                                   "embedding tier (docs/embeddings.md; prewarm first)")
+    p.add_argument("dataset", help="the prompt file or dataset directory prewarm was given")
+    p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
+    add_cache_flags(p)
+    add_option_flags(p)          # --model: the checkpoint whose tower runs (and whose family the options take)
+    p.add_argument("--dtype", default="bfloat16", help="the dtype the tower runs in, part of the records' key "
+                                                       "(the trainer's: float32, bfloat16, float16)")
+    p.add_argument("--device", help="torch device (default: cuda where present, else cpu)")
+    p.add_argument("--max-embedding-bytes", type=parse_size, metavar="SIZE",
+                   help="budget of this node's embedding tier, its own LMDB (LRU eviction; frames are never "
+                        "evicted for embeddings, nor the shared tier's; default: unlimited)")
+    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
+    p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_embed)
+
+
+def cmd_embed(args) -> int:
+    """Make every cached entry of a dataset's rows have its embeddings on this node: already here (skipped: a
+    resumed run), in the shared tier (read, checked, kept), or computed by ``--model``'s tower."""
+    from ..errors import ConfigError
+    from ..options import VIDEO_KEY
+    if not args.model:
+        raise ConfigError("embed needs --model CKPT: the checkpoint whose vision tower computes the embeddings")
+    if args.max_embedding_bytes is not None and args.max_embedding_bytes <= 0:
+        raise ConfigError(f"--max-embedding-bytes {args.max_embedding_bytes}: a budget must be above 0 bytes")
+    if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
+        raise ConfigError(f"dataset not found: {args.dataset}")
+    _check_format(args.dataset)
+    keys = _multimodal_keys(args.multimodal_keys, args.dataset)
+    from ..embeddings.compute import dataset_entries, default_device, embed_entries, load_checkpoint, tower_of
+    from ..embeddings.tier import EmbeddingTier
+    cache = cache_of(args)
+    entries, missing, failures = dataset_entries(args.dataset, cache, options_of(args), input_key=args.input_key,
+                                                 video_key=keys.get("video", VIDEO_KEY), split=args.split)
+    device = args.device or default_device()
+    model, processor = load_checkpoint(args.model, args.dtype, device)
+    tower = tower_of(model)
+    print(f"embed: {len(entries)} cached entries; tower {tower.code}, {tower.dtype} on {device}, weights "
+          f"{tower.weights[:16]}", file=sys.stderr)
+    tier = EmbeddingTier(cache, max_bytes=args.max_embedding_bytes)
+    s = embed_entries(tier, tower, processor, entries, progress=not args.no_progress and sys.stderr.isatty())
+    tier.local.sync()
+    print(s.line() + (f"; {missing} videos not cached yet (prewarm them first)" if missing else ""))
+    for f in failures + s.failures:
+        print(f"failed: {json.dumps(f)}")
+    return 1 if (s.failed or failures or missing) else 0

@@ -93,32 +93,37 @@ def entry_tensors(cache: "VideoCache", processor, entry: str) -> dict:
 @dataclass
 class EmbedSummary:
     computed: int = 0
-    present: int = 0          # already in the tier (resume)
-    missing: int = 0          # a row's video that no tier caches yet: prewarm first
+    present: int = 0          # already in this node's tier (resume)
+    pulled: int = 0           # read from the shared tier (checked) into this node's
     failed: int = 0
     bytes: int = 0
     failures: list = None
 
     def line(self) -> str:
-        return (f"embed: {self.computed} computed, {self.present} already in the tier, {self.missing} not cached "
-                f"(prewarm first), {self.failed} failed; {self.bytes} bytes written")
+        return (f"embed: {self.computed} computed, {self.pulled} pulled from the shared tier, {self.present} already "
+                f"on this node, {self.failed} failed; {self.bytes} bytes written")
 
 
 def embed_entries(tier: "EmbeddingTier", tower: Tower, processor, entries: Iterable[str],
-                  progress: bool = False, total: int | None = None) -> EmbedSummary:
-    """Compute and store the embeddings of ``entries`` that the tier lacks (resume: present ones are skipped)."""
+                  progress: bool = False) -> EmbedSummary:
+    """Make the embeddings of ``entries`` present on this node: skipped where they are (resume), read from the
+    shared tier where it has them (a fresh node: checked, then kept locally), computed and stored otherwise."""
+    from .. import keys
     from ..errors import VidcacheError
     s = EmbedSummary(failures=[])
     todo = list(dict.fromkeys(entries))
+    local = tier.local.exists_many([keys.emb(tower.key(e).id) for e in todo]) if todo else []
     bar = None
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=len(todo), desc="embed", unit="video")
     try:
-        for entry, have in zip(todo, tier.contains([tower.key(e) for e in todo]) if todo else []):
+        for entry, here in zip(todo, local):
             try:
-                if have:
+                if here:
                     s.present += 1
+                elif tier.shared is not None and tier.get(tower.key(entry)) is not None:
+                    s.pulled += 1
                 else:
                     emb = compute(tower, entry_tensors(tier.cache, processor, entry), entry)
                     s.bytes += tier.put(emb)
