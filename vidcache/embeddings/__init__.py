@@ -10,19 +10,18 @@ Imports are light (no torch) until a function that needs it runs.
 from .record import EmbeddingKey, VisionEmbeddings, weights_digest
 
 
+# name -> the submodule defining it, imported on first use: ``vidcache verify --embeddings`` reads records without
+# torch or transformers.  (The function ``compute`` is ``vidcache.embeddings.compute.compute``: the submodule keeps
+# its name here.)
+_LAZY = {"EmbeddingTier": "tier", "Tower": "compute", "tower_of": "compute", "embed_entries": "compute",
+         "forward_kwargs": "consume"}
+
+
 def __getattr__(name):
-    # torch and transformers only when asked for: ``vidcache verify --embeddings`` reads records without them
-    if name in ("EmbeddingTier",):
-        from .tier import EmbeddingTier
-        return EmbeddingTier
-    if name in ("Tower", "tower_of", "compute", "embed_entries"):
-        from . import compute
-        return getattr(compute, name)
-    if name == "forward_kwargs":
-        from .consume import forward_kwargs
-        return forward_kwargs
-    raise AttributeError(name)
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
 
 
-__all__ = ["EmbeddingKey", "VisionEmbeddings", "weights_digest", "EmbeddingTier", "Tower", "tower_of", "compute",
-           "embed_entries", "forward_kwargs"]
+__all__ = ["EmbeddingKey", "VisionEmbeddings", "weights_digest", *_LAZY]
