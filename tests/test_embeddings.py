@@ -223,3 +223,36 @@ def test_cli_embed_needs_a_model(tmp_path):
     ds.write_text(json.dumps({"prompt": "<video>", "videos": ["x.mp4"]}) + "\n")
     r = run_cli(["embed", ds], node=tmp_path / "n")
     assert r.returncode == 1 and "vidcache: error: [config] embed needs --model CKPT" in r.stderr, r.stderr
+
+
+def test_embed_over_ray_each_node_on_its_own_cache(tmp_path, videos):
+    """Two Ray nodes, each with its own VIDCACHE_DIR (as prewarm's Ray path), one shared tier: the entries are
+    split between them, every record reaches the shared tier, and a second run computes nothing (resume)."""
+    ray = pytest.importorskip("ray", reason="ray not installed: pip install -e .[test]")
+    from ray.cluster_utils import Cluster
+
+    from support.cli import ROOT
+    from vidcache import VideoCache
+    from vidcache.embeddings.compute import embed_over_ray
+    ckpt = write_tiny_checkpoint("qwen2_5_vl", tmp_path / "ckpt")
+    shared = str(tmp_path / "tier")
+    a = VideoCache(tmp_path / "driver", shared=shared)
+    entries = [a.ensure(videos[n], VideoOptions()).key for n in (VIDEO, "mjpeg_24", "h264_30")]
+    env = {"PYTHONPATH": ROOT}                  # the workers import this checkout's vidcache
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for i in range(2):
+        c.add_node(num_cpus=1, env_vars={**env, "VIDCACHE_DIR": str(tmp_path / f"ray_node_{i}")})
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False, runtime_env={"env_vars": env})
+    try:
+        s = embed_over_ray(a, ckpt, "float32", entries)
+        assert (s.computed, s.failed) == (3, 0), s.failures
+        again = embed_over_ray(a, ckpt, "float32", entries)
+        assert (again.computed, again.present + again.pulled) == (0, 3)
+    finally:
+        ray.shutdown()
+        c.shutdown()
+    tier = EmbeddingTier(a)
+    assert len(tier.ids(shared=True)) == 3 and all(not p for p in tier.verify(shared=True).values())
+    per_node = [EmbeddingTier(VideoCache(tmp_path / f"ray_node_{i}", shared=shared)).ids() for i in range(2)]
+    assert all(per_node) and len(set(per_node[0]) | set(per_node[1])) == 3      # both nodes did a share

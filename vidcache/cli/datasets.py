@@ -286,6 +286,10 @@ def _add_embed(sub) -> None:
                         "evicted for embeddings, nor the shared tier's; default: unlimited)")
     p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
     p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
+    p.add_argument("--ray", action="store_true", help="spread the entries over a Ray cluster: one task per GPU (per "
+                                                      "CPU without GPUs), each node on its own VIDCACHE_DIR, all "
+                                                      f"writing the shared tier (needs Ray: {INSTALL_RAY})")
+    p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_embed)
 
@@ -308,14 +312,26 @@ def cmd_embed(args) -> int:
     cache = cache_of(args)
     entries, missing, failures = dataset_entries(args.dataset, cache, options_of(args), input_key=args.input_key,
                                                  video_key=keys.get("video", VIDEO_KEY), split=args.split)
-    device = args.device or default_device()
-    model, processor = load_checkpoint(args.model, args.dtype, device)
-    tower = tower_of(model)
-    print(f"embed: {len(entries)} cached entries; tower {tower.code}, {tower.dtype} on {device}, weights "
-          f"{tower.weights[:16]}", file=sys.stderr)
-    tier = EmbeddingTier(cache, max_bytes=args.max_embedding_bytes)
-    s = embed_entries(tier, tower, processor, entries, progress=not args.no_progress and sys.stderr.isatty())
-    tier.local.sync()
+    bar = not args.no_progress and sys.stderr.isatty()
+    if args.ray:
+        from ..embeddings.compute import embed_over_ray
+        from ..prewarming import init_ray
+        if cache.shared is None:
+            raise ConfigError("embed --ray: the nodes share their records through the shared tier; set "
+                              "VIDCACHE_SHARED or pass --shared URL")
+        print(f"embed: {len(entries)} cached entries, over Ray", file=sys.stderr, flush=True)
+        init_ray(args.ray_address)
+        s = embed_over_ray(cache, os.path.abspath(args.model), args.dtype, entries, device=args.device,
+                           max_bytes=args.max_embedding_bytes, progress=bar)
+    else:
+        device = args.device or default_device()
+        model, processor = load_checkpoint(args.model, args.dtype, device)
+        tower = tower_of(model)
+        print(f"embed: {len(entries)} cached entries; tower {tower.code}, {tower.dtype} on {device}, weights "
+              f"{tower.weights[:16]}", file=sys.stderr)
+        tier = EmbeddingTier(cache, max_bytes=args.max_embedding_bytes)
+        s = embed_entries(tier, tower, processor, entries, progress=bar)
+        tier.local.sync()
     print(s.line() + (f"; {missing} videos not cached yet (prewarm them first)" if missing else ""))
     for f in failures + s.failures:
         print(f"failed: {json.dumps(f)}")
