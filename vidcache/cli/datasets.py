@@ -330,6 +330,8 @@ def cmd_embed(args) -> int:
         print(f"embed: {len(entries)} cached entries; tower {tower.code}, {tower.dtype} on {device}, weights "
               f"{tower.weights[:16]}", file=sys.stderr)
         tier = EmbeddingTier(cache, max_bytes=args.max_embedding_bytes)
+        if args.max_embedding_bytes is not None:     # a budget lowered since the last run holds before any write
+            tier.gc(args.max_embedding_bytes)
         s = embed_entries(tier, tower, processor, entries, progress=bar)
         tier.local.sync()
     print(s.line() + (f"; {missing} videos not cached yet (prewarm them first)" if missing else ""))
