@@ -129,7 +129,7 @@ def test_version_and_help_with_defaults_for_every_flag(tmp_path):
         assert default in " ".join(text.split()), (flag, default)
 
 
-TORCH_FREE = [["--help"], ["stats"], ["ls"], ["ls", "--json"], ["verify"], ["sglang-config", "--family", "qwen3_vl"],
+TORCH_FREE = [["--help"], ["stats"], ["ls"], ["ls", "--json"], ["verify"], ["verify", "--embeddings"], ["sglang-config", "--family", "qwen3_vl"],
               ["evict", "0" * 32 + ".1." + "0" * 32], ["gc", "--max-local-bytes", "20GB"], ["doctor", "--fast"]]
 
 

@@ -47,6 +47,8 @@ class NodeLayout:
 
     lmdb_dir = property(lambda self: os.path.join(self.root, "lmdb"))          # the local tier (LMDB)
     lmdb_file = property(lambda self: os.path.join(self.root, "lmdb", DATA_FILE))
+    # the embedding tier's own LMDB (vidcache.embeddings): its own budget, so embeddings never evict frames
+    embeddings_dir = property(lambda self: os.path.join(self.root, "embeddings"))
     tmp_dir = property(lambda self: os.path.join(self.root, "tmp"))            # per-process downloads
     frozen_dir = property(lambda self: os.path.join(self.root, "frozen"))      # this node's frozen files
     quarantine_dir = property(lambda self: os.path.join(self.root, "quarantine"))   # bad frozen files, aside

@@ -6,7 +6,9 @@ Every stored object is checked against something that does not travel in the sam
                                  (``Manifest.from_json``);
   ``frozen/<key><suffix>``       the file hashes to the digest recorded when it was made and verified
                                  (``frozen-digest/<key><suffix>``, in the same tier: two nodes may encode
-                                 the same frames into different bytes, so each tier records its own copy).
+                                 the same frames into different bytes, so each tier records its own copy);
+  ``emb/<id>``                   the record hashes to the digest sealed in front of it, and says it was computed
+                                 for ``<id>`` (``vidcache.embeddings.record``).
 A copy that fails is never served, backfilled or published: callers move it aside
 (``quarantine/``) and rebuild from a sound copy, the frames, or the source.
 
@@ -61,6 +63,10 @@ def check_object(store_key: str, value, record=None) -> None:
             raise DigestMismatchError(f"shared object {store_key} does not hash to its digest")
     elif store_key.startswith(keys.AC):
         Manifest.from_json(value, keys.entry_key(store_key))
+    elif store_key.startswith(keys.EMB):
+        from .embeddings.record import claimed_id, unseal
+        if (claim := claimed_id(unseal(value))) != store_key[len(keys.EMB):]:
+            raise CorruptEntryError(f"embeddings object {store_key} holds the record of {claim}")
     elif store_key.startswith(keys.FROZEN):
         if (why := frozen_problem(value, record)) is not None:
             raise FrozenFileError(f"frozen file {store_key} {why}")

@@ -6,6 +6,8 @@ Bazel's vocabulary:
   ``src/<id>``              source records: source -> content digest, with fsspec's validators
   ``frozen/<key><suffix>``  frozen files for SGLang (same frames, another encoding)
   ``frozen-digest/<key><suffix>``  the digest of that tier's frozen file, recorded when it was verified
+  ``emb/<key>.<32 hex>``    an entry's vision embeddings (``vidcache.embeddings``): the entry key, then a digest of
+                            the tower's weights, dtype and code; the value is sealed with its own digest
   ``quarantine/...``        corrupt objects moved aside (never served, kept for inspection)
   ``meta/tier``             a shared tier's identity (the object ``meta/c1/tier``: ``TIER_OBJECT``)
 
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 
 CAS, AC, SRC, FROZEN, QUARANTINE, META = "cas/", "ac/", "src/", "frozen/", "quarantine/", "meta/"
 FROZEN_DIGEST = "frozen-digest/"
+EMB = "emb/"
 TIER = META + "tier"          # a shared tier's identity record (see vidcache.identity)
 # Where that record lies under a shared tier's root, on a directory and in a bucket alike: the fsspec store fans
 # each namespace out 256 ways by a hash of the name (FsspecStore._path), so meta/tier is the object meta/c1/tier.
@@ -47,6 +50,8 @@ _KEY = re.compile(KEY_PATTERN)
 # The start of a key as a person gives one (`vidcache ls` prints 16 hex digits): at least 4 hex digits, then as
 # much of the rest of KEY_PATTERN as is given; the CLI completes it over a cache's entries.
 _KEY_PREFIX = re.compile(r"[0-9a-f]{4,32}(\.[0-9]{0,20}(\.[0-9a-f]{0,32})?)?")
+# An embedding record's id (``EmbeddingKey.id``): the entry key, then xxh3-128 of (weights digest, dtype, code).
+_EMB_ID = re.compile(KEY_PATTERN + r"\.[0-9a-f]{32}")
 _BLOB = re.compile(re.escape(ALGO) + r":[0-9a-f]{32}:[0-9]{1,20}")
 
 
@@ -101,6 +106,13 @@ def frozen(key: str, suffix: str) -> str:
 
 def frozen_digest(key: str, suffix: str) -> str:
     return FROZEN_DIGEST + check_key(key) + suffix
+
+
+def emb(emb_id: str) -> str:
+    """The store key of an embedding record (``EmbeddingKey.id``)."""
+    if not isinstance(emb_id, str) or not _EMB_ID.fullmatch(emb_id):
+        raise InvalidKeyError(f"not an embedding id: {repr(emb_id)[:80]} (expected <entry key>.<32 hex>)")
+    return EMB + emb_id
 
 
 def quarantined(store_key: str) -> str:

@@ -316,9 +316,7 @@ def _ray_build(cache: VideoCache, source: str, options: dict, timeout_s: float,
     The node's own ``VIDCACHE_DIR`` (set in its environment) replaces the driver's local path."""
     global _RAY_POOL
     if _RAY_POOL is None:
-        node_dir = os.environ.get(ENV_DIR)
-        if node_dir:
-            cache = VideoCache.from_config(cache.config.replace(path=os.path.abspath(node_dir)))
+        cache = node_cache(cache)
         _RAY_POOL = _pool(1, cache, max_worker_memory, timeout_s)
     return _outcome(_RAY_POOL.schedule(_build_one, args=(source, options), timeout=timeout_s),
                     timeout_s, max_worker_memory)
@@ -359,6 +357,25 @@ class RaySubmitter:
     def abort(self, refs: list = ()) -> None:
         for ref in refs:
             self._ray.cancel(ref, force=True)
+
+
+def init_ray(address: str | None = None, logs: bool = False) -> None:
+    """Join (or start) the Ray cluster, once per process: prewarm's and ``vidcache embed``'s one way."""
+    try:
+        import ray as ray_mod
+    except ImportError:
+        raise BackendUnavailableError(f"ray=True needs Ray: {INSTALL_RAY}") from None
+    if not ray_mod.is_initialized():
+        # Ray's own raylet/gcs lines stay in Ray's log directory (/tmp/ray/session_*/logs) unless asked.
+        import logging
+        ray_mod.init(address=address, ignore_reinit_error=True, log_to_driver=logs,
+                     logging_level=logging.INFO if logs else logging.ERROR, configure_logging=True)
+
+
+def node_cache(cache: VideoCache) -> VideoCache:
+    """In a Ray worker: ``cache`` at this node's own ``VIDCACHE_DIR`` (set in its environment), when it has one."""
+    node_dir = os.environ.get(ENV_DIR)
+    return VideoCache.from_config(cache.config.replace(path=os.path.abspath(node_dir))) if node_dir else cache
 
 
 def _worker_cache(cache: VideoCache, max_worker_memory: int | None) -> VideoCache:
@@ -733,16 +750,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     sweep_stale(cache.tmp_dir)       # temp files of killed workers from earlier runs
     _sweep_shared_partials(cache)
     if ray:
-        try:
-            import ray as ray_mod
-        except ImportError:
-            raise BackendUnavailableError(f"ray=True needs Ray: {INSTALL_RAY}") from None
-        if not ray_mod.is_initialized():
-            # Ray's own raylet/gcs lines stay in Ray's log directory (/tmp/ray/session_*/logs) unless asked.
-            import logging
-            ray_mod.init(address=ray_address, ignore_reinit_error=True, log_to_driver=ray_logs,
-                         logging_level=logging.INFO if ray_logs else logging.ERROR,
-                         configure_logging=True)
+        init_ray(ray_address, ray_logs)
         submitter = RaySubmitter(cache, timeout_s, max_worker_memory, num_cpus_per_task)
     else:
         submitter = LocalSubmitter(_worker_cache(cache, max_worker_memory), workers, timeout_s, max_worker_memory)

@@ -7,7 +7,7 @@ only read manifests (``--help``, ``stats``, ``ls``, ``verify``, ``inspect``, ``s
 (benchmarks/cli_speed.py).
 
 Each command's flags (``_add_<command>(sub)``) sit next to its handler (``cmd_<command>``), grouped by job:
-  datasets   prewarm, pull, demo: the commands that read a dataset's rows
+  datasets   prewarm, pull, demo, embed: the commands that read a dataset's rows
   entries    ls, stats, verify, evict, gc, inspect: what a cache holds (prefixes: keys as ``ls`` prints them)
   engines    check-trainer, sglang-config, vllm-config, check-server, check-computation, serve: the rollout engines
   tier       tier-id, doctor: this node's settings and its shared tier
@@ -33,6 +33,7 @@ EXAMPLES = """examples:
   vidcache sglang-config --family qwen2_5_vl --mode plugin
   vidcache prewarm train.jsonl --model /ckpt/Qwen3.5-9B     # the family from the checkpoint (Qwen3.5: qwen3_vl)
   vidcache vllm-config --family qwen3_5                     # a model type is taken as its family, and said so
+  vidcache embed train.jsonl --model /ckpt/Qwen3-VL-8B --dtype bfloat16   # frozen tower: embeddings, once
 """
 
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (engines._add_check_trainer, datasets._add_prewarm, datasets._add_pull, entries._add_ls,
                 entries._add_stats, entries._add_verify, entries._add_evict, entries._add_gc, entries._add_inspect,
                 engines._add_sglang_config, engines._add_vllm_config, tier._add_tier_id, tier._add_doctor,
-                engines._add_check_server, engines._add_check_computation, engines._add_serve, datasets._add_demo):
+                engines._add_check_server, engines._add_check_computation, engines._add_serve, datasets._add_demo, datasets._add_embed):
         add(sub)
     return ap
 

@@ -268,3 +268,73 @@ def cmd_demo(args) -> int:
                              log=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"demo dataset: {path}")
     return 0
+
+
+def _add_embed(sub) -> None:
+    from ..options import INPUT_KEY
+    p = command(sub, "embed", help="run a checkpoint's frozen vision tower over a dataset's cached entries into the "
+                                   "embedding tier (docs/embeddings.md; prewarm first)")
+    p.add_argument("dataset", help="the prompt file or dataset directory prewarm was given")
+    p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
+    add_cache_flags(p)
+    add_option_flags(p)          # --model: the checkpoint whose tower runs (and whose family the options take)
+    p.add_argument("--dtype", default="bfloat16", help="the dtype the tower runs in, part of the records' key "
+                                                       "(the trainer's: float32, bfloat16, float16)")
+    p.add_argument("--device", help="torch device (default: cuda where present, else cpu)")
+    p.add_argument("--max-embedding-bytes", type=parse_size, metavar="SIZE",
+                   help="budget of this node's embedding tier, its own LMDB (LRU eviction; frames are never "
+                        "evicted for embeddings, nor the shared tier's; default: unlimited)")
+    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
+    p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
+    p.add_argument("--ray", action="store_true", help="spread the entries over a Ray cluster: one task per GPU (per "
+                                                      "CPU without GPUs), each node on its own VIDCACHE_DIR, all "
+                                                      f"writing the shared tier (needs Ray: {INSTALL_RAY})")
+    p.add_argument("--ray-address", help="Ray cluster address (default: start or join a local one)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_embed)
+
+
+def cmd_embed(args) -> int:
+    """Make every cached entry of a dataset's rows have its embeddings on this node: already here (skipped: a
+    resumed run), in the shared tier (read, checked, kept), or computed by ``--model``'s tower."""
+    from ..errors import ConfigError
+    from ..options import VIDEO_KEY
+    if not args.model:
+        raise ConfigError("embed needs --model CKPT: the checkpoint whose vision tower computes the embeddings")
+    if args.max_embedding_bytes is not None and args.max_embedding_bytes <= 0:
+        raise ConfigError(f"--max-embedding-bytes {args.max_embedding_bytes}: a budget must be above 0 bytes")
+    if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
+        raise ConfigError(f"dataset not found: {args.dataset}")
+    _check_format(args.dataset)
+    keys = _multimodal_keys(args.multimodal_keys, args.dataset)
+    from ..embeddings.compute import dataset_entries, default_device, embed_entries, load_checkpoint, tower_of
+    from ..embeddings.tier import EmbeddingTier
+    cache = cache_of(args)
+    entries, missing, failures = dataset_entries(args.dataset, cache, options_of(args), input_key=args.input_key,
+                                                 video_key=keys.get("video", VIDEO_KEY), split=args.split)
+    bar = not args.no_progress and sys.stderr.isatty()
+    if args.ray:
+        from ..embeddings.compute import embed_over_ray
+        from ..prewarming import init_ray
+        if cache.shared is None:
+            raise ConfigError("embed --ray: the nodes share their records through the shared tier; set "
+                              "VIDCACHE_SHARED or pass --shared URL")
+        print(f"embed: {len(entries)} cached entries, over Ray", file=sys.stderr, flush=True)
+        init_ray(args.ray_address)
+        s = embed_over_ray(cache, os.path.abspath(args.model), args.dtype, entries, device=args.device,
+                           max_bytes=args.max_embedding_bytes, progress=bar)
+    else:
+        device = args.device or default_device()
+        model, processor = load_checkpoint(args.model, args.dtype, device)
+        tower = tower_of(model)
+        print(f"embed: {len(entries)} cached entries; tower {tower.code}, {tower.dtype} on {device}, weights "
+              f"{tower.weights[:16]}", file=sys.stderr)
+        tier = EmbeddingTier(cache, max_bytes=args.max_embedding_bytes)
+        if args.max_embedding_bytes is not None:     # a budget lowered since the last run holds before any write
+            tier.gc(args.max_embedding_bytes)
+        s = embed_entries(tier, tower, processor, entries, progress=bar)
+        tier.local.sync()
+    print(s.line() + (f"; {missing} videos not cached yet (prewarm them first)" if missing else ""))
+    for f in failures + s.failures:
+        print(f"failed: {json.dumps(f)}")
+    return 1 if (s.failed or failures or missing) else 0

@@ -134,6 +134,9 @@ def _add_verify(sub) -> None:
                    help="convert entries an older vidcache wrote to the shared tier as raw frames into one compact "
                         "object each (raw frames are deleted there only when no other entry needs them); nothing "
                         "is converted without this flag")
+    p.add_argument("--embeddings", action="store_true",
+                   help="check the embedding tier's records too (`vidcache embed`): this node's, and the shared "
+                        "tier's with --shared; --repair moves bad copies aside and restores them from a sound one")
     p.set_defaults(fn=cmd_verify)
 
 
@@ -181,6 +184,8 @@ def cmd_verify(args) -> int:
         else:
             print(f"OK  {key}")
     print(f"verify: {len(todo) - bad} ok, {bad} bad" + (" (repair attempted)" if args.repair and bad else ""))
+    if args.embeddings:
+        bad += _verify_embeddings(cache, args.repair, whole_shared)
     if args.upgrade:
         from ..prewarming import Interrupt
         stop = Interrupt("verify --upgrade", "finishing the entry under way")   # an entry converts whole or not
@@ -195,6 +200,23 @@ def cmd_verify(args) -> int:
         if up["interrupted"]:
             return 130
     return 1 if bad else 0
+
+
+def _verify_embeddings(cache, repair: bool, shared: bool) -> int:
+    """``verify --embeddings``: every record's copies (``EmbeddingTier.verify``); the count of bad ones."""
+    from ..embeddings.tier import EmbeddingTier
+    tier = EmbeddingTier(cache)
+    found = tier.verify(repair=repair, shared=shared)
+    bad = 0
+    for emb_id, problems in found.items():
+        if problems:
+            bad += 1
+            after = (" -> repaired" if not tier.verify([emb_id])[emb_id] else " -> still bad") if repair else ""
+            print(f"BAD emb {emb_id}: {'; '.join(problems)}{after}")
+        else:
+            print(f"OK  emb {emb_id}")
+    print(f"verify embeddings: {len(found) - bad} ok, {bad} bad")
+    return bad
 
 
 def _add_evict(sub) -> None:

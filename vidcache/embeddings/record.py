@@ -106,3 +106,43 @@ def _metadata(raw: bytes) -> dict:
     if n <= 0 or n > len(raw) - 8:
         raise ValueError("header length out of range")
     return json.loads(bytes(raw[8:8 + n])).get("__metadata__") or {}
+
+
+# --- the stored form: the record's bytes behind their own digest -----------------------------------------------
+# A frame blob is named by its digest (``cas/<digest>``); an embedding record is named by what computed it
+# (``emb/<id>``), so its digest travels in front of it, checked on every read as a blob's is: one line
+# ``vidcache-emb/1 <digest>\n``, then the safetensors bytes.
+SEAL = b"vidcache-emb/1 "
+
+
+def seal(raw: bytes) -> bytes:
+    """``raw`` (``VisionEmbeddings.to_bytes``) as a tier stores it: its digest first."""
+    from ..digest import Digest
+    return SEAL + str(Digest.of(raw)).encode() + b"\n" + bytes(raw)
+
+
+def unseal(value) -> memoryview:
+    """The record's bytes from a stored value; ``DigestMismatchError`` unless they hash to the digest in front."""
+    from ..digest import Digest
+    from ..errors import DigestMismatchError
+    mv = memoryview(value).cast("B")
+    head = bytes(mv[:len(SEAL) + 80])
+    end = head.find(b"\n")
+    if not head.startswith(SEAL) or end < 0:
+        raise DigestMismatchError("embeddings object has no digest line (not written by vidcache's tier)")
+    try:
+        want = Digest.parse(head[len(SEAL):end].decode())
+    except (ValueError, UnicodeDecodeError):
+        raise DigestMismatchError("embeddings object's digest line is damaged") from None
+    body = mv[end + 1:]
+    if (got := Digest.of(body)) != want:
+        raise DigestMismatchError(f"embeddings object hashes to {got}, its digest line says {want}")
+    return body
+
+
+def claimed_id(raw) -> str:
+    """The ``EmbeddingKey.id`` a record's bytes say they were computed for (from the header alone)."""
+    try:
+        return EmbeddingKey(**json.loads(_metadata(raw)["key"])).id
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptEntryError(f"embeddings record is not readable: {exc}") from None

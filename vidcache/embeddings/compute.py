@@ -1,0 +1,247 @@
+"""Running a checkpoint's frozen vision tower over cached entries, into the embedding tier.
+
+The inputs are exactly the trainer's: ``pixel_values_videos`` and ``video_grid_thw`` from ``train_inputs`` on the
+entry's cached frames and the checkpoint's own processor.  The output is what the decoder consumes in place of
+them: transformers' ``get_video_features`` (the tower, then the merger), and for Qwen3-VL its deepstack features,
+which the decoder adds at its first layers.  Which families take deepstack features is read from the code, not
+listed: a language model whose ``forward`` has a ``deepstack_visual_embeds`` parameter consumes them (Qwen3-VL and
+its MoE); Qwen2.5-VL and the Qwen3.5 line have none.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+from .record import EmbeddingKey, VisionEmbeddings, weights_digest
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..cache import VideoCache
+    from .tier import EmbeddingTier
+
+
+def base_model(model):
+    """The module holding ``visual`` and ``language_model`` (transformers' ``<Family>Model``)."""
+    for m in (getattr(model, "model", None), model):
+        if m is not None and hasattr(m, "visual") and hasattr(m, "get_video_features"):
+            return m
+    from ..errors import ConfigError
+    raise ConfigError(f"{type(model).__name__} has no vision tower (`visual`) and `get_video_features`: "
+                      "not a Qwen-VL model of transformers")
+
+
+def takes_deepstack(model) -> bool:
+    """Whether the decoder consumes deepstack features (its language model's ``forward`` takes them)."""
+    lm = getattr(base_model(model), "language_model", None)
+    return lm is not None and "deepstack_visual_embeds" in inspect.signature(lm.forward).parameters
+
+
+@dataclass(frozen=True)
+class Tower:
+    """A loaded model's vision tower and what names its output: computed once (hashing the weights reads them
+    all), then ``key(entry)`` per entry.  Make a new one after the tower's weights change."""
+    model: object
+    weights: str        # weights_digest of the tower's loaded tensors
+    dtype: str          # "float32", "bfloat16", ...
+    code: str           # "<family>:<module>.<class>@transformers <version>"
+
+    def key(self, entry: str) -> EmbeddingKey:
+        return EmbeddingKey(entry, self.weights, self.dtype, self.code)
+
+
+def tower_of(model) -> Tower:
+    """The ``Tower`` of a transformers Qwen-VL model as it is loaded now (its device, dtype and weights)."""
+    import transformers
+
+    from ..rollout.models import FAMILY_OF_MODEL_TYPE
+    visual = base_model(model).visual
+    model_type = model.config.model_type
+    family = FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
+    cls = type(visual)
+    code = f"{family}:{cls.__module__}.{cls.__qualname__}@transformers {transformers.__version__}"
+    return Tower(model, weights_digest(visual.state_dict()), str(visual.dtype).removeprefix("torch."), code)
+
+
+def compute(tower: Tower, tensors: dict, entry: str) -> VisionEmbeddings:
+    """One entry's embeddings from its trainer tensors (``train_inputs``: one video)."""
+    import torch
+    base = base_model(tower.model)
+    device = next(base.visual.parameters()).device
+    grid = torch.as_tensor(tensors["video_grid_thw"]).to(torch.long).reshape(-1, 3)
+    if grid.shape[0] != 1:
+        from ..errors import ConfigError
+        raise ConfigError(f"entry {entry}: {grid.shape[0]} videos in one entry's tensors; one is expected")
+    with torch.no_grad():
+        out = base.get_video_features(pixel_values_videos=tensors["pixel_values_videos"].to(device),
+                                      video_grid_thw=grid.to(device), return_dict=True)
+    embeds = torch.cat(tuple(out.pooler_output), dim=0)
+    deepstack = ()
+    if takes_deepstack(tower.model):
+        deepstack = tuple(torch.cat(tuple(f), dim=0) for f in out.deepstack_features)
+    return VisionEmbeddings(tower.key(entry), tuple(int(v) for v in grid[0].tolist()), embeds, deepstack)
+
+
+def entry_tensors(cache: "VideoCache", processor, entry: str) -> dict:
+    """The trainer's tensors for one cached entry (``train_inputs``, on the CPU; the mode only changes
+    Qwen2.5-VL's ``second_per_grid_ts``, which the tower does not read)."""
+    from ..handle import from_key
+    return from_key(entry, cache).train_inputs(processor, mode="plugin", memo=False)
+
+
+@dataclass
+class EmbedSummary:
+    computed: int = 0
+    present: int = 0          # already in this node's tier (resume)
+    pulled: int = 0           # read from the shared tier (checked) into this node's
+    failed: int = 0
+    bytes: int = 0
+    failures: list = None
+
+    def line(self) -> str:
+        return (f"embed: {self.computed} computed, {self.pulled} pulled from the shared tier, {self.present} already "
+                f"on this node, {self.failed} failed; {self.bytes} bytes written")
+
+
+def embed_entries(tier: "EmbeddingTier", tower: Tower, processor, entries: Iterable[str],
+                  progress: bool = False) -> EmbedSummary:
+    """Make the embeddings of ``entries`` present on this node: skipped where they are (resume), read from the
+    shared tier where it has them (a fresh node: checked, then kept locally), computed and stored otherwise."""
+    from .. import keys
+    from ..errors import VidcacheError
+    s = EmbedSummary(failures=[])
+    todo = list(dict.fromkeys(entries))
+    local = tier.local.exists_many([keys.emb(tower.key(e).id) for e in todo]) if todo else []
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc="embed", unit="video")
+    try:
+        for entry, here in zip(todo, local):
+            try:
+                if here:
+                    s.present += 1
+                elif tier.shared is not None and tier.get(tower.key(entry)) is not None:
+                    s.pulled += 1
+                else:
+                    emb = compute(tower, entry_tensors(tier.cache, processor, entry), entry)
+                    s.bytes += tier.put(emb)
+                    s.computed += 1
+            except VidcacheError as e:
+                s.failed += 1
+                s.failures.append({"entry": entry, "kind": e.kind, "error": str(e)})
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return s
+
+
+def dataset_entries(dataset, cache: "VideoCache", options, *, input_key: str, video_key: str,
+                    split: str | None = None) -> tuple[list[str], int, list]:
+    """The cached entries a dataset's rows name (as ``vidcache pull`` finds them: no fetch, no build), the count
+    of videos no tier caches yet, and the rows that failed."""
+    from .. import prewarming as pw
+    from ..errors import BadRowError, VidcacheError
+    reader = pw._check_keys(dataset, input_key, video_key, None, split)
+    base = pw._dataset_dir(dataset)
+    found, missing, failures = [], 0, []
+    for _, row, where in pw._placed_rows(reader, split, False, set(), desc="embed"):
+        try:
+            media = pw._row_media(row, options, input_key, video_key, None, base)
+        except BadRowError as e:
+            failures.append({**where, "kind": e.kind, "error": str(e)})
+            continue
+        for src, opts in media.videos:
+            try:
+                key, _, why = pw._pull_key(cache, src, opts)
+            except VidcacheError as e:
+                failures.append({**where, "source": str(src), "kind": e.kind, "error": str(e)})
+                continue
+            if key is None:
+                missing += 1
+            else:
+                found.append(key)
+    return list(dict.fromkeys(found)), missing, failures
+
+
+def load_checkpoint(path: str, dtype: str, device: str):
+    """The checkpoint's model (transformers' own class, eval) and processor, on ``device`` in ``dtype``."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from ..errors import ConfigError
+    try:
+        torch_dtype = getattr(torch, dtype)
+        assert isinstance(torch_dtype, torch.dtype)
+    except (AttributeError, AssertionError):
+        raise ConfigError(f"--dtype {dtype!r}: not a torch dtype (float32, bfloat16, float16)") from None
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
+    return model.to(device).eval(), AutoProcessor.from_pretrained(path)
+
+
+def default_device() -> str:
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# --- over Ray: one task per shard of the entries, on each node's own cache (prewarm's Ray path) ----------------------
+def _embed_shard(cache: "VideoCache", checkpoint: str, dtype: str, device: str | None, entries: list[str],
+                 max_bytes: int | None) -> dict:
+    """Runs in a Ray worker: loads the checkpoint once, embeds its shard into this node's tier (and the shared
+    one).  A retried shard resumes: what a dead attempt stored is skipped."""
+    from ..prewarming import node_cache
+    from .tier import EmbeddingTier
+    cache = node_cache(cache)
+    model, processor = load_checkpoint(checkpoint, dtype, device or default_device())
+    tower = tower_of(model)
+    tier = EmbeddingTier(cache, max_bytes=max_bytes)
+    try:
+        s = embed_entries(tier, tower, processor, entries)
+        tier.local.sync()
+    finally:
+        tier.close()
+    return {"summary": s, "weights": tower.weights, "code": tower.code}
+
+
+def embed_over_ray(cache: "VideoCache", checkpoint: str, dtype: str, entries: list[str], *,
+                   device: str | None = None, max_bytes: int | None = None, shards: int | None = None,
+                   progress: bool = False) -> EmbedSummary:
+    """``embed_entries`` spread over the Ray cluster (``prewarming.init_ray`` first): one task per GPU of the
+    cluster (per CPU without GPUs), each on its node's ``VIDCACHE_DIR``, all writing the shared tier.  Every
+    shard must have hashed the same tower (else a node loaded another checkpoint: ``ConfigError``)."""
+    import ray
+
+    from ..errors import ConfigError
+    res = ray.cluster_resources()
+    gpus = int(res.get("GPU", 0))
+    n = max(1, min(len(entries), shards or gpus or int(res.get("CPU", 1))))
+    remote = ray.remote(num_gpus=1 if gpus else 0, num_cpus=1, max_retries=3)(_embed_shard)
+    refs = [remote.remote(cache, checkpoint, dtype, device, entries[i::n], max_bytes) for i in range(n)
+            if entries[i::n]]
+    total, towers = EmbedSummary(failures=[]), set()
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(refs), desc="embed (ray shards)", unit="shard")
+    try:
+        while refs:
+            done, refs = ray.wait(refs, num_returns=1)
+            out = ray.get(done[0])
+            s = out["summary"]
+            towers.add((out["weights"], out["code"]))
+            for f in ("computed", "present", "pulled", "failed", "bytes"):
+                setattr(total, f, getattr(total, f) + getattr(s, f))
+            total.failures += s.failures
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    if len(towers) > 1:
+        raise ConfigError(f"the Ray nodes loaded different towers from {checkpoint} ({sorted(towers)}): each node's "
+                          "records are keyed by its own, so they are not the same embeddings; give every node the "
+                          "same checkpoint")
+    return total
