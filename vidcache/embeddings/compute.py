@@ -55,7 +55,7 @@ def tower_of(model) -> Tower:
     """The ``Tower`` of a transformers Qwen-VL model as it is loaded now (its device, dtype and weights)."""
     import transformers
 
-    from ..rollout.models import FAMILY_OF_MODEL_TYPE
+    from ..families import FAMILY_OF_MODEL_TYPE
     visual = base_model(model).visual
     model_type = model.config.model_type
     family = FAMILY_OF_MODEL_TYPE.get(model_type, model_type)
