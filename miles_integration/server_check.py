@@ -9,7 +9,8 @@ generated; ``--no-vidcache-check-servers`` switches it off.
 ``--vidcache-check-computation warn|fail`` (off by default) then runs ``vidcache check-computation`` against each
 server with the HF checkpoint's model (``--hf-checkpoint``: transformers' class, not Megatron's; on the GPU in bf16
 where that pair has a measured floor, else CPU fp32), logs its table, and
-warns or fails above the threshold.  The CPU dry run (examples/miles_cpu_dry_run.py) serves no model: it leaves it off.
+warns or fails above the threshold.  The CPU dry run (examples/miles_cpu_dry_run.py) runs it against a real server
+given with ``--server`` (its stand-in serves no model).
 """
 from __future__ import annotations
 
