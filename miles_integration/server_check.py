@@ -125,5 +125,9 @@ def computation_failures(url: str, args, cfg: VidcacheConfig, cache) -> list[str
     res = check_computation(url, args.hf_checkpoint, cfg.mode, cache=cache, family=cfg.options.family,
                             device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
                             trainer_positions=None if trainer_gets_engine_positions(args) else "transformers")
+    if any(c.kind == "positions" for c in res.causes) and not trainer_gets_engine_positions(args):
+        # the fix in this run's spelling: Miles' trainer gets the engine's positions from the train hook
+        res.notes.append(f"in Miles: set --custom-megatron-init-path {MILES_TRAIN_HOOK} and drop "
+                         "--vidcache-positions transformers (the trainer then computes SGLang's M-RoPE positions)")
     (logger.info if res.ok else logger.warning)("vidcache: %s", "\n".join(res.lines()))
     return res.lines() if not res.ok and _get(args, "vidcache_check_computation") == "fail" else []

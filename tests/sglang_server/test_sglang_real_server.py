@@ -344,6 +344,7 @@ def test_miles_startup_fails_when_the_trainer_computes_otherwise(server):
     fail = [ln for ln in out.splitlines() if ln.startswith("FAIL")]
     assert fail and all(ln.startswith("FAIL [positions] the position rule") for ln in fail), out[-6000:]
     assert "ABOVE" in _table(out)["video 4 patches"], out[-6000:]
+    assert "note: in Miles: set --custom-megatron-init-path miles_integration.train_hooks.install_train_hooks" in out
 
 
 @pytest.mark.miles
