@@ -37,6 +37,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,12 +238,13 @@ def startup_check(url: str, ckpt: str, parsed) -> bool:
     vidcache_flags(args, parsed)
     print(f"startup check against {url} (--hf-checkpoint {ckpt}, --vidcache-check-computation "
           f"{args.vidcache_check_computation})")
+    t0 = time.monotonic()
     try:
         run(ensure_servers_checked(args, GenerateState(args).processor))
     except ParityError as e:
-        print(f"dry run: startup check FAILED, the job would stop here:\n{e}")
+        print(f"dry run: startup check FAILED ({time.monotonic() - t0:.0f} s), the job would stop here:\n{e}")
         return False
-    print("startup check: ok")
+    print(f"startup check: ok ({time.monotonic() - t0:.0f} s)")
     return True
 
 
