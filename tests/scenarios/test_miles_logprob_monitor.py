@@ -108,5 +108,5 @@ def test_the_train_hook_logs_the_split_from_miles_log_rollout_data(batch, monkey
             log_utils.log_rollout_data(rid, args, dict(batch.data))
     assert calls == [0, 1, 2]
     lines = [r.getMessage() for r in caplog.records if "by modality" in r.getMessage()]
-    assert len(lines) == 2 and lines[0].startswith("vidcache: rollout 0:") and lines[1].startswith("vidcache: rollout 2:")
+    assert [ln.split(":")[0:2] for ln in lines] == [["vidcache", " rollout 0"], ["vidcache", " rollout 2"]], lines
     assert "video share 100.0%" in lines[0], lines[0]

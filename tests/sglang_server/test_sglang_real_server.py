@@ -303,7 +303,9 @@ DRY_RUN = ss.ROOT / "examples" / "miles_cpu_dry_run.py"
 def _dry_run(server, *flags, startup_only=False):
     """examples/miles_cpu_dry_run.py in plugin mode with this server for its startup check (train.py's flags from
     ``vidcache sglang-config --format miles``, registered through the rollout function's ``add_arguments`` as Miles'
-    parser does, plus ``flags``); the server's node cache is the module's ``$VIDCACHE_DIR``."""
+    parser does, plus ``flags``); the server's node cache is the module's ``$VIDCACHE_DIR``.  Miles' ``parse_args``
+    itself does not run here: miles/utils/arguments.py imports miles.dashboard (polars, not installed) and needs
+    Megatron's parser."""
     from support.miles_compat import SKIP_REASON, miles_src
     if server.family != "qwen2_5_vl" or server.mode != "plugin" or server.vision is not None:
         pytest.skip("the Miles startup check is exercised against sglang-config's default Qwen2.5-VL plugin server")
@@ -311,7 +313,8 @@ def _dry_run(server, *flags, startup_only=False):
         pytest.skip(SKIP_REASON)
     argv = [sys.executable, str(DRY_RUN), "--mode", "plugin", "--server", server.url, "--server-model", server.ckpt,
             *(["--startup-only"] if startup_only else []), "--", *flags]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=1500, env={**os.environ, "PYTHONPATH": str(ss.ROOT)})
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1500,
+                       env={**os.environ, "PYTHONPATH": str(ss.ROOT)})
     out = r.stdout + r.stderr
     print(f"\n$ {' '.join(argv[1:])}\n{r.stdout[-6000:]}")
     assert "Traceback" not in out, out[-6000:]
