@@ -3,6 +3,7 @@ generate function, and an SGLang stand-in that runs SGLang's own Qwen-VL process
 
     bash scripts/install.sh --test                 # once: the test peers (SGLang's processor) and Miles' packages
     MILES_SRC=/path/to/miles .venv/bin/python examples/miles_cpu_dry_run.py [--mode stock|plugin] [--keep DIR]
+        [--server URL --server-model CKPT [--startup-only]] [-- TRAIN.PY FLAGS, e.g. --vidcache-check-computation warn]
 
 What it does, in a scratch directory (or ``--keep DIR``), with nothing downloaded:
   1. writes a toy Qwen2.5-VL checkpoint (vidcache.testing's offline processor), three small clips and a Miles
@@ -17,6 +18,14 @@ What it does, in a scratch directory (or ``--keep DIR``), with nothing downloade
   5. prints each sample and checks that the tensors the trainer gets equal SGLang's processor output for the
      same request (``torch.equal``), and that SGLang's expanded prompt equals the sample's tokens.
 Exit 0 when every check holds.  tests/test_examples.py runs it in CI.
+
+With ``--server URL --server-model CKPT`` (a real SGLang server of this ``--mode`` serving the checkpoint CKPT, on
+this node: plugin mode resolves references through ``$VIDCACHE_DIR``, as the server does), step 4 first runs what a
+job runs before its first rollout against that server, with CKPT as ``--hf-checkpoint``: ``check-server``, and with
+``--vidcache-check-computation warn|fail`` (``fail`` unless a flag after ``--`` says otherwise) ``check-computation``,
+whose table is logged.  A failure stops the dry run there (exit 1), as it stops a job; ``warn`` logs and goes on.  The
+stand-in serves no model, so the computation check never runs against it.  tests/sglang_server/ runs this against
+SGLang's own CPU server.
 """
 from __future__ import annotations
 
@@ -28,11 +37,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]     # vidcache and the test support (the stand-in, the toy checkpoint)
 FAMILY = "qwen2_5_vl"
+ROLLOUT_FN = "miles_integration.rollout.VidcacheRolloutFn"
 OPTIONS = ["--fps", "1", "--min-pixels", "3136", "--max-pixels", "50176"]     # small clips, small prompts
 
 
@@ -82,7 +93,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("stock", "plugin"), default="stock")
     ap.add_argument("--keep", metavar="DIR", help="work in DIR and keep it (default: a scratch directory)")
+    ap.add_argument("--server", metavar="URL", help="a real SGLang server of this --mode for the startup check")
+    ap.add_argument("--server-model", metavar="CKPT", help="the checkpoint --server serves (the trainer's model)")
+    ap.add_argument("--startup-only", action="store_true", help="stop after the startup check against --server")
+    ap.add_argument("train_flags", nargs="*", metavar="-- FLAG",
+                    help="more train.py flags after --, e.g. --vidcache-check-computation warn")
     a = ap.parse_args(argv)
+    if bool(a.server) != bool(a.server_model) or (a.startup_only and not a.server):
+        ap.error("--server and --server-model go together (and --startup-only needs them)")
 
     from support.miles_compat import SKIP_REASON, add_miles_to_path, install_test_shims, miles_src
     src = miles_src(REPO)
@@ -92,7 +110,7 @@ def main(argv=None) -> int:
     add_miles_to_path(src)
     install_test_shims()        # only where the installed SGLang lacks a module Miles imports (see miles_compat)
     with (tempfile.TemporaryDirectory(prefix="vidcache-dry-run-") if a.keep is None else _kept(a.keep)) as d:
-        return run_step(Path(d), a.mode)
+        return run_step(Path(d), a.mode, a.train_flags, a.server, a.server_model, a.startup_only)
 
 
 class _kept:
@@ -107,7 +125,8 @@ class _kept:
         return False
 
 
-def run_step(root: Path, mode: str) -> int:
+def run_step(root: Path, mode: str, extra: list[str] = (), server_url: str | None = None,
+             server_model: str | None = None, startup_only: bool = False) -> int:
     import importlib.metadata as md
 
     import torch
@@ -117,7 +136,6 @@ def run_step(root: Path, mode: str) -> int:
     from miles.utils.http_utils import find_available_port
     from miles.utils.misc import load_function
 
-    from miles_integration.args import add_vidcache_arguments
     from miles_integration.meta import request_state
     from support import sglang_peer
     from support.miles_smoke_example import make_miles_args
@@ -132,13 +150,22 @@ def run_step(root: Path, mode: str) -> int:
 
     version = md.version("sglang")              # the stand-in runs the installed SGLang's own processor
     flags = miles_flags(mode, version)
-    print("train.py flags from sglang-config:", shlex.join(flags))
-    parser = add_vidcache_arguments(argparse.ArgumentParser())
+    if server_url and "--vidcache-check-computation" not in extra:
+        extra = ["--vidcache-check-computation", "fail", *extra]
+    print("train.py flags from sglang-config:", shlex.join(flags), "+", shlex.join(extra))
+    parser = argparse.ArgumentParser()
     parser.add_argument("--sglang-mm-process-config", type=json.loads)
     parser.add_argument("--sglang-model-impl")                  # stock mode: SGLang runs transformers' model code
     parser.add_argument("--custom-megatron-init-path")          # the train hook: SGLang's positions in the trainer
+    # the --vidcache-* flags as Miles registers them: its parser calls the rollout function's ``add_arguments``
+    # (miles/utils/arguments.py, add_user_provided_function_arguments)
+    load_function(ROLLOUT_FN).add_arguments(parser)
     parsed = parser.parse_args(flags + ["--vidcache-fps", "1", "--vidcache-min-pixels", "3136",
-                                        "--vidcache-max-pixels", "50176"])
+                                        "--vidcache-max-pixels", "50176", *extra])
+    if server_url and not startup_check(server_url, server_model, parsed):
+        return 1
+    if startup_only:
+        return 0
 
     os.environ.update(VIDCACHE_DIR=str(root / "server-node-cache"), VIDCACHE_SHARED=str(shared))  # plugin mode
     plugin_cls = None
@@ -155,14 +182,12 @@ def run_step(root: Path, mode: str) -> int:
                                input_key="prompt", multimodal_keys={"video": "videos"}, rollout_batch_size=3,
                                over_sampling_batch_size=3, n_samples_per_prompt=2, rollout_max_response_len=32,
                                data_source_path="miles_integration.data_source.VidcacheDataSource",
-                               rollout_function_path="miles_integration.rollout.VidcacheRolloutFn",
+                               rollout_function_path=ROLLOUT_FN,
                                custom_generate_function_path="miles_integration.generate.generate",
                                custom_rm_path="examples_dry_run.reward", vidcache_cache=str(cache),
                                vidcache_shared=str(shared))
-        for k, v in vars(parsed).items():
-            if k.startswith("vidcache_") and v is not None:
-                setattr(args, k, v)
-        args.custom_megatron_init_path = parsed.custom_megatron_init_path
+        vidcache_flags(args, parsed)
+        args.vidcache_check_computation = "off"     # the stand-in serves no model (the check ran against --server)
         from miles_integration.server_check import positions_verdict
         print("positions:", positions_verdict(args, FAMILY)[1])      # the startup check fails the job on FAIL
         http_utils.init_http_client(args)
@@ -180,6 +205,47 @@ def run_step(root: Path, mode: str) -> int:
         return report(groups, server, torch, request_state)
     finally:
         server.stop()
+
+
+def vidcache_flags(args, parsed) -> None:
+    """The parsed train.py flags onto Miles' args (those this dry run did not set itself)."""
+    for k, v in vars(parsed).items():
+        if k.startswith("vidcache_") and v is not None:
+            setattr(args, k, v)
+    args.custom_megatron_init_path = parsed.custom_megatron_init_path
+
+
+def startup_check(url: str, ckpt: str, parsed) -> bool:
+    """What a job runs before its first rollout (``VidcacheRolloutFn._call_train``'s ``ensure_servers_checked``)
+    against the real server at ``url``, ``ckpt`` as ``--hf-checkpoint``; the node's cache from ``$VIDCACHE_DIR``."""
+    import logging
+    from urllib.parse import urlsplit
+
+    from miles.rollout.inference_rollout.inference_rollout_common import GenerateState
+    from miles.utils.async_utils import run
+
+    from miles_integration.server_check import ensure_servers_checked
+    from support.miles_smoke_example import make_miles_args
+    from vidcache.errors import ParityError
+    log = logging.getLogger("miles_integration")        # the check's table and verdicts, as a job's log has them
+    if not log.handlers:
+        h = logging.StreamHandler(sys.stdout)
+        h.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    u = urlsplit(url)
+    args = make_miles_args(hf_checkpoint=ckpt, router_ip=u.hostname, router_port=u.port)
+    vidcache_flags(args, parsed)
+    print(f"startup check against {url} (--hf-checkpoint {ckpt}, --vidcache-check-computation "
+          f"{args.vidcache_check_computation})")
+    t0 = time.monotonic()
+    try:
+        run(ensure_servers_checked(args, GenerateState(args).processor))
+    except ParityError as e:
+        print(f"dry run: startup check FAILED ({time.monotonic() - t0:.0f} s), the job would stop here:\n{e}")
+        return False
+    print(f"startup check: ok ({time.monotonic() - t0:.0f} s)")
+    return True
 
 
 def report(groups, server, torch, request_state) -> int:

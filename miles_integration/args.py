@@ -52,6 +52,7 @@ DEFAULTS = {
     "vidcache_server_read_ahead": 0,    # off: every server node pulls what a request names (traffic x nodes)
     "vidcache_check_servers": True,
     "vidcache_check_computation": "off",   # warn / fail: the canaries' KL against the HF checkpoint at startup
+    "vidcache_logprob_monitor": 0,      # every N rollouts: the rollout-vs-train logprob difference per modality
     "vidcache_allow_unverified_sglang": None,
     "vidcache_server_torchcodec": None,
     "vidcache_server_vision": None,     # "package": the servers run vidcache's model package (stock mode states it)
@@ -117,6 +118,10 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                         "with --hf-checkpoint's model (transformers, on this process's GPU in bf16 where a floor is "
                         "measured for it, else CPU fp32), log the table, and on a KL above the threshold warn or fail (default: off; needs the "
                         "checkpoint's weights on the trainer node)")
+    g.add_argument("--vidcache-logprob-monitor", type=int, default=DEFAULTS["vidcache_logprob_monitor"], metavar="N",
+                   help="every N rollouts, log Miles' rollout-vs-train logprob difference split by modality (text / "
+                        "after an image / after a video) and the video share of it (needs --custom-megatron-init-path "
+                        "miles_integration.train_hooks.install_train_hooks; default 0: off)")
     g.add_argument("--vidcache-allow-unverified-sglang", default=None, metavar="VERSION",
                    help="accept this exact SGLang version although vidcache is not verified with it")
     g.add_argument("--vidcache-server-torchcodec", default=None, metavar="VERSION",

@@ -9,7 +9,8 @@ generated; ``--no-vidcache-check-servers`` switches it off.
 ``--vidcache-check-computation warn|fail`` (off by default) then runs ``vidcache check-computation`` against each
 server with the HF checkpoint's model (``--hf-checkpoint``: transformers' class, not Megatron's; on the GPU in bf16
 where that pair has a measured floor, else CPU fp32), logs its table, and
-warns or fails above the threshold.  The CPU dry run (examples/miles_cpu_dry_run.py) serves no model: it leaves it off.
+warns or fails above the threshold.  The CPU dry run (examples/miles_cpu_dry_run.py) runs it against a real server
+given with ``--server`` (its stand-in serves no model).
 """
 from __future__ import annotations
 
@@ -124,5 +125,9 @@ def computation_failures(url: str, args, cfg: VidcacheConfig, cache) -> list[str
     res = check_computation(url, args.hf_checkpoint, cfg.mode, cache=cache, family=cfg.options.family,
                             device="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32",
                             trainer_positions=None if trainer_gets_engine_positions(args) else "transformers")
+    if any(c.kind == "positions" for c in res.causes) and not trainer_gets_engine_positions(args):
+        # the fix in this run's spelling: Miles' trainer gets the engine's positions from the train hook
+        res.notes.append(f"in Miles: set --custom-megatron-init-path {MILES_TRAIN_HOOK} and drop "
+                         "--vidcache-positions transformers (the trainer then computes SGLang's M-RoPE positions)")
     (logger.info if res.ok else logger.warning)("vidcache: %s", "\n".join(res.lines()))
     return res.lines() if not res.ok and _get(args, "vidcache_check_computation") == "fail" else []

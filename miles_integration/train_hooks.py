@@ -36,6 +36,12 @@ GET_BATCH_MODULES = (
     "miles.backends.megatron_utils.model",
     "miles.backends.fsdp_utils.actor",
 )
+# Modules that hold the train side's ``log_rollout_data`` (not miles.ray.rollout.metrics' one of the same name).
+LOG_ROLLOUT_DATA_MODULES = (
+    "miles.backends.training_utils.log_utils",
+    "miles.backends.megatron_utils.actor",
+    "miles.backends.fsdp_utils.actor",
+)
 
 
 # --- encoding (rollout side) --------------------------------------------------------------------
@@ -223,8 +229,9 @@ def wrap_get_batch(get_batch, processor_factory, engine: str | None = None):
     return vidcache_get_batch
 
 
-def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES, engine: str | None = None) -> list[str]:
-    """Point ``get_batch`` in each of ``modules`` at a hydrating wrapper (idempotent).  Returns the modules patched.
+def patch_by_name(attr: str, modules, wrap) -> list[str]:
+    """Point ``attr`` in each of ``modules`` at ``wrap(original)`` (idempotent: the wrappers mark themselves).
+    Returns the modules patched.
 
     ``from ..training_utils.data import get_batch`` copies the function into the importing module's globals,
     so every importer already loaded is patched by name (patching only the defining module would not reach
@@ -240,11 +247,33 @@ def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES, engine: str | 
             except ImportError as e:
                 logger.debug("vidcache: %s not importable (%s); not patched", name, e)
                 continue
-        if mod is None or not hasattr(mod, "get_batch"):
+        if mod is None or not hasattr(mod, attr):
             continue
-        mod.get_batch = wrap_get_batch(mod.get_batch, processor_factory, engine)
+        setattr(mod, attr, wrap(getattr(mod, attr)))
         patched.append(name)
     return patched
+
+
+def patch_get_batch(processor_factory, modules=GET_BATCH_MODULES, engine: str | None = None) -> list[str]:
+    """Point ``get_batch`` in each of ``modules`` at a hydrating wrapper (``patch_by_name``)."""
+    return patch_by_name("get_batch", modules, lambda f: wrap_get_batch(f, processor_factory, engine))
+
+
+def patch_log_rollout_data(token_ids_factory, every: int, modules=LOG_ROLLOUT_DATA_MODULES) -> list[str]:
+    """``--vidcache-logprob-monitor N``: Miles' train-side ``log_rollout_data`` logs the per-modality split of the
+    rollout-vs-train logprob difference every N rollouts first (``logprob_monitor``)."""
+    from .logprob_monitor import wrap_log_rollout_data
+    return patch_by_name("log_rollout_data", modules, lambda f: wrap_log_rollout_data(f, token_ids_factory, every))
+
+
+@functools.lru_cache(maxsize=4)
+def checkpoint_token_ids(checkpoint: str) -> tuple[int, int]:
+    """(video token id, image token id) of the checkpoint's processor (Miles' own ``load_processor``)."""
+    from miles.utils.processing_utils import load_processor
+
+    from vidcache.positions import token_ids
+    ids = token_ids(load_processor(checkpoint, trust_remote_code=True))
+    return ids["video_token_id"], ids["image_token_id"]
 
 
 def install_train_hooks(args) -> list[str]:
@@ -255,6 +284,9 @@ def install_train_hooks(args) -> list[str]:
     Miles' Megatron path passes ``position_ids=None`` and Megatron-Bridge's ``Qwen25VLModel`` always computes its
     positions with transformers' ``Qwen2_5_VLModel.get_rope_index``, bound when the model is built (after this
     hook runs), whose rule resumes the text after a long video elsewhere than SGLang (docs/miles.md, "Positions").
+
+    With ``--vidcache-logprob-monitor N``, Miles' ``log_rollout_data`` logs every Nth rollout's rollout-vs-train
+    logprob difference split by modality (``logprob_monitor``; the returned list names the modules patched).
 
     Then, unless ``--vidcache-train-inputs handles``, nothing more.  With handles, ``get_batch`` is wrapped: it
     rebuilds the tensors, and where Miles' FSDP path asks for ``position_ids`` (a plain ``arange`` per sample,
@@ -267,6 +299,8 @@ def install_train_hooks(args) -> list[str]:
     patched_rules = [] if rule == "transformers" else use_engine_positions(rule)
     if patched_rules:
         logger.info("vidcache: %s compute %s's M-RoPE positions", patched_rules, rule)
+    if every := int(getattr(args, "vidcache_logprob_monitor", 0) or 0):
+        patched_rules += patch_log_rollout_data(functools.partial(checkpoint_token_ids, args.hf_checkpoint), every)
     if getattr(args, "vidcache_train_inputs", "tensors") != "handles":
         return patched_rules
     from .args import VidcacheConfig

@@ -294,3 +294,67 @@ def test_generate_several_temporal_patches(server, checkpoints, clips):
         assert kl_tf.mean() > FAR
     elif server.family == "qwen3_vl":
         assert torch.equal(pos, pos_tf)                        # one item per frame: the rules agree
+
+
+# --- Miles at startup: the computation check through the CPU dry run (issue 53) --------------------------------------
+DRY_RUN = ss.ROOT / "examples" / "miles_cpu_dry_run.py"
+
+
+def _dry_run(server, *flags, startup_only=False):
+    """examples/miles_cpu_dry_run.py in plugin mode with this server for its startup check (train.py's flags from
+    ``vidcache sglang-config --format miles``, registered through the rollout function's ``add_arguments`` as Miles'
+    parser does, plus ``flags``); the server's node cache is the module's ``$VIDCACHE_DIR``.  Miles' ``parse_args``
+    itself does not run here: miles/utils/arguments.py imports miles.dashboard (polars, not installed) and needs
+    Megatron's parser."""
+    from support.miles_compat import SKIP_REASON, miles_src
+    if server.family != "qwen2_5_vl" or server.mode != "plugin" or server.vision is not None:
+        pytest.skip("the Miles startup check is exercised against sglang-config's default Qwen2.5-VL plugin server")
+    if miles_src(ss.ROOT) is None:
+        pytest.skip(SKIP_REASON)
+    argv = [sys.executable, str(DRY_RUN), "--mode", "plugin", "--server", server.url, "--server-model", server.ckpt,
+            *(["--startup-only"] if startup_only else []), "--", *flags]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=1500,
+                       env={**os.environ, "PYTHONPATH": str(ss.ROOT)})
+    out = r.stdout + r.stderr
+    print(f"\n$ {' '.join(argv[1:])}\n{r.stdout[-6000:]}")
+    assert "Traceback" not in out, out[-6000:]
+    return r.returncode, out
+
+
+def _table(out: str) -> dict[str, str]:
+    return {ln.split("  mean KL")[0].strip(): ln for ln in out.splitlines() if "  mean KL" in ln}
+
+
+@pytest.mark.miles
+def test_miles_dry_run_checks_computation_at_startup(server):
+    """The dry run with ``--vidcache-check-computation fail`` against a server computing the trainer's model: the
+    startup check logs the six canaries' table, passes, and the rollout runs."""
+    rc, out = _dry_run(server, "--vidcache-check-computation", "fail")
+    assert rc == 0, out[-6000:]
+    assert set(_table(out)) == {"text", "image", "video 1 patch", "video 4 patches", "two videos", "second turn"}, out
+    assert "OK   computation equal on 6 canaries" in out and "sglang positions" in out, out[-6000:]
+    assert "startup check: ok" in out and "dry run: ok: 6 samples" in out, out[-6000:]
+
+
+@pytest.mark.miles
+def test_miles_startup_fails_when_the_trainer_computes_otherwise(server):
+    """``--vidcache-positions transformers`` (the trainer keeps transformers' own M-RoPE rule: check-server only
+    warns, the operator chose it): the computation check fails the job at startup, naming the position rule."""
+    rc, out = _dry_run(server, "--vidcache-check-computation", "fail", "--vidcache-positions", "transformers",
+                       startup_only=True)
+    assert rc == 1, out[-6000:]
+    assert "startup check FAILED" in out and "transformers positions" in out, out[-6000:]
+    fail = [ln for ln in out.splitlines() if ln.startswith("FAIL")]
+    assert fail and all(ln.startswith("FAIL [positions] the position rule") for ln in fail), out[-6000:]
+    assert "ABOVE" in _table(out)["video 4 patches"], out[-6000:]
+    assert "note: in Miles: set --custom-megatron-init-path miles_integration.train_hooks.install_train_hooks" in out
+
+
+@pytest.mark.miles
+def test_miles_startup_warns_and_goes_on_with_warn(server):
+    """The same trainer with ``--vidcache-check-computation warn``: the table and the failure are logged (WARNING),
+    and the job goes on: the rollout runs."""
+    rc, out = _dry_run(server, "--vidcache-check-computation", "warn", "--vidcache-positions", "transformers")
+    assert rc == 0, out[-6000:]
+    assert "WARNING" in out and "FAIL [positions] the position rule" in out, out[-6000:]
+    assert "startup check: ok" in out and "dry run: ok: 6 samples" in out, out[-6000:]
