@@ -233,7 +233,7 @@ def test_embed_over_ray_each_node_on_its_own_cache(tmp_path, videos):
 
     from support.cli import ROOT
     from vidcache import VideoCache
-    from vidcache.embeddings.compute import embed_over_ray
+    from vidcache.embeddings.jobs import embed_over_ray
     ckpt = write_tiny_checkpoint("qwen2_5_vl", tmp_path / "ckpt")
     shared = str(tmp_path / "tier")
     a = VideoCache(tmp_path / "driver", shared=shared)

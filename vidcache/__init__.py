@@ -7,7 +7,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   errors, families, engines, digest, keys, options, serving, sglang_facts, token_layout, attest   facts: exceptions, the model families and types and the rollout engines served (one record each), digests, keys, options, serving and SGLang facts, token layouts, train-tensor digests
   store/                          bytes under keys (LMDB, fsspec, tiers); imports only errors
   loader/                         the pure pipeline: source bytes -> canonical frames
-  manifest, encode, frozen_file, config, identity   entry records; the video writer; the frozen-file format; node settings; the cache's identity
+  manifest, encode, frozen_file, config, identity, embeddings.record   entry records; the video writer; the frozen-file format; node settings; the cache's identity; the embedding record
   integrity                       is this copy sound? (blobs, manifests, frozen files): one answer for every path
   frozen_copies, compact, repair, catalog   the cache's policies: frozen files, compact layout, repair, listing/stats
   reads                           the read path: tiers, checks, the quarantine-and-retry rule, the memos
@@ -16,7 +16,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
   handle, dataset, readahead, pullworker, positions, embeddings/   references above the cache; read-ahead, its pull worker; positions; the frozen-vision embedding tier
   sglang/, vllm/, rollout/        the rollout side: SGLang's and vLLM's adapters (neither imports the other) on rollout/, the engine-neutral core
-  prewarming, cli/, doctor        the jobs
+  prewarming, embeddings.jobs, cli/, doctor   the jobs
 """
 from importlib import import_module
 from typing import TYPE_CHECKING

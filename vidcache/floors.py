@@ -16,8 +16,9 @@ FLOORS: list[tuple[str, list[str], str]] = [
      "facts, token layouts, train-tensor digests"),
     ("store", ["store"], "bytes under keys (LMDB, fsspec, tiers); imports only errors"),
     ("loader", ["loader"], "the pure pipeline: source bytes -> canonical frames"),
-    ("entries", ["manifest", "encode", "frozen_file", "config", "identity"],
-     "entry records; the video writer; the frozen-file format; node settings; the cache's identity"),
+    ("entries", ["manifest", "encode", "frozen_file", "config", "identity", "embeddings.record"],
+     "entry records; the video writer; the frozen-file format; node settings; the cache's identity; the "
+     "embedding record"),
     ("integrity", ["integrity"], "is this copy sound? (blobs, manifests, frozen files): one answer for every path"),
     ("policies", ["frozen_copies", "compact", "repair", "catalog"],
      "the cache's policies: frozen files, compact layout, repair, listing/stats"),
@@ -32,7 +33,7 @@ FLOORS: list[tuple[str, list[str], str]] = [
     ("rollout", ["sglang", "vllm", "rollout"],
      "the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; references, server checks "
      "and prompts"),
-    ("jobs", ["prewarming", "cli", "doctor", "floors", "contact_sheet", "testing", ""],
+    ("jobs", ["prewarming", "embeddings.jobs", "cli", "doctor", "floors", "contact_sheet", "testing", ""],
      "the jobs"),                                      # "": the lazy facade, vidcache/__init__
 ]
 # Modules on a floor that the docstring and the README leave out (helpers, not parts of the house).

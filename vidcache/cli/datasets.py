@@ -307,14 +307,15 @@ def cmd_embed(args) -> int:
         raise ConfigError(f"dataset not found: {args.dataset}")
     _check_format(args.dataset)
     keys = _multimodal_keys(args.multimodal_keys, args.dataset)
-    from ..embeddings.compute import dataset_entries, default_device, embed_entries, load_checkpoint, tower_of
+    from ..embeddings.compute import default_device, embed_entries, load_checkpoint, tower_of
+    from ..embeddings.jobs import dataset_entries
     from ..embeddings.tier import EmbeddingTier
     cache = cache_of(args)
     entries, missing, failures = dataset_entries(args.dataset, cache, options_of(args), input_key=args.input_key,
                                                  video_key=keys.get("video", VIDEO_KEY), split=args.split)
     bar = not args.no_progress and sys.stderr.isatty()
     if args.ray:
-        from ..embeddings.compute import embed_over_ray
+        from ..embeddings.jobs import embed_over_ray
         from ..prewarming import init_ray
         if cache.shared is None:
             raise ConfigError("embed --ray: the nodes share their records through the shared tier; set "
