@@ -11,7 +11,7 @@ import pytest
 from vidcache.vllm.config import (ENGINE_KWARGS, LOADER_NAME, PLUGIN_ENTRY_POINT, engine_kwargs, serve_flags,
                                   settings_problems)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_vidcache_vllm_imports_without_vllm():
