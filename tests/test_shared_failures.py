@@ -21,8 +21,10 @@ import torch
 from vidcache.errors import (ConfigError, NoSpaceError, PermissionDeniedError, ReadOnlyFilesystemError,
                              ReadOnlyStoreError, SharedTimeoutError, SharedUnavailableError, StoreError)
 from vidcache import errors
+from vidcache.store import directory as store_directory
 from vidcache.store import fsspec as store_fsspec
-from vidcache.store.fsspec import FsspecStore, s3_storage_options
+from vidcache.store.fsspec import FsspecStore
+from vidcache.store.s3 import s3_storage_options
 from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore
 from vidcache.store.tiered import TieredStore, out_of_space
@@ -170,7 +172,7 @@ def test_hung_directory_tier_ends_at_the_time_limit(tmp_path, monkeypatch):
         release.wait(60)
         raise OSError(errno.EIO, "late")
     # A directory tier opens its objects itself (never through a symlink, D33): the open is what hangs.
-    monkeypatch.setattr(store_fsspec, "_open_object", stuck)
+    monkeypatch.setattr(store_directory, "_open_object", stuck)
     try:
         t0 = time.monotonic()
         with pytest.raises(SharedTimeoutError) as ei:
@@ -207,7 +209,7 @@ def test_directory_write_failures_are_named(tmp_path, monkeypatch, err, cls, kin
 
     def fail(*a, **kw):
         raise err
-    monkeypatch.setattr(store_fsspec, "publish_bytes", fail)
+    monkeypatch.setattr(store_directory, "publish_bytes", fail)
     for write in (lambda: store.set_many({"cas/x": b"1"}), lambda: store.set_if_not_exists("meta/tier", b"1")):
         with pytest.raises(cls) as ei:
             write()

@@ -138,11 +138,11 @@ def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(n
     the object."""
     import threading
 
-    from vidcache.store.fsspec import FsspecStore
+    from vidcache.store.directory import DirectoryStore  # the directory tier's class (it reads itself)
     tier, a = node_a.tier, node_a.cache
     (k,) = node_a.build("h264_30")
     object_asked, fetched = threading.Event(), []
-    real_get, real_stream = FsspecStore.get, FsspecStore.stream
+    real_get, real_stream = DirectoryStore.get, DirectoryStore.stream
 
     def get(self, key):
         fetched.append(key)
@@ -154,8 +154,8 @@ def test_a_first_read_fetches_the_manifest_and_the_compact_object_side_by_side(n
         fetched.append(key)
         object_asked.set()
         return real_stream(self, key, sink)
-    monkeypatch.setattr(FsspecStore, "get", get)
-    monkeypatch.setattr(FsspecStore, "stream", stream)
+    monkeypatch.setattr(DirectoryStore, "get", get)
+    monkeypatch.setattr(DirectoryStore, "stream", stream)
     b = VideoCache(tmp_path / "b", shared=str(tier))
     assert torch.equal(b.frames(k), a.frames(k))
     assert fetched.count(b.compact.key(k)) == 1 and fetched.count(K.ac(k)) == 1

@@ -246,13 +246,13 @@ def test_verify_repair_reads_and_sets_aside_a_bloated_object_only_as_far_as_its_
     """D59: a 1.3 MB entry's object grown to 2 GiB: ``verify --shared --repair`` read it whole (6.35 GB peak RSS)
     and wrote all 2 GiB into quarantine/.  Grown (sparse) to 256 MiB here; counted: the bytes the tier handed
     over, and what quarantine/ holds."""
-    from vidcache.store.fsspec import FsspecStore
+    from vidcache.store.directory import DirectoryStore  # the directory tier's class (it reads itself)
     a, key, want, m = entry
     path = _object(a, key)
     sound = open(path, "rb").read()
     os.truncate(path, 256 << 20)
     handed = []
-    real_stream, real_get = FsspecStore.stream, FsspecStore.get
+    real_stream, real_get = DirectoryStore.stream, DirectoryStore.get
 
     def stream(self, k, sink):
         def count(piece):
@@ -264,8 +264,8 @@ def test_verify_repair_reads_and_sets_aside_a_bloated_object_only_as_far_as_its_
         value = real_get(self, k)
         handed.append(len(value or b""))
         return value
-    monkeypatch.setattr(FsspecStore, "stream", stream)
-    monkeypatch.setattr(FsspecStore, "get", get)
+    monkeypatch.setattr(DirectoryStore, "stream", stream)
+    monkeypatch.setattr(DirectoryStore, "get", get)
     b = _fresh(tmp_path, "b")
     assert b.verify(key, repair=True)
     bound = max_object_bytes(m)

@@ -157,3 +157,21 @@ def test_an_s3_stream_that_keeps_breaking_is_the_tier_s_failure_not_a_short_obje
         cut_endpoint.store.stream("cas/x", pieces.append)
     assert len(cut_endpoint.ranges) == cut_endpoint.store.fs.retries          # s3fs's own retry budget
     assert b"".join(pieces) == cut_endpoint.value[:len(b"".join(pieces))]     # what came was in order
+
+
+def test_one_store_class_per_medium_chosen_by_the_url(tmp_path):
+    """``FsspecStore(url)`` opens the store of the URL's medium (``store_class``, the one place it is chosen):
+    a directory, S3, or any other fsspec filesystem; a named subclass, a read-only opening and an unpickled copy
+    keep their class."""
+    import pickle
+
+    from vidcache.store import DirectoryStore, S3Store
+    from vidcache.store.fsspec import store_class
+    assert type(FsspecStore(str(tmp_path / "d"))) is DirectoryStore
+    assert type(FsspecStore("file://" + str(tmp_path / "d"))) is DirectoryStore
+    assert type(FsspecStore("s3://bucket/prefix")) is S3Store and store_class("s3a://b/p") is S3Store
+    generic = FsspecStore(f"memory://medium-{uuid.uuid4().hex}")
+    assert type(generic) is FsspecStore and not generic.supports_urls and not generic.supports_partial_sweep
+    d = DirectoryStore(str(tmp_path / "d"))
+    assert type(d.with_read_only()) is DirectoryStore and type(pickle.loads(pickle.dumps(d))) is DirectoryStore
+    assert d == FsspecStore(str(tmp_path / "d")) and d.supports_urls and d.exclusive_create

@@ -1,9 +1,15 @@
-"""The shared tier: objects on any fsspec filesystem (an NFS path, ``s3://bucket/prefix``, ...).
+"""The shared tier: objects on an fsspec filesystem, one store class per medium, as zarr's store layer.
 
-On filesystems with rename, each object is published atomically through
-``publish`` (temp file, fsync, rename; ``link`` for ``set_if_not_exists``), so a
-reader never sees a partial object.  S3 PUTs are atomic per object.  LMDB must
-not live on a network filesystem; this tier is how NFS and S3 are used.
+* ``DirectoryStore`` (``store/directory.py``): a directory, local or an NFS mount.  Each object is published
+  atomically (temp file, fsync, rename; ``link`` for ``set_if_not_exists``), read without following links.
+* ``S3Store`` (``store/s3.py``): ``s3://bucket/prefix``.  PUTs are atomic per object; a conditional PUT creates.
+* ``FsspecStore`` (here): any other fsspec filesystem (``memory://``, ...), and what the two share: keys to
+  paths, every call bounded in time, failures named, object sizes bounded, listings.
+
+``FsspecStore(url)`` opens the store of ``url``'s medium (``store_class``: the one place it is chosen).  What the
+media differ in is declared (``supports_urls``, ``supports_partial_sweep``, ``exclusive_create``), as the store
+contract declares capabilities, and asked for, never branched on.  LMDB must not live on a network filesystem;
+this tier is how NFS and S3 are used.
 
 Failures are bounded and named here, at the store's edge (as zarr's FsspecStore
 translates its filesystem's errors): every call ends within ``timeout_s``, and
@@ -13,7 +19,6 @@ botocore or OSError traceback.  A missing object is an answer, not a failure.
 """
 from __future__ import annotations
 
-import asyncio
 import errno
 import functools
 import logging
@@ -22,17 +27,14 @@ import sys
 import threading
 import time
 from typing import Iterable, Iterator, Mapping
-from urllib.parse import quote
 
 import fsspec
-import fsspec.asyn
 import xxhash
 
 from ..errors import (ConfigError, InvalidKeyError, NoSpaceError, OversizedObjectError, PermissionDeniedError,
                       ReadOnlyFilesystemError, SharedTimeoutError, SharedUnavailableError, StoreError, VidcacheError)
 from .base import Store
-from .publish import PARTIAL_MAX_AGE_S, is_partial, publish_bytes
-from .regular import open_regular
+from .publish import PARTIAL_MAX_AGE_S, is_partial
 
 
 
@@ -47,43 +49,6 @@ def _s3_stack():
     except ImportError:        # s3fs is a dependency, but only S3 tiers need it
         return None, None, ()
     return aiohttp, boto, S3_RETRYABLE_ERRORS
-
-
-def _open_object(root: str, path: str):
-    """A directory tier's object, opened only if it is a regular file of the tier itself, reached through the tier's
-    own directories: no symlink is followed, at the object's name (D33) or at its namespace or fan-out directory
-    (D51: a planted ``frozen/xx`` link was read through; every node that read it copied the link's target, a
-    file of its own, into the tier's quarantine/).  Each component is opened relative to the last (``dir_fd``),
-    so a link swapped in meanwhile is not followed either.  A link at the name counts as no object; anything else
-    that is not a regular file (a FIFO, a directory) is refused by name (``NotRegularFileError``), unopened."""
-    parts = os.path.relpath(path, root).split(os.sep)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))   # the root itself may be a link
-    try:
-        for part in parts[:-1]:
-            sub = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = sub
-        obj, _ = open_regular(parts[-1], dir_fd=fd, shown=path)   # a FIFO is refused, never waited on (D58)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
-            log.warning("not following the symlink at %s: a tier's objects and directories are its own", path)
-            raise FileNotFoundError(errno.ENOENT, "a symlink, not an object", path) from None
-        raise
-    finally:
-        os.close(fd)
-    return os.fdopen(obj, "rb")
-
-
-def _own_dirs(root: str, path: str) -> None:
-    """Before a write or delete under ``path``: its namespace and fan-out directories must be the tier's own, not
-    symlinks (D51: ``publish`` made, linked and renamed through a planted one, writing outside the tier)."""
-    d = os.path.dirname(path)
-    while len(d) > len(root) and d.startswith(root):
-        if os.path.islink(d):
-            raise PermissionDeniedError(f"shared tier {root}: {d} is a symlink; a tier's directories are its own, so "
-                                        "nothing is written through it (remove the link)")
-        d = os.path.dirname(d)
 
 
 def _s3_errors():
@@ -126,24 +91,10 @@ def default_max_object_bytes(decode_budget: int | None = None) -> int:
     budget = DEFAULT_DECODE_BUDGET if decode_budget is None else decode_budget
     return budget + budget // 8
 
-# botocore's own defaults let one S3 call retry for minutes: s3fs retries 5 times around botocore's 5
-# "legacy" attempts, each allowed 15 s to read (D21: calls to a stopped endpoint were killed after 330 s).
-# Per-request bounds, so a stuck connection is retried well inside the call's limit; "standard" retries
-# back off with jitter and also cover throttling and 5xx.  Whatever the user sets in config_kwargs wins.
-S3_CONFIG_KWARGS = {"connect_timeout": 5, "read_timeout": 15,
-                    "retries": {"mode": "standard", "total_max_attempts": 3}}
-
 # Answers, not failures: each call turns them into its result (a miss, "already there").
 _ANSWERS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
 _UNREACHABLE = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTUNREACH,
                 errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
-
-
-def s3_storage_options(user: Mapping) -> dict:
-    """``user``'s S3 storage options with bounded timeouts and retries filled in where neither they nor
-    fsspec's configuration (``FSSPEC_S3_CONFIG_KWARGS``...) set them."""
-    given = {**fsspec.config.conf.get("s3", {}), **user}
-    return {**user, "config_kwargs": {**S3_CONFIG_KWARGS, **(given.get("config_kwargs") or {})}}
 
 
 def _default_timeout() -> float:
@@ -212,13 +163,31 @@ def _detail(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
 
 
+def store_class(url: str) -> type["FsspecStore"]:
+    """The store class of ``url``'s medium: a directory (a plain path, ``file://``), S3, or any other fsspec URL."""
+    protocol = fsspec.core.split_protocol(url)[0]
+    if protocol in (None, "file", "local"):
+        from .directory import DirectoryStore
+        return DirectoryStore
+    if protocol in ("s3", "s3a"):
+        from .s3 import S3Store
+        return S3Store
+    return FsspecStore
+
+
 class FsspecStore(Store):
     supports_writes = supports_deletes = supports_listing = True
     supports_usage = True
-    # Directory tiers publish through a temporary file, which a killed writer leaves behind; on S3 (atomic
-    # PUTs) the sweep finds none.
-    supports_partial_sweep = True
-    # supports_urls: a property (directories and S3 only); timeout_s: set per store (``__init__``)
+    supports_urls = False             # a URL another machine can read (a directory: file://; S3: presigned)
+    supports_partial_sweep = False    # only a directory's publish leaves temporary files behind a killed writer
+    exclusive_create = False          # whether ``set_if_not_exists`` is decided by the medium (else a look first)
+    # timeout_s: set per store (``__init__``)
+
+    def __new__(cls, url: str | None = None, *args, **kwargs):
+        # ``FsspecStore(url)`` is the store of url's medium; a subclass named, or unpickled, is itself.
+        if cls is FsspecStore and url is not None:
+            cls = store_class(url)
+        return super().__new__(cls)
 
     def __init__(self, url: str, *, read_only: bool = False, storage_options: dict | None = None,
                  timeout_s: float | None = None, max_object_bytes: int | None = None) -> None:
@@ -235,15 +204,13 @@ class FsspecStore(Store):
         self._pid = None
 
     # --- filesystem -----------------------------------------------------------
+    def _storage_options(self) -> dict:
+        """The options the filesystem is opened with (S3 fills in bounded timeouts)."""
+        return self.storage_options
+
     def _resolve(self) -> None:
         if self._fs is None or self._pid != os.getpid():   # fsspec instances are not fork-safe
-            opts = self.storage_options
-            if fsspec.core.split_protocol(self.url)[0] in ("s3", "s3a"):
-                opts = s3_storage_options(opts)
-            fs, root = fsspec.core.url_to_fs(self.url, **opts)
-            protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-            self._local = "file" in protocols or "local" in protocols
-            self._s3 = "s3" in protocols
+            fs, root = fsspec.core.url_to_fs(self.url, **self._storage_options())
             self._fs, self._root, self._pid = fs, root.rstrip("/"), os.getpid()
 
     @property
@@ -255,11 +222,6 @@ class FsspecStore(Store):
     def root(self) -> str:
         self._resolve()
         return self._root
-
-    @property
-    def supports_urls(self) -> bool:   # type: ignore[override]
-        self._resolve()
-        return self._local or self._s3
 
     def _path(self, key: str) -> str:
         ns, sep, name = key.partition("/")
@@ -281,10 +243,13 @@ class FsspecStore(Store):
         except (VidcacheError, *_ANSWERS):
             raise
         except Exception as e:
-            kind = _failure(e, self._s3)
+            kind = _failure(e, self._busy_is_unavailable)
             if kind is None:
                 raise
             raise self._error(kind, what, e, time.monotonic() - t0) from None
+
+    # Whether EBUSY means the tier is overloaded (s3fs reports S3's SlowDown/503 so) rather than a local failure.
+    _busy_is_unavailable = False
 
     def _error(self, kind: str, what: str, e: BaseException, took: float) -> StoreError:
         """One line: the tier, what failed, why, and what fixes it."""
@@ -322,62 +287,22 @@ class FsspecStore(Store):
     def get(self, key: str) -> bytes | None:
         path = self._path(key)
         try:
-            if self._local:
-                def read() -> bytes:
-                    with _open_object(self.root, path) as fh:
-                        self._check_size(key, os.fstat(fh.fileno()).st_size)   # the file opened, not the name
-                        return fh.read()
-                return self._call(f"get {key}", read)
-            if self._s3:
-                # One GET, no HEAD to size it first (max_concurrency=1: s3fs would send one to plan ranges):
-                # not bounded here.  What is large on S3, a compact object, is read by ``stream``, which checks
-                # the GET's Content-Length before its body.
-                return self._call(f"get {key}", self.fs.cat_file, path, max_concurrency=1)
             self._check_size(key, self._call(f"size {key}", self.fs.size, path))
             return self._call(f"get {key}", self.fs.cat_file, path)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
 
-    def stream(self, key: str, sink) -> bool:
-        """S3: one GET whose body is handed on as it arrives; a directory (NFS): the file in pieces.  Either way
-        the whole transfer is bounded by the tier's timeout, as one ``get`` is.  Other filesystems: ``get``."""
-        path = self._path(key)
-        if self._s3:
-            bucket, name, _ = self.fs.split_path(path)
+    def _stream(self, key: str, path: str, sink):
+        """A callable that hands ``key``'s bytes to ``sink`` as they arrive (raising FileNotFoundError for a
+        missing object); None: this medium has no streaming read, and ``stream`` reads it whole."""
+        return None
 
-            async def pump() -> None:
-                # A connection cut part-way resumes where it stopped, as s3fs retries a whole GET (same
-                # errors, same backoff); If-Match keeps the resumed bytes those of the object begun.
-                got, etag = 0, None
-                for attempt in range(max(1, self.fs.retries)):
-                    resume = {"Range": f"bytes={got}-", "IfMatch": etag} if got else {}
-                    resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **resume)
-                    etag, body = resp.get("ETag"), resp["Body"]
-                    if not got:                   # the whole object's length, before its body is read
-                        try:
-                            self._check_size(key, resp.get("ContentLength"))
-                        except OversizedObjectError:
-                            body.close()
-                            raise
-                    try:
-                        while chunk := await body.read(STREAM_PIECE):
-                            sink(chunk)
-                            got += len(chunk)
-                        return
-                    except _s3_stack()[2]:
-                        if attempt + 1 >= self.fs.retries or etag is None:
-                            raise
-                        await asyncio.sleep(min(1.7 ** attempt * 0.1, 15))
-                    finally:
-                        body.close()
-            run = functools.partial(fsspec.asyn.sync, self.fs.loop, pump)
-        elif self._local:
-            def run() -> None:
-                with _open_object(self.root, path) as fh:
-                    self._check_size(key, os.fstat(fh.fileno()).st_size)
-                    while chunk := fh.read(STREAM_PIECE):
-                        sink(chunk)
-        else:
+    def stream(self, key: str, sink) -> bool:
+        """The object handed on in pieces as it arrives, the whole transfer bounded by the tier's timeout as one
+        ``get`` is (a directory: the file in pieces; S3: one GET's body).  Other filesystems: ``get``."""
+        path = self._path(key)
+        run = self._stream(key, path, sink)
+        if run is None:
             return super().stream(key, sink)
         try:
             self._call(f"get {key}", run)
@@ -402,25 +327,15 @@ class FsspecStore(Store):
             return None
 
     def url_for(self, key: str, expires_s: float | None = None) -> str:
-        path = self._path(key)
-        if self._local:
-            return "file://" + quote(os.path.abspath(path))     # SGLang mishandles '#', '?', '%' in plain paths
-        if self._s3:
-            if expires_s is None:     # the default lives with the other serving facts (vidcache.serving)
-                raise ValueError("a presigned URL needs expires_s (vidcache.serving.URL_EXPIRY_S)")
-            return self.fs.sign(path, expiration=int(expires_s))
         raise NotImplementedError(f"{self.url} has no URL another machine can read")
 
     # --- writes -----------------------------------------------------------------
     def _put(self, key: str, value: bytes, exclusive: bool) -> bool:
         path, what = self._path(key), f"put {key}"
-        if self._local:
-            _own_dirs(self.root, path)
-            return self._call(what, publish_bytes, path, bytes(value), exclusive=exclusive)
         if exclusive and self._call(what, self.fs.exists, path):   # cheap early out; the PUT below decides
             return False
-        if exclusive and self._s3:
-            try:     # If-None-Match: * -- S3 refuses the PUT if another writer got there first
+        if exclusive and self.exclusive_create:
+            try:     # the medium refuses the write if another writer got there first (S3: If-None-Match: *)
                 self._call(what, self.fs.pipe_file, path, bytes(value), mode="create")
             except FileExistsError:
                 return False
@@ -438,10 +353,12 @@ class FsspecStore(Store):
         self._check_writable()
         return self._put(key, value, exclusive=True)
 
+    def _before_change(self, path: str) -> None:
+        """Called before a write or delete at ``path`` (a directory checks its own directories)."""
+
     def delete(self, key: str) -> None:
         self._check_writable()
-        if self._local:
-            _own_dirs(self.root, self._path(key))
+        self._before_change(self._path(key))
         try:
             self._call(f"delete {key}", self.fs.rm_file, self._path(key))
         except FileNotFoundError:
@@ -477,7 +394,7 @@ class FsspecStore(Store):
         """
         self._check_writable()
         removed = [0, 0]
-        if not self._local:
+        if not self.supports_partial_sweep:
             return {"partial_files_removed": 0, "partial_bytes_removed": 0}
         cutoff = time.time() - older_than_s     # NFS stamps mtimes with the server's clock: skew << an hour
         for p, info in self._find(detail=True).items():

@@ -1,0 +1,95 @@
+"""A shared tier in a directory: a local path or an NFS mount (``/mnt/tier``, ``file:///mnt/tier``).
+
+What a directory adds to ``FsspecStore``: each object is published atomically (``publish``: temp file, fsync,
+rename; ``link`` for ``set_if_not_exists``), so a reader never sees a partial object, and a killed writer's
+temporary files are swept (``sweep_partials``); objects are read through the tier's own directories, never through
+a symlink, and never waited on when they are not regular files (a FIFO); its objects have ``file://`` URLs.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from urllib.parse import quote
+
+from ..errors import PermissionDeniedError
+from .fsspec import STREAM_PIECE, FsspecStore
+from .publish import publish_bytes
+from .regular import open_regular
+
+log = logging.getLogger("vidcache.store.fsspec")     # the tier's one logger, whichever medium
+
+
+def _open_object(root: str, path: str):
+    """A directory tier's object, opened only if it is a regular file of the tier itself, reached through the tier's
+    own directories: no symlink is followed, at the object's name (D33) or at its namespace or fan-out directory
+    (D51: a planted ``frozen/xx`` link was read through; every node that read it copied the link's target, a
+    file of its own, into the tier's quarantine/).  Each component is opened relative to the last (``dir_fd``),
+    so a link swapped in meanwhile is not followed either.  A link at the name counts as no object; anything else
+    that is not a regular file (a FIFO, a directory) is refused by name (``NotRegularFileError``), unopened."""
+    parts = os.path.relpath(path, root).split(os.sep)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))   # the root itself may be a link
+    try:
+        for part in parts[:-1]:
+            sub = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        obj, _ = open_regular(parts[-1], dir_fd=fd, shown=path)   # a FIFO is refused, never waited on (D58)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            log.warning("not following the symlink at %s: a tier's objects and directories are its own", path)
+            raise FileNotFoundError(errno.ENOENT, "a symlink, not an object", path) from None
+        raise
+    finally:
+        os.close(fd)
+    return os.fdopen(obj, "rb")
+
+
+def _own_dirs(root: str, path: str) -> None:
+    """Before a write or delete under ``path``: its namespace and fan-out directories must be the tier's own, not
+    symlinks (D51: ``publish`` made, linked and renamed through a planted one, writing outside the tier)."""
+    d = os.path.dirname(path)
+    while len(d) > len(root) and d.startswith(root):
+        if os.path.islink(d):
+            raise PermissionDeniedError(f"shared tier {root}: {d} is a symlink; a tier's directories are its own, so "
+                                        "nothing is written through it (remove the link)")
+        d = os.path.dirname(d)
+
+
+class DirectoryStore(FsspecStore):
+    supports_urls = True
+    supports_partial_sweep = True
+    exclusive_create = True          # publish's link() refuses an existing name
+
+    def get(self, key: str) -> bytes | None:
+        path = self._path(key)
+
+        def read() -> bytes:
+            with _open_object(self.root, path) as fh:
+                self._check_size(key, os.fstat(fh.fileno()).st_size)   # the file opened, not the name
+                return fh.read()
+        try:
+            return self._call(f"get {key}", read)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def _stream(self, key: str, path: str, sink):
+        def run() -> None:
+            with _open_object(self.root, path) as fh:
+                self._check_size(key, os.fstat(fh.fileno()).st_size)
+                while chunk := fh.read(STREAM_PIECE):
+                    sink(chunk)
+        return run
+
+    def url_for(self, key: str, expires_s: float | None = None) -> str:
+        # SGLang mishandles '#', '?', '%' in plain paths
+        return "file://" + quote(os.path.abspath(self._path(key)))
+
+    def _before_change(self, path: str) -> None:
+        _own_dirs(self.root, path)
+
+    def _put(self, key: str, value: bytes, exclusive: bool) -> bool:
+        path = self._path(key)
+        self._before_change(path)
+        return self._call(f"put {key}", publish_bytes, path, bytes(value), exclusive=exclusive)
