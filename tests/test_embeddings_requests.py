@@ -137,7 +137,8 @@ def test_vllm_item_takes_the_towers_layout(setup):
 
 
 def test_vllm_refuses_qwen2_5_embeddings_off_one_second_per_grid(setup, tmp_path):
-    """vLLM 0.34 drops second_per_grid_ts from an embeddings item: at 1 fps (2 s per grid) the positions would differ."""
+    """vLLM 0.34 drops second_per_grid_ts from an embeddings item: at 1 fps (2 s per grid) the positions would
+    differ."""
     from vidcache.vllm.request import prepare_vllm
     s = setup
     if s["family"] != "qwen2_5_vl":

@@ -148,7 +148,8 @@ class Server(ServerProcess):
                "--host", "127.0.0.1", "--port", str(self.port), *CPU_FLAGS, *server_args(mode, family, vision)]
         self.log = open(self.log_path, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir, family, vision, extra_env), stdout=self.log,
+        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir, family, vision, extra_env),
+                                     stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
         try:
             self._wait(t0 + timeout)

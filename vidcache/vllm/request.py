@@ -101,7 +101,7 @@ def check_prompt_ids(expected: list[int], output) -> None:
                       f"first difference at position {first}. {cause}.")
 
 
-def embeds_item(processor, manifest, rec) -> dict:
+def embeds_item(processor, manifest, rec, tokens_per_second: float = 2.0) -> dict:
     """One video's ``multi_modal_data`` item for vLLM 0.34's precomputed path (the engine started with
     ``enable_mm_embeds=True``): ``video_embeds`` as its tower outputs them (``rollout.embeddings.decoder_rows``: Qwen3-VL's
     deepstack levels side by side) and ``video_grid_thw``; Qwen3-VL adds ``timestamps``, which its prompt replacement
@@ -111,7 +111,9 @@ def embeds_item(processor, manifest, rec) -> dict:
     Qwen2.5-VL: vLLM 0.34 drops ``second_per_grid_ts`` from an embeddings item (its data parser uses Qwen2-VL's field
     factory, ``qwen2_vl.py:761-796``, and ``MultiModalKwargsItems.from_hf_inputs`` skips fields it has no config for,
     ``multimodal/inputs.py:937``), and M-RoPE then takes 1.0 s per grid (``qwen2_5_vl.py:1356``).  An entry whose
-    trainer value differs is refused (``OptionsError``), never served at other positions."""
+    frame groups the trainer's value puts at other positions is refused (``OptionsError``), never served there
+    (1.001 s, an NTSC source sampled at 2 fps, moves none of 14 groups; 2 s moves all but the first).
+    ``tokens_per_second``: the checkpoint's ``vision_config.tokens_per_second`` (2 in released Qwen2.5-VL)."""
     import torch
     from transformers.video_utils import VideoMetadata
 
@@ -123,11 +125,15 @@ def embeds_item(processor, manifest, rec) -> dict:
     meta = VideoMetadata(**video_metadata(manifest, "plugin"))
     tps = processor.video_processor.temporal_patch_size
     if manifest.family == "qwen2_5_vl":
+        # vLLM's rule (float64 indices times seconds x tokens_per_second, floored) with the trainer's seconds and with
+        # the 1.0 it uses for embeddings: refused only where a frame group's position would move
         spg = float(torch.tensor(tps / meta.sampled_fps, dtype=torch.float32))
-        if spg != 1.0:
-            raise OptionsError(f"entry {manifest.key}: vLLM 0.34 serves Qwen2.5-VL video embeddings at 1 s per temporal "
-                               f"patch (it drops second_per_grid_ts from an embeddings item), the trainer's is {spg:g} "
-                               f"s: sample at {tps} fps for this path, or send frames")
+        idx = torch.arange(grid[0], dtype=torch.float64)
+        if not torch.equal((idx * (spg * tokens_per_second)).long(), (idx * tokens_per_second).long()):
+            raise OptionsError(f"entry {manifest.key}: vLLM 0.34 positions Qwen2.5-VL video embeddings at 1 s per "
+                               f"temporal patch (it drops second_per_grid_ts from an embeddings item); the trainer's "
+                               f"{spg:g} s puts some of this video's {grid[0]} frame groups elsewhere: sample at {tps} "
+                               "fps for this path, or send frames")
     elif manifest.family == "qwen3_vl":
         item["timestamps"] = torch.tensor([processor._calculate_timestamps(list(meta.frames_indices), meta.fps, tps)],
                                           dtype=torch.float64)
@@ -135,7 +141,7 @@ def embeds_item(processor, manifest, rec) -> dict:
 
 
 def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = None, embeddings=None,
-                 tower=None) -> VllmRequest:
+                 tower=None, tokens_per_second: float = 2.0) -> VllmRequest:
     """The ``TokensPrompt`` for ``prompt`` (one ``<|vision_start|><|video_pad|><|vision_end|>`` or ``<video>`` per
     handle, in order; apply the chat template first) and the trainer's expanded ids, from the manifests and the
     cached frames.  ``processor``: the checkpoint's HF processor (it tokenises and gives the trainer's ids; vLLM
@@ -174,7 +180,8 @@ def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = Non
         if len(recs) != 1:
             raise ValueError("vidcache sends vLLM precomputed embeddings for one video per prompt (not run with more)")
         # no uuid: vLLM's processor cache would then key these rows by the entry alone, not by the tower
-        req = {"prompt_token_ids": compact, "multi_modal_data": {"video": embeds_item(processor, manifests[0], recs[0])}}
+        item = embeds_item(processor, manifests[0], recs[0], tokens_per_second)
+        req = {"prompt_token_ids": compact, "multi_modal_data": {"video": item}}
         return VllmRequest(req, expected, keys, layout, {"embeddings": recs})
     frames = [h.frames() for h in handles]          # uint8 T x 3 x H x W: vLLM takes vidcache's layout as it is
     mm = {"video": [(f, vllm_metadata(m)) for f, m in zip(frames, manifests)]}

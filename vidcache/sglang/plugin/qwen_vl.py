@@ -47,7 +47,8 @@ from ...attest import attest, compare
 from ...errors import VidcacheError
 from ...options import PATCH_SIZE
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
-from ...rollout.embeddings import EmbeddingsMismatchError, Tower, check_grid, decoder_rows, embeddings_digest, server_lookup
+from ...rollout.embeddings import (EmbeddingsMismatchError, Tower, check_grid, decoder_rows, embeddings_digest,
+                                   server_lookup)
 from ...rollout.ref import open_ref, parse_ref
 from ...sglang_facts import MODEL_PACKAGE_ENV
 from ..request import ATTESTATION_MARK, SERVER_MARK
