@@ -20,7 +20,7 @@ from vidcache import VideoCache, VideoOptions, prepare
 from vidcache.attest import tensor_digest
 from vidcache.errors import InvalidKeyError, NotCachedError, OptionsError
 from vidcache.processing import VIDEO_PLACEHOLDER
-from vidcache.rollout.embeddings import DirectoryLookup, EmbeddingsMismatchError, Tower, decoder_rows
+from vidcache.rollout.embeddings import DirectoryLookup, EmbeddingsMismatchError, Tower, decoder_rows, decoder_width
 from vidcache.rollout.ref import REF_PREFIX, parse_ref
 from vidcache.testing.videos import make_video
 
@@ -62,6 +62,7 @@ def test_prepare_names_the_tower_and_attests_the_rows(setup):
     levels = len(s["recs"][0].deepstack)
     assert (levels > 0) == (s["family"] == "qwen3_vl")
     assert rows.shape == (s["recs"][0].embeds.shape[0], s["recs"][0].embeds.shape[1] * (1 + levels))
+    assert rows.shape[-1] == decoder_width(s["model"].config)       # what the SGLang plugin checks rows against
     assert parse_ref(req.video_data[0])["embeddings"] == ref["embeddings"]
 
 

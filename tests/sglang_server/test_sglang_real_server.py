@@ -385,7 +385,8 @@ def test_generate_two_videos_from_precomputed_embeddings(server, checkpoints, cl
 
 def test_embeddings_of_another_tower_or_other_rows_are_refused(server, checkpoints, clips, env):
     """A request for another tower's embeddings (another weights digest) finds none; a record of another key
-    stored under this one is refused by its key; other rows under the right key fail the attestation."""
+    stored under this one is refused by its key; rows of another width, or other rows, under the right key are
+    refused (the width check; the attestation)."""
     import dataclasses
 
     from vidcache.errors import ParityError
@@ -407,7 +408,11 @@ def test_embeddings_of_another_tower_or_other_rows_are_refused(server, checkpoin
     look.put(rec, key=other_key)
     req, status, out = _generate_embeds(server, proc, [h], [other])
     assert status == 400 and "computed for" in str(out), out
-    # 3. the right key, other rows (one value changed): the attested digest differs
+    # 3. the right key, rows of another width (another model's): refused before SGLang's scheduler sees them
+    look.put(dataclasses.replace(rec, embeds=torch.cat([rec.embeds, rec.embeds[:, :1]], dim=-1)))
+    req, status, out = _generate_embeds(server, proc, [h], [rec])
+    assert status == 400 and "wide" in str(out), out
+    # 4. the right key, other rows (one value changed): the attested digest differs
     bent = rec.embeds.clone()
     bent[0, 0] += 1.0
     look.put(dataclasses.replace(rec, embeds=bent))

@@ -105,6 +105,14 @@ def decoder_rows(rec, family: str):
     return torch.cat([rec.embeds, *rec.deepstack], dim=-1) if rec.deepstack else rec.embeds
 
 
+def decoder_width(config) -> int:
+    """The width a model's decoder takes precomputed rows at (its tower's output): the text hidden size times
+    (1 + Qwen3-VL's deepstack levels), from the checkpoint's config."""
+    text = getattr(config, "text_config", config)
+    levels = len(getattr(getattr(config, "vision_config", None), "deepstack_visual_indexes", None) or ())
+    return int(text.hidden_size) * (1 + levels)
+
+
 def check_grid(rec, grid_thw) -> None:
     """The record's grid must be the video's (the processor's ``video_grid_thw`` row) and its rows the grid's merged
     tokens: rows for another sampling or size would be scattered into the wrong placeholders."""

@@ -47,8 +47,8 @@ from ...attest import attest, compare
 from ...errors import VidcacheError
 from ...options import PATCH_SIZE
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
-from ...rollout.embeddings import (EmbeddingsMismatchError, Tower, check_grid, decoder_rows, embeddings_digest,
-                                   server_lookup)
+from ...rollout.embeddings import (EmbeddingsMismatchError, Tower, check_grid, decoder_rows, decoder_width,
+                                   embeddings_digest, server_lookup)
 from ...rollout.ref import open_ref, parse_ref
 from ...sglang_facts import MODEL_PACKAGE_ENV
 from ..request import ATTESTATION_MARK, SERVER_MARK
@@ -154,10 +154,11 @@ def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:
                         "transformers expands in %r)", layout, layout_of(processor, refs[0].family))
 
 
-def embedding_rows(refs: list[VidcacheVideo], ret, images) -> list | None:
+def embedding_rows(refs: list[VidcacheVideo], ret, images, width: int) -> list | None:
     """Each reference's precomputed rows for the decoder (``rollout.embeddings.decoder_rows``), read through this
-    server's lookup and checked against the processor output ``ret``; None when no reference asks for them.
-    Raises ``ValueError`` (a 400) for anything SGLang could not be handed exactly."""
+    server's lookup and checked against the processor output ``ret`` and the model's row ``width``; None when no
+    reference asks for them.  Raises ``ValueError`` (a 400) for anything SGLang could not be handed exactly: rows of
+    another width would fail inside the scheduler (``srt/managers/mm_utils.py:429-444``), not as a refusal."""
     towers = [v.tower for v in refs]
     if all(t is None for t in towers):
         return None
@@ -179,7 +180,10 @@ def embedding_rows(refs: list[VidcacheVideo], ret, images) -> list | None:
                 raise EmbeddingsMismatchError(f"the lookup returned a record for {rec.key.as_dict()}, asked for "
                                               f"{want.as_dict()}")
             check_grid(rec, grid)
-            rows.append(decoder_rows(rec, v.family))
+            r = decoder_rows(rec, v.family)
+            if r.shape[-1] != width:
+                raise EmbeddingsMismatchError(f"record rows are {r.shape[-1]} wide, this server's model takes {width}")
+            rows.append(r)
     except VidcacheError as e:
         Counters.add("rejected")
         raise ValueError(f"vidcache cannot serve precomputed embeddings for {key}: [{e.kind}] {e}") from None
@@ -293,7 +297,7 @@ class VidcachePluginMixin:
         finally:
             _CALL_VIDEO_CONFIG.reset(token)
         enforce_layout(self._processor, refs, ret)
-        rows = embedding_rows(refs, ret, images)
+        rows = embedding_rows(refs, ret, images, decoder_width(self.hf_config))
         check_attestations(refs, ret, rows)
         return ret if rows is None else serve_embeddings(ret, rows)
 
