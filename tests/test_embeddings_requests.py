@@ -150,3 +150,20 @@ def test_vllm_refuses_qwen2_5_embeddings_off_one_second_per_grid(setup, tmp_path
     recs = compute_records(s["model"], s["family"], ti, [h.resolve()])
     with pytest.raises(OptionsError, match="vLLM 0.34"):
         prepare_vllm(s["proc"], PROMPT, [h], embeddings=recs)
+
+
+def test_sglang_config_names_the_servers_embeddings_lookup(tmp_path):
+    """The CLI alone, on a fresh node: ``sglang-config --embeddings`` puts the lookup into the server's env (a
+    directory of records, or module:callable), plugin mode only; it creates nothing on the node."""
+    from support.cli import run_cli
+    node = tmp_path / "node"
+    base = ["sglang-config", "--family", "qwen3_vl", "--mode", "plugin", "--embeddings"]
+    r = run_cli([*base, str(tmp_path / "records")], node)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    env = json.loads(r.stdout)["env"]
+    assert env["VIDCACHE_EMBEDDINGS_DIR"] == str(tmp_path / "records") and "VIDCACHE_EMBEDDINGS_LOOKUP" not in env
+    r = run_cli([*base, "mytier.lookup:find", "--format", "shell"], node)
+    assert r.returncode == 0 and "VIDCACHE_EMBEDDINGS_LOOKUP=mytier.lookup:find" in r.stdout, r.stdout + r.stderr
+    r = run_cli(["sglang-config", "--family", "qwen3_vl", "--mode", "stock", "--embeddings", str(tmp_path)], node)
+    assert r.returncode != 0 and "vidcache: error: [options]" in r.stderr and "--mode plugin" in r.stderr, r.stderr
+    assert not node.exists()
