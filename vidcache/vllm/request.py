@@ -103,8 +103,8 @@ def check_prompt_ids(expected: list[int], output) -> None:
 
 def embeds_item(processor, manifest, rec, tokens_per_second: float = 2.0) -> dict:
     """One video's ``multi_modal_data`` item for vLLM 0.34's precomputed path (the engine started with
-    ``enable_mm_embeds=True``): ``video_embeds`` as its tower outputs them (``rollout.embeddings.decoder_rows``: Qwen3-VL's
-    deepstack levels side by side) and ``video_grid_thw``; Qwen3-VL adds ``timestamps``, which its prompt replacement
+    ``enable_mm_embeds=True``): ``video_embeds`` as its tower outputs them (``rollout.embeddings.decoder_rows``:
+    Qwen3-VL's deepstack levels side by side) and ``video_grid_thw``; Qwen3-VL adds ``timestamps``, which its prompt replacement
     writes as each frame group's ``<t seconds>`` (vLLM ``model_executor/models/qwen3_vl.py:912-921``): the processor's
     own, from the original timeline, as the trainer's ids have them.
 
