@@ -8,6 +8,9 @@ digest of its ``pixel_values_videos`` rows (split by the grid: ``t * h * w`` row
 shape and bytes.  Equal records mean bit-identical tensors, which is what "the pixels the policy saw are
 the pixels the trainer uses" needs; :func:`compare` names the field that differs.
 
+A video served from precomputed embeddings (``vidcache.rollout.embeddings``) adds ``embeddings``: the digest of the
+rows the decoder gets in place of the tower's output, so the server proves it scatters the trainer's rows.
+
 A record may also carry the rows themselves (``values``: base64 float32, small videos only): the
 handshake's canary does, so that a mismatch reports the largest difference, not only a digest.
 
@@ -77,13 +80,16 @@ def compare(expected: dict, got: dict, rows: torch.Tensor | None = None) -> list
                 d = (have - want).abs()
                 msg += f": max difference {float(d.max()):.6g} in {int((d > 0).sum())} of {d.numel()} values"
         out.append(msg)
+    if expected.get("embeddings") is not None and expected["embeddings"] != got.get("embeddings"):
+        out.append("embeddings differ (digest): the server's record is not the trainer's")
     return out
 
 
 def check_record(rec) -> dict:
     """A record from a request, checked for shape and types before anything compares it (never trusted)."""
-    if not isinstance(rec, dict) or set(rec) - {*FIELDS, "values", "position"}:
-        raise ValueError("attestation must be an object with the keys " + ", ".join((*FIELDS, "values", "position")))
+    allowed = (*FIELDS, "values", "position", "embeddings")
+    if not isinstance(rec, dict) or set(rec) - set(allowed):
+        raise ValueError("attestation must be an object with the keys " + ", ".join(allowed))
     pos = rec.get("position")
     if pos is not None and not (isinstance(pos, list) and len(pos) == 2 and all(type(x) is int for x in pos)
                                 and 0 <= pos[0] < pos[1] < 1 << 16):
@@ -91,9 +97,12 @@ def check_record(rec) -> dict:
     grid = rec.get("video_grid_thw")
     if not (isinstance(grid, list) and len(grid) == 3 and all(type(x) is int and 0 < x < 1 << 20 for x in grid)):
         raise ValueError("attestation video_grid_thw must be 3 positive integers")
-    digest = rec.get("pixel_values_videos")
-    if not (isinstance(digest, str) and len(digest) == 32 and all(c in "0123456789abcdef" for c in digest)):
-        raise ValueError("attestation pixel_values_videos must be a 32-digit hex digest")
+    for name in ("pixel_values_videos", "embeddings"):
+        digest = rec.get(name)
+        if digest is None and name == "embeddings":
+            continue
+        if not (isinstance(digest, str) and len(digest) == 32 and all(c in "0123456789abcdef" for c in digest)):
+            raise ValueError(f"attestation {name} must be a 32-digit hex digest")
     spg = rec.get("second_per_grid_ts")
     if spg is not None and type(spg) not in (int, float):
         raise ValueError("attestation second_per_grid_ts must be a number")

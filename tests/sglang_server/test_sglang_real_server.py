@@ -11,6 +11,11 @@ One server per (family, mode, vision), shared by every test of it:
 * ``qwen2_5_vl`` plugin, SGLang's model *as shipped* (the fix taken out): what the fix fixes;
 * ``qwen3_vl`` plugin and stock: SGLang's own Qwen3-VL code (it attends per frame already).
 
+Every server reads precomputed vision embeddings from the node's directory of records (``$VIDCACHE_EMBEDDINGS_DIR``);
+the plugin servers serve them (``prepare(..., embeddings=)``): SGLang skips its tower, and its logprobs sit at the
+noise floor against transformers fed the same record, on every plugin server, SGLang's shipped Qwen2.5-VL included
+(its tower is not run); a record of another tower, or other rows under the right key, is refused.
+
 What it shows, per server:
 * ``vidcache check-server`` (the CLI) establishes parity, or, on the shipped Qwen2.5-VL model, fails naming the vision
   tower and the fix;
@@ -48,6 +53,7 @@ from support.tiny_checkpoint import load_tiny_model, write_tiny_checkpoint  # no
 from vidcache import VideoCache, VideoOptions, prepare  # noqa: E402
 from vidcache.processing import VIDEO_PLACEHOLDER  # noqa: E402
 from vidcache.rollout.computation import across_video_attention, kl_per_token, threshold_for  # noqa: E402
+from vidcache.rollout.embeddings import DIR_ENV, DirectoryLookup  # noqa: E402
 from vidcache.testing.videos import make_video  # noqa: E402
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow]
@@ -116,8 +122,9 @@ def server(request, env, checkpoints):
     family, mode, vision = request.param
     ckpt, _ = checkpoints(family)
     name = _server_id(request.param)
+    # every server reads precomputed embeddings from the node's directory of records (the tests below write them)
     with ss.Server(ckpt, mode, node_dir=env / "node", log=env / f"server-{name}.log", family=family,
-                   vision=vision) as srv:
+                   vision=vision, extra_env={DIR_ENV: str(env / "embeddings")}) as srv:
         srv.ckpt = ckpt
         print(f"\nSGLang 0.5.23 {name} server on CPU: started in {srv.start_s:.1f} s")
         yield srv
@@ -358,3 +365,121 @@ def test_miles_startup_warns_and_goes_on_with_warn(server):
     assert rc == 0, out[-6000:]
     assert "WARNING" in out and "FAIL [positions] the position rule" in out, out[-6000:]
     assert "startup check: ok" in out and "dry run: ok: 6 samples" in out, out[-6000:]
+
+
+# --- precomputed vision embeddings (vidcache.rollout.embeddings) --------------------------------------------------
+def _needs_plugin(server):
+    if server.mode != "plugin":
+        pytest.skip("stock mode carries no embeddings: /generate takes JSON, only the plugin hands SGLang the rows "
+                    "(prepare refuses it: tests/test_embeddings_requests.py)")
+
+
+def _records(server, model, proc, handles, env):
+    """The trainer's records for ``handles`` (its tower on its own train_inputs), written where the server looks."""
+    from support.embedding_records import compute_records
+    ti = vidcache.train_inputs(proc, handles, mode="plugin")
+    recs = compute_records(model, server.family, ti, [h.resolve() for h in handles])
+    look = DirectoryLookup(env / "embeddings")
+    for r in recs:
+        look.put(r)
+        assert torch.equal(look(r.key).embeds, r.embeds)       # the server reads these very bytes
+    return recs, look
+
+
+def _generate_embeds(server, proc, handles, recs):
+    req = prepare(proc, PROMPT.replace(VIDEO_PLACEHOLDER, VIDEO_PLACEHOLDER * len(handles)), handles,
+                  mode="plugin", embeddings=recs)
+    vocab = len(proc.tokenizer)
+    status, out = server.generate({"input_ids": req.compact_ids, "video_data": req.video_data,
+                                   "return_prompt_token_ids": True, "return_logprob": True, "logprob_start_len": 0,
+                                   "top_logprobs_num": vocab,
+                                   "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    return req, status, out
+
+
+def _embeds_kl(server, model, proc, req, out, recs):
+    from support.embedding_records import fed
+    vocab = len(proc.tokenizer)
+    meta = out["meta_info"]
+    eng = torch.cat([ss.engine_logprobs(meta, "input_top_logprobs", vocab),
+                     ss.engine_logprobs(meta, "output_top_logprobs", vocab)])
+    ids = req.expanded_ids + list(out["output_ids"])
+    pos = vidcache.rope_positions(proc, ids, request=req, engine="sglang", config=model_config(server.ckpt))
+    with fed(model, req.extra["embeddings"]) as calls:        # the trainer's decoder on the same records' rows
+        hf = ss.hf_logprobs(model, ids, req.train_inputs, pos[:, None, :])[: len(ids) - 1].double()
+    assert calls, "the trainer ran its tower"
+    kl = kl_per_token(eng, hf)
+    return kl, bool((eng.argmax(-1) == hf.argmax(-1)).all())
+
+
+def test_generate_from_precomputed_embeddings(server, checkpoints, clips, env):
+    """Several temporal patches, the rows from a record: at the floor on every plugin server, SGLang's shipped
+    Qwen2.5-VL too (its tower, which attends across the video, is not run)."""
+    _needs_plugin(server)
+    _, model = checkpoints(server.family)
+    proc = vidcache_processor(server.ckpt)
+    h = vidcache.get(clips[4], options(server.family, server.mode, 4), VideoCache())
+    recs, _ = _records(server, model, proc, [h], env)
+    req, status, out = _generate_embeds(server, proc, [h], recs)
+    assert status == 200, (out, server.log_tail())
+    req.check(out)                      # the guard, and the attestation: the server's rows' digest is the trainer's
+    kl, argmax_equal = _embeds_kl(server, model, proc, req, out, recs)
+    _record(server, "4 patches", "engine", "embeddings", kl)
+    print(f"\n{_server_id((server.family, server.mode, server.vision))} from embeddings: mean KL {kl.mean():.2e}, "
+          f"max KL {kl.max():.2e}")
+    assert kl.mean() < FLOOR_MEAN_KL and kl.max() < FLOOR_MAX_KL and argmax_equal
+
+
+def test_generate_two_videos_from_precomputed_embeddings(server, checkpoints, clips, env):
+    _needs_plugin(server)
+    if server.vision == ss.SHIPPED:
+        pytest.skip("one plugin server suffices for two videos; the shipped model differs only in its (unused) tower")
+    _, model = checkpoints(server.family)
+    proc = vidcache_processor(server.ckpt)
+    hs = [vidcache.get(clips[t], options(server.family, server.mode, t), VideoCache()) for t in (4, 1)]
+    recs, _ = _records(server, model, proc, hs, env)
+    req, status, out = _generate_embeds(server, proc, hs, recs)
+    assert status == 200, (out, server.log_tail())
+    req.check(out)
+    kl, argmax_equal = _embeds_kl(server, model, proc, req, out, recs)
+    _record(server, "2 videos", "engine", "embeddings", kl)
+    print(f"\n{server.family} two videos from embeddings: mean KL {kl.mean():.2e}, max KL {kl.max():.2e}")
+    assert kl.mean() < FLOOR_MEAN_KL and kl.max() < FLOOR_MAX_KL and argmax_equal
+
+
+def test_embeddings_of_another_tower_or_other_rows_are_refused(server, checkpoints, clips, env):
+    """A request for another tower's embeddings (another weights digest) finds none; a record of another key
+    stored under this one is refused by its key; rows of another width, or other rows, under the right key are
+    refused (the width check; the attestation)."""
+    import dataclasses
+
+    from vidcache.errors import ParityError
+    _needs_plugin(server)
+    if server.vision == ss.SHIPPED:
+        pytest.skip("the refusals are the plugin's, the same on every plugin server")
+    _, model = checkpoints(server.family)
+    proc = vidcache_processor(server.ckpt)
+    h = vidcache.get(clips[1], options(server.family, server.mode, 1), VideoCache())
+    (rec,), look = _records(server, model, proc, [h], env)
+    other_key = dataclasses.replace(rec.key, weights="f" * 32)        # a fine-tuned tower's digest
+    other = dataclasses.replace(rec, key=other_key)
+    # 1. no record for that tower on the server
+    req, status, out = _generate_embeds(server, proc, [h], [other])
+    assert status == 400 and "not_cached" in str(out), out
+    with pytest.raises(ParityError, match="cannot serve precomputed embeddings"):
+        req.check(out)
+    # 2. the real tower's record stored under the other tower's name: refused by the key it carries
+    look.put(rec, key=other_key)
+    req, status, out = _generate_embeds(server, proc, [h], [other])
+    assert status == 400 and "computed for" in str(out), out
+    # 3. the right key, rows of another width (another model's): refused before SGLang's scheduler sees them
+    look.put(dataclasses.replace(rec, embeds=torch.cat([rec.embeds, rec.embeds[:, :1]], dim=-1)))
+    req, status, out = _generate_embeds(server, proc, [h], [rec])
+    assert status == 400 and "wide" in str(out), out
+    # 4. the right key, other rows (one value changed): the attested digest differs
+    bent = rec.embeds.clone()
+    bent[0, 0] += 1.0
+    look.put(dataclasses.replace(rec, embeds=bent))
+    req, status, out = _generate_embeds(server, proc, [h], [rec])
+    assert status == 400 and "embeddings differ" in str(out), out
+    look.put(rec)

@@ -107,9 +107,11 @@ def _config(family: str, mode: str, vision: str | None) -> dict:
     return cfg
 
 
-def server_env(mode: str, node_dir, shared_dir=None, family: str = FAMILY, vision: str | None = None) -> dict:
+def server_env(mode: str, node_dir, shared_dir=None, family: str = FAMILY, vision: str | None = None,
+               extra_env: dict | None = None) -> dict:
     """The server process's environment: ``vidcache sglang-config``'s ``env`` for ``mode``, the CPU engine, the
-    shim on ``PYTHONPATH`` (first) and this checkout's vidcache (the plugin's and the model package's)."""
+    shim on ``PYTHONPATH`` (first) and this checkout's vidcache (the plugin's and the model package's); ``extra_env``
+    last (e.g. the node's embeddings lookup, ``$VIDCACHE_EMBEDDINGS_DIR``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "VIDCACHE_"))}
     # sglang-config's env, less the node's two directories it can only describe (set just below)
     env.update({k: v for k, v in _config(family, mode, vision)["env"].items() if not v.startswith("<")})
@@ -117,6 +119,7 @@ def server_env(mode: str, node_dir, shared_dir=None, family: str = FAMILY, visio
                 "PYTHONPATH": os.pathsep.join([str(SHIM), str(ROOT)])})
     if shared_dir is not None:
         env["VIDCACHE_SHARED"] = str(shared_dir)
+    env.update(extra_env or {})
     return env
 
 
@@ -136,7 +139,7 @@ class Server(ServerProcess):
     scheduler and a detokenizer), stopped on exit.  ``start_s``: launch to the first answered ``/health``."""
 
     def __init__(self, ckpt, mode: str, node_dir, log, shared_dir=None, timeout: float = 600,
-                 family: str = FAMILY, vision: str | None = None):
+                 family: str = FAMILY, vision: str | None = None, extra_env: dict | None = None):
         self.mode, self.family, self.vision = mode, family, vision
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -145,7 +148,8 @@ class Server(ServerProcess):
                "--host", "127.0.0.1", "--port", str(self.port), *CPU_FLAGS, *server_args(mode, family, vision)]
         self.log = open(self.log_path, "w")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir, family, vision), stdout=self.log,
+        self.proc = subprocess.Popen(cmd, env=server_env(mode, node_dir, shared_dir, family, vision, extra_env),
+                                     stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=str(ROOT))
         try:
             self._wait(t0 + timeout)

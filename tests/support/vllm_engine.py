@@ -142,6 +142,27 @@ def _offline(job_path: str, out_dir: str) -> int:
                 rec["guard"] = "ok"
             except ParityError as e:
                 rec["guard"] = f"ParityError: {e}"
+        elif r["kind"] == "embeds":      # prepare_vllm(embeddings=lookup, tower=) -> generate -> the guard
+            from vidcache.errors import VidcacheError
+            from vidcache.rollout.embeddings import DirectoryLookup, Tower
+            handles = [vidcache.from_key(k) for k in r["keys"]]
+            try:
+                req = prepare_vllm(processor, r["prompt"], handles, embeddings=DirectoryLookup(r["dir"]),
+                                   tower=Tower(**r["tower"]))
+            except VidcacheError as e:   # refused before the engine sees anything
+                info["requests"][r["name"]] = {"refused": f"[{e.kind}] {e}"}
+                continue
+            out = llm.generate(req.prompt, sp)[0]
+            rec["expanded_ids"] = list(req.expanded_ids)
+            ti = vidcache.train_inputs(processor, handles, mode="plugin")
+            full = list(out.prompt_token_ids) + list(out.outputs[0].token_ids)
+            positions = _mrope_positions(config, handles[0].manifest.family, full, ti)
+            sent = req.prompt["multi_modal_data"]["video"]["video_embeds"]
+            try:
+                req.check(out)
+                rec["guard"] = "ok"
+            except ParityError as e:
+                rec["guard"] = f"ParityError: {e}"
         elif r["kind"] == "loader":      # a plain file: with vidcache's settings vs vLLM without vidcache
             info["requests"][r["name"]] = _loader_probe(r, job, config)
             continue
@@ -153,8 +174,10 @@ def _offline(job_path: str, out_dir: str) -> int:
         gen = list(out.outputs[0].token_ids)
         rec.update(prompt_token_ids=ids, token_ids=gen, seconds=time.monotonic() - t)
         tensors = {"sample_logprobs": _vectors(out.outputs[0].logprobs)}
-        if r["kind"] == "tokens":
+        if r["kind"] in ("tokens", "embeds"):
             tensors["positions"] = positions
+        if r["kind"] == "embeds":
+            tensors["sent_embeds"] = sent           # the rows vLLM was handed, for torch.equal with the trainer's
         if out.prompt_logprobs is not None:
             tail = r.get("prompt_tail", 40)           # the text after the video: prompt_logprobs[i] scores ids[i]
             tensors["prompt_logprobs"] = _vectors(out.prompt_logprobs, max(1, len(ids) - tail))

@@ -8,6 +8,9 @@ here against the trainer (this venv's transformers forward on ``vidcache.train_i
 * full-vocabulary prompt and sample logprobs against the trainer's forward with the engine's positions: the
   per-token KL sits at the fp32 noise floor, and a one-frame or one-pixel input mismatch lands far above the bound;
 * ``LLM.chat`` with ``chat_request``'s reference, resolved by the loader vLLM's entry point registered;
+* ``prepare_vllm(embeddings=)`` (the engine started with ``enable_mm_embeds``): the trainer's record of the NTSC
+  entry as ``video_embeds`` (Qwen3-VL with its deepstack levels): the rows vLLM got are the record's, the guard
+  passes, and the KL against the trainer fed the same record sits at the floor; another tower's digest is refused;
 * the naive path: vLLM decoding the source itself (its own loader and defaults), scored the same way (the KL
   table's row).
 A missing engine venv fails (support.vllm_engine.require_venv): CI installs it.
@@ -22,8 +25,10 @@ import torch
 
 import vidcache
 from support import vllm_engine as ve
+from support.embedding_records import compute_records, fed, tower_of
 from support.tiny_checkpoint import load_tiny_model, write_tiny_checkpoint
 from vidcache import VideoOptions
+from vidcache.rollout.embeddings import DirectoryLookup, decoder_rows
 from vidcache.testing.kl import kl_stats
 
 pytestmark = pytest.mark.vllm
@@ -89,6 +94,20 @@ def run(request, tmp_path_factory, clips):
     prompt = _chat_prompt(processor)
     reqs = [{"name": f"tok-{n}", "kind": "tokens", "keys": [h.resolve()], "prompt": prompt}
             for n, h in handles.items() if n != "poison"]
+    # precomputed embeddings (same engine: enable_mm_embeds): the trainer's record for the NTSC entry, read by the
+    # engine side through a directory lookup; and the same request for another tower (a fine-tuned one's digest)
+    model = load_tiny_model(ckpt)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VIDCACHE_DIR", str(node))
+        ti = vidcache.train_inputs(processor, [handles["ntsc"]], mode="plugin")
+    (emb,) = compute_records(model, family, ti, [handles["ntsc"].resolve()])
+    look = DirectoryLookup(root / "embeddings")
+    look.put(emb)
+    tower = tower_of(model, family)
+    reqs.append({"name": "emb-ntsc", "kind": "embeds", "keys": [handles["ntsc"].resolve()], "prompt": prompt,
+                 "dir": look.root, "tower": tower.as_dict()})
+    reqs.append({"name": "emb-other-tower", "kind": "embeds", "keys": [handles["ntsc"].resolve()], "prompt": prompt,
+                 "dir": look.root, "tower": {**tower.as_dict(), "weights": "f" * 32}})
     body = chat_request("m", TEXT, [handles["ntsc"]])
     reqs.append({"name": "chat-ntsc", "kind": "chat", "messages": body["messages"],
                  "mm_processor_kwargs": body["mm_processor_kwargs"], "prompt_logprobs": False})
@@ -102,14 +121,15 @@ def run(request, tmp_path_factory, clips):
     reqs.insert(0, {"name": "loader-ntsc", "kind": "loader", "url": "file://" + clips["ntsc"],
                     "allowed": str(clips["ntsc"]).rsplit("/", 1)[0]})
     job = {"model": ckpt, "family": family, "requests": reqs,
-           "engine_kwargs": {"allowed_local_media_path": str(clips["ntsc"]).rsplit("/", 1)[0]}}
+           "engine_kwargs": {"allowed_local_media_path": str(clips["ntsc"]).rsplit("/", 1)[0],
+                             "enable_mm_embeds": True}}
     info = ve.run_offline(job, root / "work", node)
     print(f"\n[{family}] engine start {info['start_s']:.1f} s; requests: "
           + ", ".join(f"{k} {v['seconds']:.1f} s" for k, v in info["requests"].items() if "seconds" in v))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VIDCACHE_DIR", str(node))
-        yield {"family": family, "info": info, "processor": processor, "model": load_tiny_model(ckpt),
-               "handles": handles, "ckpt": ckpt, "node": node}
+        yield {"family": family, "info": info, "processor": processor, "model": model,
+               "handles": handles, "ckpt": ckpt, "node": node, "embeddings": emb}
 
 
 @torch.no_grad()
@@ -266,3 +286,29 @@ def test_a_plain_file_through_vidcaches_loader_is_loaded_as_vllm_would(run):
           f"vidcache, family named {rec['vidcache']['shape']}; no family {rec['vidcache_no_family']['shape']}")
     assert rec["vidcache"]["equal_to_vllm"], rec
     assert not rec["vidcache_no_family"]["equal_to_vllm"], rec        # what the fix changed
+
+
+def test_precomputed_embeddings_at_the_noise_floor(run):
+    """vLLM handed the trainer's record (``video_embeds``) scores at the floor against the trainer fed the same
+    record: the rows are the record's (``torch.equal``), the prompt ids the trainer's, the positions the engine's."""
+    rec = run["info"]["requests"]["emb-ntsc"]
+    emb = run["embeddings"]
+    assert rec["guard"] == "ok", rec["guard"]
+    assert rec["prompt_token_ids"] == rec["expanded_ids"]
+    assert torch.equal(rec["sent_embeds"], decoder_rows(emb, run["family"]))
+    with fed(run["model"], [emb]) as calls:
+        s = engine_vs_trainer(run, "emb-ntsc", tensors=vidcache.train_inputs(run["processor"], [run["handles"]["ntsc"]],
+                                                                             mode="plugin"),
+                              positions=trainer_positions(run, list(rec["prompt_token_ids"]) + list(rec["token_ids"]),
+                                                          run["handles"]["ntsc"]))
+    assert calls, "the trainer ran its tower"
+    print(f"\n[{run['family']}/ntsc] vLLM from precomputed embeddings vs trainer fed the same record: "
+          f"mean KL {s['mean_kl']:.2e}, max {s['max_kl']:.2e}, argmax differs {s['argmax_diff']:.0%}")
+    assert s["k"] >= 20
+    assert s["mean_kl"] < KL_FLOOR_BOUND and s["max_kl"] < 10 * KL_FLOOR_BOUND, s
+    assert s["argmax_diff"] == 0.0, s
+
+
+def test_embeddings_for_another_tower_are_refused(run):
+    rec = run["info"]["requests"]["emb-other-tower"]
+    assert rec.get("refused", "").startswith("[not_cached]"), rec

@@ -51,6 +51,9 @@ def _add_sglang_config(sub) -> None:
                         "frames), how the server computes the model's: package (vidcache's model package; keeps "
                         "SGLang's radix cache; default in plugin mode) or transformers (--model-impl transformers; "
                         "configuration only, no radix cache for video; default in stock mode)")
+    p.add_argument("--embeddings", metavar="LOOKUP",
+                   help="serve precomputed vision embeddings (plugin mode, frozen tower only): a directory of records "
+                        "(sets VIDCACHE_EMBEDDINGS_DIR) or module:callable (VIDCACHE_EMBEDDINGS_LOOKUP)")
     p.add_argument("--format", choices=("json", "miles", "shell"), default="json",
                    help="json: the whole record; miles: a bash fragment for a Miles launch script (the SGLang "
                         "servers' env_vars as VIDCACHE_SGLANG_ENV, train.py's flags as the array "
@@ -70,7 +73,7 @@ def cmd_sglang_config(args) -> int:
     if family is None:
         from ..errors import ConfigError
         raise ConfigError("sglang-config needs --family or --model DIR (the checkpoint)")
-    cfg = sglang_config(family, args.mode, cache, args.sglang_version, vision=args.vision)
+    cfg = sglang_config(family, args.mode, cache, args.sglang_version, vision=args.vision, embeddings=args.embeddings)
     if args.model:              # the checkpoint the user named, in place of MODEL in the launch line
         cfg["model"] = os.path.abspath(args.model)
     sys.stdout.write(render(cfg, args.format))

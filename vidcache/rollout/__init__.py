@@ -7,4 +7,6 @@ its video processing (on the facts floor).
 loader both read.
 ``check``: the server-check framework (``ServerCheck``, ``Cause``, ``http_json``, the version verdict, the canary).
 ``prompt``: one model placeholder per video / image (``video_prompt``, ``image_prompt``).
+``embeddings``: precomputed vision embeddings for the engines: which record serves which video (``Tower``,
+``records_for``), the rows in the engines' layout (``decoder_rows``), the checks, and the server's lookup.
 """

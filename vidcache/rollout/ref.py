@@ -11,6 +11,11 @@ which the plugin checks against its own processor output; it may be absent (atte
 prompt in whatever its transformers' own is; absent: the server's own.  Version-2 (no ``attest``) and
 version-3 (no ``layout``) references are still read; a plugin older than version 4 refuses these, by name.
 
+``embeddings`` (version 5, optional): serve this video's precomputed vision embeddings instead of running the tower:
+the tower's ``{"weights", "dtype", "code"}`` (``vidcache.rollout.embeddings.Tower``), which with ``key`` make the
+record's ``EmbeddingKey``; the server's lookup must return a record for exactly that key.  A reference with it is
+written as version 5, so a plugin that cannot serve embeddings refuses it by its version, never serves frames instead.
+
 ``ahead`` (optional, any version): keys of entries the client will ask for soon (its next batch's), which the
 node pulls from the shared tier into its local tier in the background (``vidcache.readahead.pull_soon``): a
 hint, checked like every key, bounded (``MAX_AHEAD`` per reference), never a path.
@@ -34,7 +39,8 @@ from ..families import FAMILIES
 REF_MEDIA_TYPE = "application/vnd.vidcache.ref+json"
 REF_PREFIX = f"data:{REF_MEDIA_TYPE};base64,"
 REF_VERSION = 4
-READ_VERSIONS = (2, 3, 4)            # 2: the same without "attest"; 3: without "layout"
+EMBEDDINGS_VERSION = 5               # a reference that asks for precomputed embeddings
+READ_VERSIONS = (2, 3, 4, 5)         # 2: the same without "attest"; 3: without "layout"; 5: with "embeddings"
 MAX_REF_CHARS = 256 << 10            # an attested canary with its rows is ~25 KB; a plain reference ~300 bytes
 MAX_DEPTH = 4                        # {"attest": {"video_grid_thw": [...]}} is 3 deep
 MAX_AHEAD = 32                       # keys a reference may name ahead (a rollout batch's videos)
@@ -42,8 +48,10 @@ _OPEN_LOCK = threading.Lock()
 
 
 def ref_uri(tier: str, key: str, attest: dict | None = None, layout: str | None = None,
-            ahead: list[str] | None = None) -> str:
-    rec = {"vidcache_ref": REF_VERSION, "tier": tier, "key": key}
+            ahead: list[str] | None = None, embeddings: dict | None = None) -> str:
+    rec = {"vidcache_ref": EMBEDDINGS_VERSION if embeddings else REF_VERSION, "tier": tier, "key": key}
+    if embeddings:
+        rec["embeddings"] = dict(embeddings)
     if attest is not None:
         rec["attest"] = attest
     if layout is not None:
@@ -101,7 +109,7 @@ def parse_ref(uri: str) -> dict | None:
         raise InvalidKeyError(f"malformed vidcache reference ({e.__class__.__name__}): {uri[:120]}") from None
     if not isinstance(rec, dict) or rec.get("vidcache_ref") not in READ_VERSIONS:
         raise InvalidKeyError(f"not a version-{REF_VERSION} vidcache reference: {uri[:120]}")
-    unknown = set(rec) - {"vidcache_ref", "tier", "key", "attest", "layout", "ahead"}
+    unknown = set(rec) - {"vidcache_ref", "tier", "key", "attest", "layout", "ahead", "embeddings"}
     if unknown:
         raise InvalidKeyError(f"vidcache reference with unknown field(s) {_short(sorted(unknown))}")
     tier = rec.get("tier")
@@ -117,6 +125,12 @@ def parse_ref(uri: str) -> dict | None:
             raise InvalidKeyError(f"vidcache reference whose 'ahead' is not a list of at most {MAX_AHEAD} keys")
         for k in ahead:
             keys.check_key(k)
+    emb = rec.get("embeddings")
+    if (emb is not None) != (rec["vidcache_ref"] == EMBEDDINGS_VERSION):
+        raise InvalidKeyError(f"a version-{EMBEDDINGS_VERSION} vidcache reference, and only one, names embeddings")
+    if emb is not None and not (isinstance(emb, dict) and set(emb) == {"weights", "dtype", "code"}
+                                and all(isinstance(v, str) and 0 < len(v) <= 200 for v in emb.values())):
+        raise InvalidKeyError("vidcache reference whose 'embeddings' is not {weights, dtype, code} (short strings)")
     if rec.get("attest") is not None:
         try:
             check_record(rec["attest"])

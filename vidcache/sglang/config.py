@@ -78,12 +78,14 @@ def sglang_report() -> dict:
 
 
 def sglang_config(family: str, mode: str | None = None, cache=None, sglang_version: str | None = None,
-                  vision: str | None = None) -> dict:
+                  vision: str | None = None, embeddings: str | None = None) -> dict:
     """The SGLang server configuration for ``family`` in ``mode`` (None: ``facts.default_mode``, plugin
     for Qwen3-VL as in Miles), for the SGLang release ``sglang_version`` (``target_sglang``).  With ``cache``
     (a ``VideoCache``), stock mode also lifts SGLang's URL download cap when the largest frozen file needs it.
     ``vision``: how the server computes the original model's vision tower where SGLang's own code does not
-    (``sglang_facts.VISION_FIXES``; None: ``default_vision_fix(mode)``)."""
+    (``sglang_facts.VISION_FIXES``; None: ``default_vision_fix(mode)``).  ``embeddings``: where the plugin reads
+    precomputed vision embeddings (``rollout.embeddings.server_lookup``): a directory of records or a
+    ``module:callable`` lookup; plugin mode only."""
     if family not in FAMILIES:
         raise ValueError(unknown_family(family))
     mode = default_mode(family) if mode is None else mode
@@ -116,6 +118,8 @@ def sglang_config(family: str, mode: str | None = None, cache=None, sglang_versi
     if target not in VERIFIED_SGLANG_VERSIONS:
         out["notes"].append(f"this config is for SGLang {target}, which is UNVERIFIED: vidcache is verified with "
                             f"{', '.join(VERIFIED_SGLANG_VERSIONS)} only")
+    if embeddings:
+        _embeddings(out, mode, embeddings)
     if mode == "plugin":
         out["env"]["SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE"] = PLUGIN_PACKAGE
         out["env"][ENV_DIR] = "<a node-local directory on each SGLang node (never NFS)>"
@@ -305,3 +309,20 @@ def render(cfg: dict, fmt: str = "json") -> str:
     if fmt == "shell":
         return format_shell(cfg)
     raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+
+
+def _embeddings(out: dict, mode: str, lookup: str) -> None:
+    """The server env that serves precomputed embeddings: ``module:callable`` or a directory of records."""
+    from ..errors import OptionsError
+    from ..rollout.embeddings import DIR_ENV, LOOKUP_ENV
+    if mode != "plugin":
+        raise OptionsError("precomputed embeddings are served by vidcache's plugin only: use --mode plugin "
+                           "(stock SGLang's /generate cannot carry them)")
+    if ":" in lookup and not os.path.isabs(lookup):
+        out["env"][LOOKUP_ENV] = lookup
+    else:
+        out["env"][DIR_ENV] = os.path.abspath(lookup)
+    out["notes"].append("precomputed embeddings (frozen vision tower only): requests built with "
+                        "prepare(..., embeddings=...) are served from the records this lookup returns, checked against "
+                        "the requested key, grid and attested digest; SGLang's vision tower is not run for them "
+                        "(docs/embeddings-engines.md).")

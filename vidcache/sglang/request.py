@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attest import attest as attest_tensors
-from ..errors import ParityError
+from ..errors import OptionsError, ParityError
 from ..positions import mm_token_type_ids
 from ..processing import model_tensors, processor_kwargs, request_layout, to_layout
+from ..rollout.embeddings import Tower, check_grid, decoder_rows, embeddings_digest, records_for
 from ..rollout.prompt import image_prompt, video_prompt
 from ..serving import URL_EXPIRY_S
 from ..token_layout import layout_difference
@@ -139,7 +140,8 @@ def checkpoint_processor(path):
 def prepare(processor, prompt: str | list[dict], handles, mode: str = "plugin", transport: str | None = None,
             base_url: str | None = None, frozen_format: str | None = None,
             url_expires_s: float = URL_EXPIRY_S, attest: bool | str = True,
-            token_layout: str | None = None, images=None, ahead=None) -> PreparedRequest:
+            token_layout: str | None = None, images=None, ahead=None, embeddings=None,
+            tower=None) -> PreparedRequest:
     """Build compact ids, expanded ids, video URIs and train tensors for ``prompt``.  ``processor``: an HF
     processor, or a checkpoint directory (``checkpoint_processor``: its family derived and checked first).
 
@@ -160,8 +162,16 @@ def prepare(processor, prompt: str | list[dict], handles, mode: str = "plugin", 
     ``ahead`` (plugin mode): the entries the client will ask for next (handles or keys, e.g. its next batch's),
     named in the first reference; the server's node pulls them into its local tier in the background
     (``vidcache.readahead.pull_soon``), so its next requests' first reads are local.
+    ``embeddings`` (plugin mode): serve the videos' precomputed vision embeddings instead of running SGLang's tower:
+    the records (one ``VisionEmbeddings`` per handle) or a ``lookup(EmbeddingKey)`` with ``tower``
+    (``vidcache.rollout.embeddings``).  Each reference then names its record's key, the plugin reads the record
+    through the server's own lookup and hands SGLang a precomputed-embedding item; the attestation adds the rows'
+    digest.  The records are in ``extra["embeddings"]``: the trainer feeds the decoder the same ones.
     """
     handles = list(handles)
+    if embeddings is not None and mode != "plugin":
+        raise OptionsError("precomputed embeddings reach SGLang only in plugin mode: /generate takes JSON, and only "
+                           "vidcache's plugin can hand SGLang a precomputed-embedding item (from the server's lookup)")
     if isinstance(processor, (str, os.PathLike)):
         processor = checkpoint_processor(processor)
     images = list(images or [])
@@ -196,6 +206,18 @@ def prepare(processor, prompt: str | list[dict], handles, mode: str = "plugin", 
             # Where the trainer put this video: a record binds its tensors to the key and to the position, so
             # references reordered on the way (same shapes) are refused, not served to the wrong placeholder.
             rec["position"] = [i, len(records)]
+    towers = [None] * len(handles)
+    extra = {}
+    if embeddings is not None and handles:
+        keys = [h.resolve() for h in handles]
+        recs = records_for(keys, embeddings, tower)
+        family = handles[0].manifest.family
+        for i, e in enumerate(recs):
+            check_grid(e, tensors["video_grid_thw"][i].tolist())
+            if records[i] is not None:
+                records[i]["embeddings"] = embeddings_digest(decoder_rows(e, family))
+            towers[i] = Tower.of(e.key).as_dict()
+        extra["embeddings"] = recs
     if images:
         tensors = {**tensors, "pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
     if handles or images:
@@ -203,6 +225,6 @@ def prepare(processor, prompt: str | list[dict], handles, mode: str = "plugin", 
         # given them (or position_ids).  A trainer scoring prompt + response extends it (mm_token_type_ids(ids)).
         tensors["mm_token_type_ids"] = mm_token_type_ids(processor, expanded)
     hint = _keys_of(ahead) if mode == "plugin" else []
-    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout, hint if i == 0 else None)
-            for i, (h, rec) in enumerate(zip(handles, records))]
-    return PreparedRequest(list(compact), expanded, uris, tensors, mode, token_layout=layout)
+    uris = [video_uri(h, mode, transport, base_url, frozen_format, url_expires_s, rec, layout, hint if i == 0 else None,
+                      towers[i]) for i, (h, rec) in enumerate(zip(handles, records))]
+    return PreparedRequest(list(compact), expanded, uris, tensors, mode, extra, token_layout=layout)

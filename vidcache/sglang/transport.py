@@ -69,13 +69,16 @@ def check_stock_parity(manifest) -> None:
 
 def video_uri(handle, mode: str = "stock", transport: str | None = None, base_url: str | None = None,
               frozen_format: str | None = None, expires_s: float = URL_EXPIRY_S, attest: dict | None = None,
-              token_layout: str | None = None, ahead: list[str] | None = None) -> str:
+              token_layout: str | None = None, ahead: list[str] | None = None, embeddings: dict | None = None) -> str:
     """The ``video_data`` entry SGLang gets for ``handle`` (plugin mode: with ``attest``, its attestation,
-    ``token_layout``, the layout the plugin expands the prompt in, and ``ahead``, keys the node may pull soon)."""
+    ``token_layout``, the layout the plugin expands the prompt in, ``ahead``, keys the node may pull soon, and
+    ``embeddings``, the tower whose precomputed embeddings to serve: ``Tower.as_dict()``)."""
     if mode == "plugin":
         if transport not in (None, "data"):
             raise ValueError("plugin mode sends a reference (a small data: URI); transport must be 'data'")
-        return ref_uri(handle.identity, handle.resolve(), attest, token_layout, ahead)
+        return ref_uri(handle.identity, handle.resolve(), attest, token_layout, ahead, embeddings)
+    if embeddings:
+        raise ValueError("precomputed embeddings are served in plugin mode only")
     cache = handle.cache
     transport = transport or default_transport(cache)
     if transport not in TRANSPORTS:

@@ -102,12 +102,58 @@ def check_prompt_ids(expected: list[int], output) -> None:
                       f"first difference at position {first}. {cause}.")
 
 
-def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = None) -> VllmRequest:
+def embeds_item(processor, manifest, rec, tokens_per_second: float = 2.0) -> dict:
+    """One video's ``multi_modal_data`` item for vLLM 0.34's precomputed path (the engine started with
+    ``enable_mm_embeds=True``): ``video_embeds`` as its tower outputs them (``rollout.embeddings.decoder_rows``:
+    Qwen3-VL's deepstack levels side by side) and ``video_grid_thw``; Qwen3-VL adds ``timestamps``, which its prompt replacement
+    writes as each frame group's ``<t seconds>`` (vLLM ``model_executor/models/qwen3_vl.py:912-921``): the processor's
+    own, from the original timeline, as the trainer's ids have them.
+
+    Qwen2.5-VL: vLLM 0.34 drops ``second_per_grid_ts`` from an embeddings item (its data parser uses Qwen2-VL's field
+    factory, ``qwen2_vl.py:761-796``, and ``MultiModalKwargsItems.from_hf_inputs`` skips fields it has no config for,
+    ``multimodal/inputs.py:937``), and M-RoPE then takes 1.0 s per grid (``qwen2_5_vl.py:1356``).  An entry whose
+    frame groups the trainer's value puts at other positions is refused (``OptionsError``), never served there
+    (1.001 s, an NTSC source sampled at 2 fps, moves none of 14 groups; 2 s moves all but the first).
+    ``tokens_per_second``: the checkpoint's ``vision_config.tokens_per_second`` (2 in released Qwen2.5-VL)."""
+    import torch
+    from transformers.video_utils import VideoMetadata
+
+    from ..errors import OptionsError
+    from ..rollout.embeddings import check_grid, decoder_rows
+    grid = list(manifest.tokens.video_grid_thw)
+    check_grid(rec, grid)
+    item = {"video_embeds": decoder_rows(rec, manifest.family), "video_grid_thw": torch.tensor([grid])}
+    meta = VideoMetadata(**video_metadata(manifest, "plugin"))
+    tps = processor.video_processor.temporal_patch_size
+    if FAMILIES[manifest.family].scaled_time:
+        # vLLM's rule (float64 indices times seconds x tokens_per_second, floored) with the trainer's seconds and with
+        # the 1.0 it uses for embeddings: refused only where a frame group's position would move
+        spg = float(torch.tensor(tps / meta.sampled_fps, dtype=torch.float32))
+        idx = torch.arange(grid[0], dtype=torch.float64)
+        if not torch.equal((idx * (spg * tokens_per_second)).long(), (idx * tokens_per_second).long()):
+            raise OptionsError(f"entry {manifest.key}: vLLM 0.34 positions Qwen2.5-VL video embeddings at 1 s per "
+                               f"temporal patch (it drops second_per_grid_ts from an embeddings item); the trainer's "
+                               f"{spg:g} s puts some of this video's {grid[0]} frame groups elsewhere: sample at {tps} "
+                               "fps for this path, or send frames")
+    elif FAMILIES[manifest.family].per_frame:
+        item["timestamps"] = torch.tensor([processor._calculate_timestamps(list(meta.frames_indices), meta.fps, tps)],
+                                          dtype=torch.float64)
+    return item
+
+
+def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = None, embeddings=None,
+                 tower=None, tokens_per_second: float = 2.0) -> VllmRequest:
     """The ``TokensPrompt`` for ``prompt`` (one ``<|vision_start|><|video_pad|><|vision_end|>`` or ``<video>`` per
     handle, in order; apply the chat template first) and the trainer's expanded ids, from the manifests and the
     cached frames.  ``processor``: the checkpoint's HF processor (it tokenises and gives the trainer's ids; vLLM
     in the same process uses the same transformers).  Train tensors: ``vidcache.train_inputs(processor, handles)``
     on the same handles.
+
+    ``embeddings``: send the videos' precomputed vision embeddings instead of their frames (``embeds_item``; the engine
+    needs ``enable_mm_embeds=True``): the records (one ``VisionEmbeddings`` per handle) or a ``lookup(EmbeddingKey)``
+    with ``tower`` (``vidcache.rollout.embeddings``).  A record for another key is refused.  The records are in
+    ``extra["embeddings"]``, for the trainer to feed its decoder the same ones.  One video per prompt: vLLM 0.34 takes
+    an embeddings item per video, but several were not run here.
     """
     handles = list(handles)
     prompt = video_prompt(prompt, len(handles))
@@ -128,9 +174,18 @@ def prepare_vllm(processor, prompt: str, handles, token_layout: str | None = Non
         elif not bare and layout == "wrapped":
             raise TokenLayoutError("this transformers' Qwen3-VL processor makes vLLM expand the whole "
                                    f"{VIDEO_PLACEHOLDER} (collapsed ids); vLLM cannot produce 'wrapped' ids with it")
+    keys = [h.resolve() for h in handles]
+    if embeddings is not None:
+        from ..rollout.embeddings import records_for
+        recs = records_for(keys, embeddings, tower)
+        if len(recs) != 1:
+            raise ValueError("vidcache sends vLLM precomputed embeddings for one video per prompt (not run with more)")
+        # no uuid: vLLM's processor cache would then key these rows by the entry alone, not by the tower
+        item = embeds_item(processor, manifests[0], recs[0], tokens_per_second)
+        req = {"prompt_token_ids": compact, "multi_modal_data": {"video": item}}
+        return VllmRequest(req, expected, keys, layout, {"embeddings": recs})
     frames = [h.frames() for h in handles]          # uint8 T x 3 x H x W: vLLM takes vidcache's layout as it is
     mm = {"video": [(f, vllm_metadata(m)) for f, m in zip(frames, manifests)]}
-    keys = [h.resolve() for h in handles]
     req = {"prompt_token_ids": compact, "multi_modal_data": mm, "multi_modal_uuids": {"video": keys},
            "mm_processor_kwargs": dict(MM_PROCESSOR_KWARGS)}
     return VllmRequest(req, expected, keys, layout)

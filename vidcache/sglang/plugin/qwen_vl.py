@@ -18,7 +18,13 @@ produces, ``vidcache.rollout.ref``).  For those it:
 * after the HF call, hashes its own output per video (``vidcache.attest``) and compares it with the
   reference's attestation, the trainer's digest of the same tensors: any difference rejects the request
   as a client error (SGLang answers 400) naming the key and the field.  References without an
-  attestation are served and counted (``Counters``).
+  attestation are served and counted (``Counters``);
+* for references that name a tower (``embeddings``, version 5), reads each video's precomputed embeddings through
+  the server's lookup (``vidcache.rollout.embeddings.server_lookup``), checks them (the exact key, the grid, the row
+  count, the family's deepstack, the attested digest) and hands SGLang a precomputed-embedding item in place of
+  ``pixel_values_videos``: SGLang 0.5.23's scheduler then skips the vision tower for it
+  (``srt/managers/mm_utils.py:606-616``, ``mm_schedule.py:75-141``).  Anything that does not check out is refused
+  (400), never served from the frames instead.
 
 No in-process memo of frames: a cache read is one copy out of LMDB's memory
 map (page cache on a resend), which is small next to the HF processor's float
@@ -41,6 +47,8 @@ from ...attest import attest, compare
 from ...errors import VidcacheError
 from ...families import FAMILIES
 from ...processing import layout_of, model_tensors, to_layout, video_metadata
+from ...rollout.embeddings import (EmbeddingsMismatchError, Tower, check_grid, decoder_rows, decoder_width,
+                                   embeddings_digest, server_lookup)
 from ...rollout.ref import open_ref, parse_ref
 from ...sglang_facts import MODEL_PACKAGE_ENV
 from ..request import ATTESTATION_MARK, SERVER_MARK
@@ -88,10 +96,11 @@ class VidcacheVideo:
     format) nor a ``VideoDecoderWrapper``: ``preprocess_video`` then returns it
     untouched, which is what skips SGLang's fps sampler and its factor-28 resize."""
 
-    __slots__ = ("frames", "metadata", "manifest", "key", "attest", "layout")
+    __slots__ = ("frames", "metadata", "manifest", "key", "attest", "layout", "tower")
 
-    def __init__(self, frames, manifest, key, attest=None, layout=None):
+    def __init__(self, frames, manifest, key, attest=None, layout=None, tower=None):
         self.frames, self.manifest, self.key, self.attest, self.layout = frames, manifest, key, attest, layout
+        self.tower = tower        # a Tower: serve this video's precomputed embeddings
         self.metadata = video_metadata(manifest, "plugin")
 
     @property
@@ -119,7 +128,8 @@ class UnloadableRef:
 def load_ref(rec: dict) -> VidcacheVideo:
     """Frames and original metadata of a parsed reference, from *this node's* cache only (``ref.open_ref``)."""
     m, frames = open_ref(rec)
-    return VidcacheVideo(frames, m, rec["key"], rec.get("attest"), rec.get("layout"))
+    tower = Tower(**rec["embeddings"]) if rec.get("embeddings") else None
+    return VidcacheVideo(frames, m, rec["key"], rec.get("attest"), rec.get("layout"), tower)
 
 
 def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:
@@ -144,7 +154,52 @@ def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:
                         "transformers expands in %r)", layout, layout_of(processor, refs[0].family))
 
 
-def check_attestations(refs: list[VidcacheVideo], ret) -> None:
+def embedding_rows(refs: list[VidcacheVideo], ret, images, width: int) -> list | None:
+    """Each reference's precomputed rows for the decoder (``rollout.embeddings.decoder_rows``), read through this
+    server's lookup and checked against the processor output ``ret`` and the model's row ``width``; None when no
+    reference asks for them.  Raises ``ValueError`` (a 400) for anything SGLang could not be handed exactly: rows of
+    another width would fail inside the scheduler (``srt/managers/mm_utils.py:429-444``), not as a refusal."""
+    towers = [v.tower for v in refs]
+    if all(t is None for t in towers):
+        return None
+    if any(t is None for t in towers):
+        raise ValueError("vidcache references of one request must all ask for precomputed embeddings, or none: "
+                         "SGLang 0.5.23 embeds a request's videos either all from precomputed rows or all through "
+                         "its tower (srt/managers/mm_schedule.py:120-123)")
+    if images:
+        raise ValueError("vidcache cannot serve precomputed video embeddings beside images in one request: the plugin "
+                         "hands SGLang one video item for the request's processor output")
+    grids = torch.as_tensor(ret["video_grid_thw"]).reshape(-1, 3).tolist()
+    rows, key = [], refs[0].key
+    try:
+        lookup = server_lookup()
+        for v, grid in zip(refs, grids):
+            key, want = v.key, v.tower.key(v.key)
+            rec = lookup(want)
+            if rec.key != want:        # a lookup must never answer for another key (another tower's rows)
+                raise EmbeddingsMismatchError(f"the lookup returned a record for {rec.key.as_dict()}, asked for "
+                                              f"{want.as_dict()}")
+            check_grid(rec, grid)
+            r = decoder_rows(rec, v.family)
+            if r.shape[-1] != width:
+                raise EmbeddingsMismatchError(f"record rows are {r.shape[-1]} wide, this server's model takes {width}")
+            rows.append(r)
+    except VidcacheError as e:
+        Counters.add("rejected")
+        raise ValueError(f"vidcache cannot serve precomputed embeddings for {key}: [{e.kind}] {e}") from None
+    return rows
+
+
+def serve_embeddings(ret, rows: list):
+    """``ret`` with the videos' precomputed rows in place of their pixels: SGLang's collector
+    (``collect_mm_items_from_processor_output``) turns ``precomputed_embeddings`` into the item's rows when the output
+    names its modality (else it would file them as an image); only what the video item and M-RoPE need is kept."""
+    from sglang.srt.managers.schedule_batch import Modality as M
+    keep = {k: ret[k] for k in ("input_ids", "video_grid_thw", "second_per_grid_ts") if k in ret}
+    return type(ret)({**keep, "precomputed_embeddings": torch.cat(rows), "modality": M.VIDEO})
+
+
+def check_attestations(refs: list[VidcacheVideo], ret, embeddings: list | None = None) -> None:
     """Compare the HF output for ``refs`` (one call, in order) with each reference's attestation;
     raise ``ValueError`` (SGLang answers 400) naming the key and the field on any difference."""
     if all(v.attest is None for v in refs):
@@ -160,6 +215,8 @@ def check_attestations(refs: list[VidcacheVideo], ret) -> None:
                          "references of this request carry no attestation; send all with one (prepare(...)) or none")
     tensors = model_tensors(ret)
     got = attest(tensors)
+    for g, e in zip(got, embeddings or []):
+        g["embeddings"] = embeddings_digest(e)
     rows = tensors["pixel_values_videos"]
     start = 0
     problems = []
@@ -240,8 +297,9 @@ class VidcachePluginMixin:
         finally:
             _CALL_VIDEO_CONFIG.reset(token)
         enforce_layout(self._processor, refs, ret)
-        check_attestations(refs, ret)
-        return ret
+        rows = embedding_rows(refs, ret, images, decoder_width(self.hf_config))
+        check_attestations(refs, ret, rows)
+        return ret if rows is None else serve_embeddings(ret, rows)
 
 
 def _qwen_vl_bases() -> list[type]:
