@@ -55,7 +55,7 @@ def test_prepare_names_the_tower_and_attests_the_rows(setup):
     req = prepare(s["proc"], PROMPT, [s["h"]], mode="plugin", embeddings=s["recs"])
     ref = _ref(req.video_data[0])
     assert ref["vidcache_ref"] == 5 and ref["embeddings"] == tower_of(s["model"], s["family"]).as_dict()
-    rows = decoder_rows(s["recs"][0], s["family"])
+    rows = decoder_rows(s["recs"][0])
     assert ref["attest"]["embeddings"] == tensor_digest(rows)
     assert req.extra["embeddings"][0] is s["recs"][0]
     # Qwen3-VL's deepstack levels travel side by side with the main rows, as both engines' towers output them
@@ -130,7 +130,7 @@ def test_vllm_item_takes_the_towers_layout(setup):
     s = setup
     req = prepare_vllm(s["proc"], PROMPT, [s["h"]], embeddings=s["recs"])
     item = req.prompt["multi_modal_data"]["video"]
-    assert torch.equal(item["video_embeds"], decoder_rows(s["recs"][0], s["family"]))
+    assert torch.equal(item["video_embeds"], decoder_rows(s["recs"][0]))
     assert item["video_grid_thw"].tolist() == [list(s["recs"][0].grid_thw)]
     assert "multi_modal_uuids" not in req.prompt
     if s["family"] == "qwen3_vl":

@@ -48,7 +48,8 @@ DECLARED = {
     "memory": dict(supports_urls=False, supports_usage=False, supports_partial_sweep=False, tiered=False),
     "lmdb": dict(supports_urls=False, supports_usage=False, supports_partial_sweep=False, tiered=False),
     "directory": dict(supports_urls=True, supports_usage=True, supports_partial_sweep=True, tiered=False),
-    "fsspec-memory": dict(supports_urls=False, supports_usage=True, supports_partial_sweep=True, tiered=False),
+    # a generic fsspec filesystem: no URLs, and no partial files to sweep (only a directory's publish leaves them)
+    "fsspec-memory": dict(supports_urls=False, supports_usage=True, supports_partial_sweep=False, tiered=False),
     "tiered": dict(supports_urls=False, supports_usage=False, supports_partial_sweep=False, tiered=True),
     "tiered-directory": dict(supports_urls=True, supports_usage=False, supports_partial_sweep=False, tiered=True),
 }

@@ -24,14 +24,11 @@ import importlib
 import os
 from dataclasses import dataclass
 
-from ..errors import ConfigError, CorruptEntryError, NotCachedError, OptionsError
-from ..options import MERGE_SIZE
+from ..errors import ConfigError, CorruptEntryError, NotCachedError
+from ..families import FAMILIES
 
 LOOKUP_ENV = "VIDCACHE_EMBEDDINGS_LOOKUP"
 DIR_ENV = "VIDCACHE_EMBEDDINGS_DIR"
-# Deepstack levels per family: Qwen3-VL's decoder adds one vision feature per level to its first layers;
-# Qwen2.5-VL has none.  A record with another count was computed by another tower's code.
-DEEPSTACK = {"qwen2_5_vl": False, "qwen3_vl": True, "qwen3_5": False}
 
 
 class EmbeddingsMismatchError(CorruptEntryError):
@@ -89,16 +86,12 @@ def checked(rec, expect=None, entry: str | None = None):
     return rec
 
 
-def decoder_rows(rec, family: str):
+def decoder_rows(rec):
     """The record's rows as the engines' towers output them (module docstring): main rows, then each deepstack
-    level's, side by side.  Refuses a record whose deepstack does not fit ``family``."""
+    level's, side by side.  Whether the decoder takes deepstack levels (Qwen3-VL does, Qwen2.5-VL and Qwen3.5 do
+    not) is the model's, not the family's: the record holds the levels its tower computed for that decoder
+    (``embeddings.compute``), and a server refuses rows whose width is not its decoder's (``decoder_width``)."""
     import torch
-    want = DEEPSTACK.get(family)
-    if want is None:
-        raise OptionsError(f"precomputed embeddings are not supported for family {family!r}")
-    if want != bool(rec.deepstack):
-        raise EmbeddingsMismatchError(f"embeddings record {rec.key.as_dict()} has {len(rec.deepstack)} deepstack "
-                                      f"levels; a {family} decoder takes {'some' if want else 'none'}")
     rows = rec.embeds.shape[0]
     if any(d.shape[0] != rows for d in rec.deepstack):
         raise EmbeddingsMismatchError(f"embeddings record {rec.key.as_dict()}: deepstack rows differ from its embeds'")
@@ -113,7 +106,7 @@ def decoder_width(config) -> int:
     return int(text.hidden_size) * (1 + levels)
 
 
-def check_grid(rec, grid_thw) -> None:
+def check_grid(rec, grid_thw, family: str) -> None:
     """The record's grid must be the video's (the processor's ``video_grid_thw`` row) and its rows the grid's merged
     tokens: rows for another sampling or size would be scattered into the wrong placeholders."""
     grid = tuple(int(v) for v in grid_thw)
@@ -121,7 +114,8 @@ def check_grid(rec, grid_thw) -> None:
         raise EmbeddingsMismatchError(f"embeddings record {rec.key.entry} has grid {list(rec.grid_thw)}, the video "
                                       f"{list(grid)}")
     t, h, w = grid
-    want = t * h * w // (MERGE_SIZE * MERGE_SIZE)
+    merge = FAMILIES[family].merge
+    want = t * h * w // (merge * merge)
     if rec.embeds.shape[0] != want:
         raise EmbeddingsMismatchError(f"embeddings record {rec.key.entry} has {rec.embeds.shape[0]} rows, its grid "
                                       f"{list(grid)} has {want} tokens")

@@ -213,9 +213,9 @@ def prepare(processor, prompt: str | list[dict], handles, mode: str = "plugin", 
         recs = records_for(keys, embeddings, tower)
         family = handles[0].manifest.family
         for i, e in enumerate(recs):
-            check_grid(e, tensors["video_grid_thw"][i].tolist())
+            check_grid(e, tensors["video_grid_thw"][i].tolist(), family)
             if records[i] is not None:
-                records[i]["embeddings"] = embeddings_digest(decoder_rows(e, family))
+                records[i]["embeddings"] = embeddings_digest(decoder_rows(e))
             towers[i] = Tower.of(e.key).as_dict()
         extra["embeddings"] = recs
     if images:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from urllib.parse import quote
 
 from ..errors import PermissionDeniedError
 from .fsspec import STREAM_PIECE, FsspecStore
-from .publish import publish_bytes
+from .publish import PARTIAL_MAX_AGE_S, is_partial, publish_bytes
 from .regular import open_regular
 
 log = logging.getLogger("vidcache.store.fsspec")     # the tier's one logger, whichever medium
@@ -93,3 +94,28 @@ class DirectoryStore(FsspecStore):
         path = self._path(key)
         self._before_change(path)
         return self._call(f"put {key}", publish_bytes, path, bytes(value), exclusive=exclusive)
+
+    # --- maintenance ------------------------------------------------------------------
+    def sweep_partials(self, older_than_s: float = PARTIAL_MAX_AGE_S) -> dict:
+        """Remove the ``.partial`` files of writers killed mid-publish (D25), once older than ``older_than_s``.
+
+        A publish takes seconds, so an hour-old partial file is dead whichever node wrote it; younger ones
+        may be another node's write in progress and stay.  Only directory tiers have them (S3 PUTs are
+        atomic: ``S3Store`` declares no sweep).  Safe to run from many nodes at once.
+        """
+        self._check_writable()
+        removed = [0, 0]
+        cutoff = time.time() - older_than_s     # NFS stamps mtimes with the server's clock: skew << an hour
+        for p, info in self._find(detail=True).items():
+            parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
+            if len(parts) != 3 or not is_partial(parts[2]):
+                continue
+            if info.get("mtime") is None or float(info["mtime"]) >= cutoff:
+                continue                    # young (or of unknown age): perhaps a live write
+            try:
+                self._call(f"remove {p}", self.fs.rm_file, p)
+            except FileNotFoundError:       # another node's sweep, or the writer, got there first
+                continue
+            removed[0] += 1
+            removed[1] += int(info.get("size") or 0)
+        return {"partial_files_removed": removed[0], "partial_bytes_removed": removed[1]}

@@ -34,7 +34,7 @@ import xxhash
 from ..errors import (ConfigError, InvalidKeyError, NoSpaceError, OversizedObjectError, PermissionDeniedError,
                       ReadOnlyFilesystemError, SharedTimeoutError, SharedUnavailableError, StoreError, VidcacheError)
 from .base import Store
-from .publish import PARTIAL_MAX_AGE_S, is_partial
+from .publish import is_partial
 
 
 
@@ -383,33 +383,6 @@ class FsspecStore(Store):
             if k.startswith(prefix):
                 out.append(k)
         return iter(sorted(out))
-
-    # --- maintenance ------------------------------------------------------------------
-    def sweep_partials(self, older_than_s: float = PARTIAL_MAX_AGE_S) -> dict:
-        """Remove the ``.partial`` files of writers killed mid-publish (D25), once older than ``older_than_s``.
-
-        A publish takes seconds, so an hour-old partial file is dead whichever node wrote it; younger ones
-        may be another node's write in progress and stay.  Only directory tiers have them (S3 PUTs are
-        atomic).  Safe to run from many nodes at once.
-        """
-        self._check_writable()
-        removed = [0, 0]
-        if not self.supports_partial_sweep:
-            return {"partial_files_removed": 0, "partial_bytes_removed": 0}
-        cutoff = time.time() - older_than_s     # NFS stamps mtimes with the server's clock: skew << an hour
-        for p, info in self._find(detail=True).items():
-            parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
-            if len(parts) != 3 or not is_partial(parts[2]):
-                continue
-            if info.get("mtime") is None or float(info["mtime"]) >= cutoff:
-                continue                    # young (or of unknown age): perhaps a live write
-            try:
-                self._call(f"remove {p}", self.fs.rm_file, p)
-            except FileNotFoundError:       # another node's sweep, or the writer, got there first
-                continue
-            removed[0] += 1
-            removed[1] += int(info.get("size") or 0)
-        return {"partial_files_removed": removed[0], "partial_bytes_removed": removed[1]}
 
     # --- value semantics (Store's, from _args): the filesystem is made again where unpickled ----------
     # The storage options (credentials included) pickle with the store, as they always have.

@@ -121,8 +121,8 @@ def embeds_item(processor, manifest, rec, tokens_per_second: float = 2.0) -> dic
     from ..errors import OptionsError
     from ..rollout.embeddings import check_grid, decoder_rows
     grid = list(manifest.tokens.video_grid_thw)
-    check_grid(rec, grid)
-    item = {"video_embeds": decoder_rows(rec, manifest.family), "video_grid_thw": torch.tensor([grid])}
+    check_grid(rec, grid, manifest.family)
+    item = {"video_embeds": decoder_rows(rec), "video_grid_thw": torch.tensor([grid])}
     meta = VideoMetadata(**video_metadata(manifest, "plugin"))
     tps = processor.video_processor.temporal_patch_size
     if FAMILIES[manifest.family].scaled_time:

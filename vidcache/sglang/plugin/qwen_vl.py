@@ -179,8 +179,8 @@ def embedding_rows(refs: list[VidcacheVideo], ret, images, width: int) -> list |
             if rec.key != want:        # a lookup must never answer for another key (another tower's rows)
                 raise EmbeddingsMismatchError(f"the lookup returned a record for {rec.key.as_dict()}, asked for "
                                               f"{want.as_dict()}")
-            check_grid(rec, grid)
-            r = decoder_rows(rec, v.family)
+            check_grid(rec, grid, v.family)
+            r = decoder_rows(rec)
             if r.shape[-1] != width:
                 raise EmbeddingsMismatchError(f"record rows are {r.shape[-1]} wide, this server's model takes {width}")
             rows.append(r)
