@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .digest import Digest
-from .errors import BadRowError, DatasetFormatError, OptionsError, UnknownColumnError
+from .errors import BadRowError, DatasetFormatError, OptionsError, OutsideMediaRootError, UnknownColumnError
 from .handle import VideoHandle, lazy
 from .keys import cache_key
 from .loader.fetch import scheme_of
@@ -90,10 +90,72 @@ class Row:
         return sum(h.num_video_tokens for h in self.handles)
 
 
-def _resolve(source: str, base_dir: str | None) -> str:
-    if base_dir and scheme_of(source) == "file" and source[:5].lower() != "file:" and not os.path.isabs(source):
-        return os.path.normpath(os.path.join(base_dir, source))
-    return source
+def check_media_roots(roots) -> tuple[str, ...] | None:
+    """``--media-root`` / ``media_roots=``, as absolute paths; ``ConfigError`` for one that is not a directory
+    (a typo would otherwise refuse every row, one by one)."""
+    if roots is None:
+        return None
+    if isinstance(roots, (str, os.PathLike)):
+        roots = [roots]
+    out = []
+    for r in roots:
+        if not os.path.isdir(r):
+            from .errors import ConfigError
+            raise ConfigError(f"--media-root {os.fspath(r)!r} is not a directory (media_roots= takes the "
+                              "directories a dataset's local images and videos may be read from)")
+        out.append(os.path.abspath(os.fspath(r)))
+    return tuple(out) or None
+
+
+@functools.lru_cache(maxsize=64)
+def _real_dirs(dirs: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(os.path.realpath(d) for d in dirs)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _resolve(source: str, base_dir: str | None, where: str = "a source", media_roots: Sequence[str] | None = None
+             ) -> str:
+    """A row's source as it is read: a relative local path joined to the dataset's directory; anything else as
+    given.  The source rule (D54), one for images and videos: a local source must not resolve (``..`` and
+    symlinks followed) outside the directories the dataset may read.  Without ``media_roots`` that is the
+    dataset's directory, for relative paths only (an absolute path or a ``file://`` URL is the dataset author's
+    explicit choice); with them, every local source must lie inside one of them.  Remote sources are left to the
+    fetch allowlist.  ``OutsideMediaRootError`` (a ``BadRowError``: it costs this row only) otherwise."""
+    if not isinstance(source, str) or scheme_of(source) != "file":
+        return source
+    uri = source[:5].lower() == "file:"
+    relative = not uri and not os.path.isabs(source)
+    resolved = os.path.normpath(os.path.join(base_dir, source)) if relative and base_dir else source
+    if media_roots:
+        allowed = tuple(media_roots)
+    elif relative:
+        allowed = (base_dir or os.getcwd(),)
+    else:
+        return resolved
+    if uri:
+        from .errors import InvalidSourceError
+        from .loader.fetch import _local_path
+        try:
+            path = _local_path("file:" + source[5:])
+        except InvalidSourceError:
+            return source                      # fetch refuses it with its own error
+    else:
+        path = resolved
+    real = os.path.realpath(os.path.abspath(path))
+    if any(_inside(real, root) for root in _real_dirs(allowed)):
+        return resolved
+    shown = source if len(source) <= 200 else source[:200] + "..."
+    if media_roots:
+        raise OutsideMediaRootError(
+            f"{where} {shown!r} resolves to {real}, outside every --media-root ({', '.join(allowed)}); add the "
+            f"directory that holds it: --media-root DIR (Python: media_roots=[DIR])")
+    raise OutsideMediaRootError(
+        f"{where} {shown!r} resolves to {real}, outside the dataset's directory {allowed[0]}; a dataset's relative "
+        "paths are read only under its directory: to read media elsewhere, pass --media-root DIR for each "
+        "directory it may read (Python: media_roots=[DIR])")
 
 
 def _hf_storage(v: object) -> bool:
@@ -105,7 +167,7 @@ def _bytes_or_path(v: dict):
     return v["bytes"] if v.get("bytes") is not None else v.get("path")
 
 
-def _video(v: object, where: str, base_dir: str | None) -> "str | InlineBytes":
+def _video(v: object, where: str, base_dir: str | None, media_roots=None) -> "str | InlineBytes":
     if _hf_storage(v):
         v = _bytes_or_path(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
@@ -114,13 +176,14 @@ def _video(v: object, where: str, base_dir: str | None) -> "str | InlineBytes":
         return InlineBytes(bytes(v))
     if not isinstance(v, str) or not v:
         raise BadRowError(f"{where} must name a source string or hold bytes, got {type(v).__name__} {str(v)[:60]!r}")
-    return _resolve(v, base_dir)
+    return _resolve(v, base_dir, where, media_roots)
 
 
-def image_source(v: object, where: str, base_dir: str | None = None) -> str:
+def image_source(v: object, where: str, base_dir: str | None = None, media_roots=None) -> str:
     """An image value as qwen-vl-utils' ``fetch_image`` (Miles' image path) reads it: a path (relative ones
     resolved against the dataset's directory), a URL, or a ``data:image...;base64,`` URI for bytes, which
-    ``fetch_image`` decodes exactly as it decodes any base64 image (``Image.open`` on the bytes)."""
+    ``fetch_image`` decodes exactly as it decodes any base64 image (``Image.open`` on the bytes).  Local paths
+    follow the one source rule of videos (``_resolve``)."""
     if _hf_storage(v):
         v = _bytes_or_path(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
@@ -130,7 +193,7 @@ def image_source(v: object, where: str, base_dir: str | None = None) -> str:
     if not isinstance(v, str) or not v:
         raise BadRowError(f"{where} must name an image source or hold bytes, got {type(v).__name__} "
                           f"{str(v)[:60]!r}")
-    return _resolve(v, base_dir)
+    return _resolve(v, base_dir, where, media_roots)
 
 
 # What a video item may hold: its source, its type, and the options qwen-vl-utils reads per video.
@@ -176,8 +239,10 @@ class Media:
 
 
 def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
-                image_key: str | None = None, base_dir: str | None = None) -> Media:
-    """The videos (with their options) and images of a row.  ``BadRowError`` for a malformed row."""
+                image_key: str | None = None, base_dir: str | None = None,
+                media_roots: Sequence[str] | None = None) -> Media:
+    """The videos (with their options) and images of a row.  ``BadRowError`` for a malformed row, and
+    ``OutsideMediaRootError`` for a local source outside what the dataset may read (``_resolve``)."""
     if not isinstance(row, dict):
         raise BadRowError(f"a row must be a JSON object, got {type(row).__name__}")
     prompt = row.get(input_key)
@@ -188,22 +253,22 @@ def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY,
             content = msg.get("content") if isinstance(msg, dict) else None
             for item in content if isinstance(content, list) else []:
                 if isinstance(item, dict) and item.get("type") == "video":
-                    src = _video(item.get("video"), "a video item", base_dir)
+                    src = _video(item.get("video"), "a video item", base_dir, media_roots)
                     videos.append((src, _with_item(options, item, "a video item")))
                 elif _is_image_item(item):
                     v = item.get("image", item.get("image_url"))
                     if isinstance(v, dict) and "url" in v:     # OpenAI's {"image_url": {"url": ...}}
                         v = v["url"]
-                    images.append(image_source(v, "an image item", base_dir))
+                    images.append(image_source(v, "an image item", base_dir, media_roots))
     listed = _as_list(row.get(video_key), video_key, "sources")
     for v in listed:
         if isinstance(v, dict) and not _hf_storage(v):
-            videos.append((_video(v.get("video"), f"a {video_key!r} entry", base_dir),
+            videos.append((_video(v.get("video"), f"a {video_key!r} entry", base_dir, media_roots),
                            _with_item(options, v, f"a {video_key!r} entry")))
         else:
-            videos.append((_video(v, f"a {video_key!r} entry", base_dir), options))
+            videos.append((_video(v, f"a {video_key!r} entry", base_dir, media_roots), options))
     listed_images = _as_list(row.get(image_key), image_key, "images") if image_key else []
-    images.extend(image_source(v, f"an {image_key!r} entry", base_dir) for v in listed_images)
+    images.extend(image_source(v, f"an {image_key!r} entry", base_dir, media_roots) for v in listed_images)
     if isinstance(prompt, str):
         # Miles' _build_messages pops one list entry per placeholder; a count that differs would fail there
         # (too few) or silently drop media (too many).
@@ -222,11 +287,12 @@ def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY,
 
 
 def video_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
-                base_dir: str | None = None, image_key: str | None = None) -> list[tuple[object, VideoOptions]]:
+                base_dir: str | None = None, image_key: str | None = None,
+                media_roots: Sequence[str] | None = None) -> list[tuple[object, VideoOptions]]:
     """(source, options) for each video of a row, in prompt order.  ``BadRowError`` for a malformed row.
     A source is a string, or ``InlineBytes`` for a video held as bytes."""
     return media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key,
-                       base_dir=base_dir).videos
+                       base_dir=base_dir, media_roots=media_roots).videos
 
 
 def parse_row(line: bytes) -> dict:
@@ -629,11 +695,16 @@ class LazyVideoDataset(Sequence[Row]):
     A video held as bytes gets a handle that carries its key (``InlineBytes.key``) and no source, and the
     bytes in ``Row.inline`` (key -> ``InlineBytes``), so the process that reads the row can build it
     (``ensure_inline``) and no other node ever needs the dataset.
+
+    ``media_roots``: the directories local media may be read from (``--media-root``); without them a relative
+    path must stay under the dataset's directory (``_resolve``: the one source rule, D54).
     """
 
     def __init__(self, path, cache: "VideoCache | str", options: VideoOptions, *, input_key: str = INPUT_KEY,
-                 video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None) -> None:
+                 video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None,
+                 media_roots: Sequence[str] | None = None) -> None:
         self._rows = open_rows(path, split)
+        self.media_roots = check_media_roots(media_roots)
         self.path = getattr(self._rows, "path", None)
         self.cache = cache
         self.options = options
@@ -669,8 +740,11 @@ class LazyVideoDataset(Sequence[Row]):
         if not 0 <= i < len(self):
             raise IndexError(f"row {i} out of range for {len(self)} rows")
         row = self.raw(i)
-        media = media_items(row, self.options, input_key=self.input_key, video_key=self.video_key,
-                            image_key=self.image_key, base_dir=self._base_dir)
+        try:
+            media = media_items(row, self.options, input_key=self.input_key, video_key=self.video_key,
+                                image_key=self.image_key, base_dir=self._base_dir, media_roots=self.media_roots)
+        except BadRowError as e:          # name the row: the message alone does not say which one it was
+            raise type(e)(f"row {i}: {e}") from None
         return Row(i, row.get(self.input_key), [self._handle(s, o) for s, o in media.videos], row, media.images,
                    {s.key(o): s for s, o in media.videos if isinstance(s, InlineBytes)})
 
