@@ -1,0 +1,404 @@
+"""One cell of a parquet column, read in memory bounded by the cell, not the row group (D45).
+
+pyarrow decodes a whole data page to give one value, and its writer puts up to ``write_batch_size`` (1024) rows in
+a page, or, with the default dictionary encoding, every distinct value of the column chunk in one dictionary page:
+a parquet file of 40 videos of 25 MiB held 1,000 MiB in one page, and reading one video cost 2 GiB.  pyarrow does
+not expose pages to Python, and no installed library does (fastparquet parses page headers, but is not a
+dependency), so this module walks them itself with what the footer gives (``ParquetFile.metadata``: each column
+chunk's offset, size and codec) and the format's own page headers (Thrift compact protocol, parsed below).
+
+Within a page, a PLAIN ``BYTE_ARRAY`` value is a 4-byte length and its bytes: the reader skips to the row's value by
+those lengths, and keeps only that value.  A page's bytes come:
+  - uncompressed: straight from the file (seeks): memory O(cell);
+  - zstd, gzip, brotli: through pyarrow's streaming decompressor (``CompressedInputStream``): memory O(cell);
+  - snappy, lz4: decompressed whole (no streaming decoder exists for them): memory O(page).
+Only flat, top-level binary or string columns are read this way, PLAIN or dictionary encoded (the dictionary page
+is PLAIN).  Anything else (nested columns, other encodings or codecs, a page that does not parse) raises
+``Unsupported``, and the caller reads the column with pyarrow: never a guess.
+"""
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+
+DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
+PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY = 0, 2, 3, 8
+STREAMING = {"ZSTD": "zstd", "GZIP": "gzip", "BROTLI": "brotli"}     # pyarrow streams these
+WHOLE = {"SNAPPY": "snappy", "LZ4_RAW": "lz4_raw"}                   # ...and only decompresses these whole
+SKIP_CHUNK = 1 << 20                                                 # bytes discarded at once while skipping
+MAX_HEADER = 1 << 20                                                 # a page header is bytes, not megabytes
+
+
+class Unsupported(Exception):
+    """This layout is not read here: read the column with pyarrow instead."""
+
+
+# --- Thrift compact protocol: only what a PageHeader needs (structs of ints, bools, binaries, lists) -------------
+class _Thrift:
+    def __init__(self, f) -> None:
+        self.f, self.n = f, 0
+
+    def byte(self) -> int:
+        b = self.f.read(1)
+        if not b:
+            raise Unsupported("page header cut short")
+        self.n += 1
+        if self.n > MAX_HEADER:
+            raise Unsupported("page header too long")
+        return b[0]
+
+    def varint(self) -> int:
+        shift = out = 0
+        while True:
+            b = self.byte()
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+            if shift > 70:
+                raise Unsupported("bad varint in page header")
+
+    def zigzag(self) -> int:
+        v = self.varint()
+        return (v >> 1) ^ -(v & 1)
+
+    def value(self, t: int):
+        if t in (1, 2):
+            return t == 1
+        if t == 3:
+            return struct.unpack("b", bytes([self.byte()]))[0]
+        if t in (4, 5, 6):
+            return self.zigzag()
+        if t == 7:
+            return struct.unpack("<d", bytes(self.byte() for _ in range(8)))[0]
+        if t == 8:
+            n = self.varint()
+            if n > MAX_HEADER:
+                raise Unsupported("binary field too long in page header")
+            return bytes(self.byte() for _ in range(n))
+        if t in (9, 10):
+            h = self.byte()
+            size, et = h >> 4, h & 0x0F
+            if size == 15:
+                size = self.varint()
+            return [self.byte() == 1 if et in (1, 2) else self.value(et) for _ in range(size)]
+        if t == 11:
+            size = self.varint()
+            if not size:
+                return {}
+            kv = self.byte()
+            return {self.value(kv >> 4): self.value(kv & 0x0F) for _ in range(size)}
+        if t == 12:
+            return self.struct()
+        raise Unsupported(f"thrift type {t} in page header")
+
+    def struct(self) -> dict:
+        out, last = {}, 0
+        while True:
+            h = self.byte()
+            if h == 0:
+                return out
+            delta, t = h >> 4, h & 0x0F
+            last = last + delta if delta else self.zigzag()
+            out[last] = self.value(t)
+
+
+# --- page bodies ---------------------------------------------------------------------------------------------------
+class _Raw(io.RawIOBase):
+    """``n`` bytes of a file from its current position: a page body as the file holds it."""
+
+    def __init__(self, f, n: int) -> None:
+        self.f, self.left = f, n
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, m) -> int:
+        k = min(len(m), self.left)
+        data = self.f.read(k) if k else b""
+        m[:len(data)] = data
+        self.left -= len(data)
+        return len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(min(self.left, n) if n >= 0 else self.left)
+        self.left -= len(data)
+        return data
+
+    def skip(self, n: int) -> None:
+        n = min(n, self.left)
+        self.f.seek(n, 1)
+        self.left -= n
+
+
+class _Stream:
+    """A page body through a decompressor: ``read`` as a file does, ``skip`` by reading and discarding."""
+
+    def __init__(self, reader) -> None:
+        self.r = reader
+
+    def read(self, n: int) -> bytes:
+        out = bytearray()
+        while len(out) < n:
+            b = self.r.read(n - len(out))
+            if not len(b):
+                break
+            out += bytes(b) if not isinstance(b, (bytes, bytearray)) else b
+        return bytes(out)
+
+    def skip(self, n: int) -> None:
+        while n > 0:
+            got = len(self.r.read(min(n, SKIP_CHUNK)))
+            if not got:
+                return
+            n -= got
+
+
+def _exact(body, n: int) -> bytes:
+    data = body.read(n)
+    if len(data) != n:
+        raise Unsupported("page body shorter than its values")
+    return data
+
+
+def _values_body(f, header: dict, codec: str, *, levels_len: int = 0):
+    """The (decompressed) bytes of a page after its first ``levels_len`` bytes (v2: its uncompressed levels)."""
+    import pyarrow as pa
+    compressed = header[3] - levels_len
+    v2 = header.get(8, {})
+    if codec == "UNCOMPRESSED" or (header[1] == DATA_PAGE_V2 and v2.get(7) is False):
+        return _Raw(f, compressed)
+    if codec in STREAMING:
+        return _Stream(pa.CompressedInputStream(pa.PythonFile(_Raw(f, compressed), mode="r"), STREAMING[codec]))
+    if codec in WHOLE:
+        data = f.read(compressed)
+        out = pa.Codec(WHOLE[codec]).decompress(data, decompressed_size=header[2] - levels_len)
+        del data
+        return _Stream(pa.BufferReader(out))
+    raise Unsupported(f"codec {codec}")
+
+
+# --- levels and dictionary indices: the RLE / bit-packed hybrid ----------------------------------------------------
+def _hybrid(buf: bytes, bit_width: int, count: int) -> np.ndarray:
+    runs, pos, n = [], 0, 0
+    width = (bit_width + 7) // 8
+    while n < count:
+        header = shift = 0
+        while True:
+            if pos >= len(buf):
+                raise Unsupported("RLE run cut short")
+            b = buf[pos]
+            pos += 1
+            header |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        if header & 1:                      # bit-packed: groups of 8 values, least significant bit first
+            nbytes = (header >> 1) * bit_width
+            if pos + nbytes > len(buf):
+                raise Unsupported("bit-packed run cut short")
+            bits = np.unpackbits(np.frombuffer(buf, np.uint8, nbytes, pos), bitorder="little")
+            vals = (bits.reshape(-1, bit_width).astype(np.int64) << np.arange(bit_width)).sum(1) if bit_width \
+                else np.zeros((header >> 1) * 8, np.int64)
+            pos += nbytes
+        else:                               # a run of one value
+            vals = np.full(header >> 1, int.from_bytes(buf[pos:pos + width], "little"), np.int64)
+            pos += width
+        runs.append(vals)
+        n += len(vals)
+    return np.concatenate(runs)[:count] if runs else np.zeros(0, np.int64)
+
+
+class _closing:
+    """Closes the dictionary reader ``get()`` returns, if any, however the generator ends."""
+
+    def __init__(self, get) -> None:
+        self.get = get
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        d = self.get()
+        if d is not None:
+            d.close()
+
+
+# --- a column chunk, page by page ----------------------------------------------------------------------------------
+class _Page:
+    """One data page: its rows' definition levels (None: all present) and, dictionary encoded, their indices."""
+
+    def __init__(self, header: dict, offset: int) -> None:
+        self.header, self.offset = header, offset
+        self.v2 = header[1] == DATA_PAGE_V2
+        ph = header[8] if self.v2 else header[5]
+        self.num_values, self.encoding = ph[1], ph[4 if self.v2 else 2]
+
+
+class _Dictionary:
+    """A dictionary page read forward from its start, on a file handle of its own: value ``k`` skips from the
+    last value read, or starts over for an earlier one (a page decompressed whole is kept, not decompressed
+    again)."""
+
+    def __init__(self, path: str, header: dict, offset: int, codec: str) -> None:
+        ph = header.get(7, {})
+        if ph.get(2, PLAIN) not in (PLAIN, PLAIN_DICTIONARY):
+            raise Unsupported("dictionary page encoding")
+        self.path, self.header, self.offset, self.codec = path, header, offset, codec
+        self.size, self.f, self.body, self.next = ph.get(1, 0), None, None, 0
+
+    def value(self, k: int) -> bytes:
+        if not 0 <= k < self.size:
+            raise Unsupported(f"dictionary index {k} of {self.size}")
+        if self.body is None or k < self.next:
+            if isinstance(self.body, _Stream) and hasattr(self.body.r, "seek") and self.codec in WHOLE:
+                self.body.r.seek(0)
+            else:
+                if self.f is None:
+                    self.f = open(self.path, "rb")
+                self.f.seek(self.offset)
+                self.body = _values_body(self.f, self.header, self.codec)
+            self.next = 0
+        ColumnChunk._skip(self.body, k - self.next)
+        self.next = k + 1
+        return ColumnChunk._value(self.body)
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+class ColumnChunk:
+    """The pages of one flat ``BYTE_ARRAY`` column chunk of one row group.  ``cell(r)``: row ``r``'s value;
+    ``cells()``: every value in row order.  Each reads one value at a time: nothing else is kept."""
+
+    def __init__(self, path: str, metadata, row_group: int, column: int) -> None:
+        col = metadata.schema.column(column)
+        if col.physical_type != "BYTE_ARRAY" or col.max_repetition_level != 0 or col.max_definition_level > 1 \
+                or "." in col.path:
+            raise Unsupported(f"column {col.path} is not a flat binary column")
+        cc = metadata.row_group(row_group).column(column)
+        self.path, self.codec, self.optional = path, cc.compression, col.max_definition_level == 1
+        self.num_rows = metadata.row_group(row_group).num_rows
+        starts = [cc.data_page_offset] + ([cc.dictionary_page_offset] if cc.has_dictionary_page and
+                                           cc.dictionary_page_offset else [])
+        self.start = min(starts)
+        self.end = self.start + cc.total_compressed_size
+        if self.codec != "UNCOMPRESSED" and self.codec not in STREAMING and self.codec not in WHOLE:
+            raise Unsupported(f"codec {self.codec}")
+
+    def _headers(self, f):
+        """(header, offset of its body) of every page, reading headers only (bodies are seeked over)."""
+        pos = self.start
+        while pos < self.end:
+            f.seek(pos)
+            t = _Thrift(f)
+            header = t.struct()
+            if not {1, 2, 3} <= set(header) or header[3] < 0 or header[2] < 0:
+                raise Unsupported("page header without its sizes")
+            body = pos + t.n
+            yield header, body
+            pos = body + header[3]
+        if pos != self.end:
+            raise Unsupported("pages overrun their column chunk")
+
+    def _levels_and_indices(self, f, page: _Page, dictionary: bool):
+        """(definition levels or None, dictionary indices or None) of a page; for a PLAIN page, the body is left
+        positioned at its first value."""
+        h, n = page.header, page.num_values
+        f.seek(page.offset)
+        if page.v2:
+            v2 = h[8]
+            if v2.get(6, 0):
+                raise Unsupported("repetition levels")
+            dlen = v2.get(5, 0)
+            levels = _hybrid(_exact(_Raw(f, dlen), dlen), 1, n) if self.optional else None
+            body = _values_body(f, h, self.codec, levels_len=dlen)
+        else:
+            body = _values_body(f, h, self.codec)
+            levels = None
+            if self.optional and h[5].get(3, RLE) != RLE:
+                raise Unsupported("definition levels not RLE")
+            if self.optional:
+                (dlen,) = struct.unpack("<I", _exact(body, 4))
+                levels = _hybrid(_exact(body, dlen), 1, n)
+        present = n if levels is None else int(levels.sum())
+        if not dictionary:
+            return levels, None, body
+        bit_width = _exact(body, 1)[0] if present else 0
+        if bit_width > 32:
+            raise Unsupported("dictionary index width")
+        rest = body.read(h[2])            # the indices: a few bits a row
+        return levels, _hybrid(rest, bit_width, present), body
+
+    def _encoding(self, page: _Page) -> bool:
+        """True for a dictionary-encoded page, False for PLAIN; ``Unsupported`` for anything else."""
+        if page.encoding in (PLAIN_DICTIONARY, RLE_DICTIONARY):
+            return True
+        if page.encoding == PLAIN:
+            return False
+        raise Unsupported(f"page encoding {page.encoding}")
+
+    @staticmethod
+    def _value(body) -> bytes:
+        (n,) = struct.unpack("<I", _exact(body, 4))
+        return _exact(body, n)
+
+    @staticmethod
+    def _skip(body, k: int) -> None:
+        for _ in range(k):
+            (n,) = struct.unpack("<I", _exact(body, 4))
+            body.skip(n)
+
+
+    def cells(self, rows=None):
+        """(row, value or None) of each row asked for (``rows``: ascending; all by default), in row order."""
+        wanted = iter(range(self.num_rows) if rows is None else rows)
+        r = next(wanted, None)
+        first = 0
+        dictionary_page = None
+        with open(self.path, "rb") as f, _closing(lambda: dictionary_page) as _:
+            for header, offset in list(self._headers(f)):
+                if r is None:
+                    return
+                if header[1] == DICTIONARY_PAGE:
+                    if dictionary_page is not None:
+                        raise Unsupported("two dictionary pages")
+                    dictionary_page = _Dictionary(self.path, header, offset, self.codec)
+                    continue
+                if header[1] not in (DATA_PAGE, DATA_PAGE_V2):
+                    continue                 # an index page: not values
+                page = _Page(header, offset)
+                if r >= first + page.num_values:          # not in this page: its body is never read
+                    first += page.num_values
+                    continue
+                dictionary = self._encoding(page)
+                levels, indices, body = self._levels_and_indices(f, page, dictionary)
+                present = np.cumsum(levels) - levels if levels is not None else None   # values before each row
+                done = 0                                   # PLAIN values already read past in this page
+                while r is not None and r < first + page.num_values:
+                    j = r - first
+                    if levels is not None and not levels[j]:
+                        yield r, None
+                    else:
+                        nth = int(present[j]) if present is not None else j
+                        if dictionary:
+                            if dictionary_page is None:
+                                raise Unsupported("dictionary-encoded page without a dictionary page")
+                            value = dictionary_page.value(int(indices[nth]))
+                        else:
+                            self._skip(body, nth - done)
+                            value = self._value(body)
+                            done = nth + 1
+                        yield r, value
+                    r = next(wanted, None)
+                first += page.num_values
+            if r is not None or first != self.num_rows:
+                raise Unsupported(f"the pages hold {first} rows, the footer says {self.num_rows}")
+
+    def cell(self, r: int):
+        for _, value in self.cells([r]):
+            return value
+        raise Unsupported(f"row {r} not found in the pages")
