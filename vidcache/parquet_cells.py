@@ -211,32 +211,6 @@ def _hybrid(buf: bytes, bit_width: int, count: int) -> np.ndarray:
     return np.concatenate(runs)[:count] if runs else np.zeros(0, np.int64)
 
 
-class _closing:
-    """Closes the dictionary reader ``get()`` returns, if any, however the generator ends."""
-
-    def __init__(self, get) -> None:
-        self.get = get
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        d = self.get()
-        if d is not None:
-            d.close()
-
-
-# --- a column chunk, page by page ----------------------------------------------------------------------------------
-class _Page:
-    """One data page: its rows' definition levels (None: all present) and, dictionary encoded, their indices."""
-
-    def __init__(self, header: dict, offset: int) -> None:
-        self.header, self.offset = header, offset
-        self.v2 = header[1] == DATA_PAGE_V2
-        ph = header[8] if self.v2 else header[5]
-        self.num_values, self.encoding = ph[1], ph[4 if self.v2 else 2]
-
-
 class _Dictionary:
     """A dictionary page read forward from its start, on a file handle of its own: value ``k`` skips from the
     last value read, or starts over for an earlier one (a page decompressed whole is kept, not decompressed
@@ -253,26 +227,42 @@ class _Dictionary:
         if not 0 <= k < self.size:
             raise Unsupported(f"dictionary index {k} of {self.size}")
         if self.body is None or k < self.next:
-            if isinstance(self.body, _Stream) and hasattr(self.body.r, "seek") and self.codec in WHOLE:
-                self.body.r.seek(0)
+            if self.body is not None and self.codec in WHOLE:
+                self.body.r.seek(0)          # decompressed whole already: kept, not decompressed again
             else:
                 if self.f is None:
                     self.f = open(self.path, "rb")
                 self.f.seek(self.offset)
                 self.body = _values_body(self.f, self.header, self.codec)
             self.next = 0
-        ColumnChunk._skip(self.body, k - self.next)
+        _skip(self.body, k - self.next)
         self.next = k + 1
-        return ColumnChunk._value(self.body)
+        return _value(self.body)
 
     def close(self) -> None:
         if self.f is not None:
             self.f.close()
 
 
+class _Page:
+    """One data page: where it starts, its rows, and once opened, their definition levels (None: all present),
+    dictionary indices (dictionary encoded) or the body positioned at its next PLAIN value."""
+
+    def __init__(self, header: dict, offset: int) -> None:
+        self.header, self.offset = header, offset
+        self.v2 = header[1] == DATA_PAGE_V2
+        ph = header[8] if self.v2 else header[5]
+        self.num_values, self.encoding = ph[1], ph[4 if self.v2 else 2]
+        if self.encoding not in (PLAIN, PLAIN_DICTIONARY, RLE_DICTIONARY):
+            raise Unsupported(f"page encoding {self.encoding}")
+        self.dictionary = self.encoding != PLAIN
+
+
 class ColumnChunk:
-    """The pages of one flat ``BYTE_ARRAY`` column chunk of one row group.  ``cell(r)``: row ``r``'s value;
-    ``cells()``: every value in row order.  Each reads one value at a time: nothing else is kept."""
+    """The pages of one flat ``BYTE_ARRAY`` column chunk of one row group.  ``cell(r)``: row ``r``'s value (bytes,
+    or None for a null).  Only page headers are read to find the row's page; within it, one value is kept at a
+    time.  Reading forward continues where the last read stopped (a DataLoader's order); an earlier row starts
+    its page over.  ``close()`` (or ``with``) closes its files."""
 
     def __init__(self, path: str, metadata, row_group: int, column: int) -> None:
         col = metadata.schema.column(column)
@@ -282,32 +272,50 @@ class ColumnChunk:
         cc = metadata.row_group(row_group).column(column)
         self.path, self.codec, self.optional = path, cc.compression, col.max_definition_level == 1
         self.num_rows = metadata.row_group(row_group).num_rows
-        starts = [cc.data_page_offset] + ([cc.dictionary_page_offset] if cc.has_dictionary_page and
-                                           cc.dictionary_page_offset else [])
-        self.start = min(starts)
-        self.end = self.start + cc.total_compressed_size
         if self.codec != "UNCOMPRESSED" and self.codec not in STREAMING and self.codec not in WHOLE:
             raise Unsupported(f"codec {self.codec}")
+        starts = [cc.data_page_offset] + ([cc.dictionary_page_offset] if cc.has_dictionary_page and
+                                           cc.dictionary_page_offset else [])
+        start = min(starts)
+        self.f = open(path, "rb")
+        try:
+            self.pages, self.dictionary = self._pages(start, start + cc.total_compressed_size)
+        except BaseException:
+            self.f.close()
+            raise
+        self.firsts = np.cumsum([0] + [p.num_values for p in self.pages])
+        if int(self.firsts[-1]) != self.num_rows:
+            self.close()
+            raise Unsupported(f"the pages hold {int(self.firsts[-1])} rows, the footer says {self.num_rows}")
+        self.page: _Page | None = None       # the page open now
 
-    def _headers(self, f):
-        """(header, offset of its body) of every page, reading headers only (bodies are seeked over)."""
-        pos = self.start
-        while pos < self.end:
-            f.seek(pos)
-            t = _Thrift(f)
+    def _pages(self, start: int, end: int):
+        """The data pages and the dictionary (or None) of the chunk, from their headers only (bodies are seeked
+        over)."""
+        pages, dictionary, pos = [], None, start
+        while pos < end:
+            self.f.seek(pos)
+            t = _Thrift(self.f)
             header = t.struct()
             if not {1, 2, 3} <= set(header) or header[3] < 0 or header[2] < 0:
                 raise Unsupported("page header without its sizes")
             body = pos + t.n
-            yield header, body
-            pos = body + header[3]
-        if pos != self.end:
+            if header[1] == DICTIONARY_PAGE:
+                if dictionary is not None or pages:
+                    raise Unsupported("a dictionary page that is not the chunk's first")
+                dictionary = _Dictionary(self.path, header, body, self.codec)
+            elif header[1] in (DATA_PAGE, DATA_PAGE_V2):
+                pages.append(_Page(header, body))
+            pos = body + header[3]           # an index page holds no values: passed over
+        if pos != end:
             raise Unsupported("pages overrun their column chunk")
+        if any(p.dictionary for p in pages) and dictionary is None:
+            raise Unsupported("dictionary-encoded pages without a dictionary page")
+        return pages, dictionary
 
-    def _levels_and_indices(self, f, page: _Page, dictionary: bool):
-        """(definition levels or None, dictionary indices or None) of a page; for a PLAIN page, the body is left
-        positioned at its first value."""
-        h, n = page.header, page.num_values
+    def _open(self, page: _Page) -> None:
+        """Read ``page``'s levels (and indices); a PLAIN page's body is left at its first value."""
+        h, n, f = page.header, page.num_values, self.f
         f.seek(page.offset)
         if page.v2:
             v2 = h[8]
@@ -319,86 +327,60 @@ class ColumnChunk:
         else:
             body = _values_body(f, h, self.codec)
             levels = None
-            if self.optional and h[5].get(3, RLE) != RLE:
-                raise Unsupported("definition levels not RLE")
             if self.optional:
+                if h[5].get(3, RLE) != RLE:
+                    raise Unsupported("definition levels not RLE")
                 (dlen,) = struct.unpack("<I", _exact(body, 4))
                 levels = _hybrid(_exact(body, dlen), 1, n)
+        page.levels = levels
+        page.before = None if levels is None else np.cumsum(levels) - levels     # values before each row
         present = n if levels is None else int(levels.sum())
-        if not dictionary:
-            return levels, None, body
-        bit_width = _exact(body, 1)[0] if present else 0
-        if bit_width > 32:
-            raise Unsupported("dictionary index width")
-        rest = body.read(h[2])            # the indices: a few bits a row
-        return levels, _hybrid(rest, bit_width, present), body
-
-    def _encoding(self, page: _Page) -> bool:
-        """True for a dictionary-encoded page, False for PLAIN; ``Unsupported`` for anything else."""
-        if page.encoding in (PLAIN_DICTIONARY, RLE_DICTIONARY):
-            return True
-        if page.encoding == PLAIN:
-            return False
-        raise Unsupported(f"page encoding {page.encoding}")
-
-    @staticmethod
-    def _value(body) -> bytes:
-        (n,) = struct.unpack("<I", _exact(body, 4))
-        return _exact(body, n)
-
-    @staticmethod
-    def _skip(body, k: int) -> None:
-        for _ in range(k):
-            (n,) = struct.unpack("<I", _exact(body, 4))
-            body.skip(n)
-
-
-    def cells(self, rows=None):
-        """(row, value or None) of each row asked for (``rows``: ascending; all by default), in row order."""
-        wanted = iter(range(self.num_rows) if rows is None else rows)
-        r = next(wanted, None)
-        first = 0
-        dictionary_page = None
-        with open(self.path, "rb") as f, _closing(lambda: dictionary_page) as _:
-            for header, offset in list(self._headers(f)):
-                if r is None:
-                    return
-                if header[1] == DICTIONARY_PAGE:
-                    if dictionary_page is not None:
-                        raise Unsupported("two dictionary pages")
-                    dictionary_page = _Dictionary(self.path, header, offset, self.codec)
-                    continue
-                if header[1] not in (DATA_PAGE, DATA_PAGE_V2):
-                    continue                 # an index page: not values
-                page = _Page(header, offset)
-                if r >= first + page.num_values:          # not in this page: its body is never read
-                    first += page.num_values
-                    continue
-                dictionary = self._encoding(page)
-                levels, indices, body = self._levels_and_indices(f, page, dictionary)
-                present = np.cumsum(levels) - levels if levels is not None else None   # values before each row
-                done = 0                                   # PLAIN values already read past in this page
-                while r is not None and r < first + page.num_values:
-                    j = r - first
-                    if levels is not None and not levels[j]:
-                        yield r, None
-                    else:
-                        nth = int(present[j]) if present is not None else j
-                        if dictionary:
-                            if dictionary_page is None:
-                                raise Unsupported("dictionary-encoded page without a dictionary page")
-                            value = dictionary_page.value(int(indices[nth]))
-                        else:
-                            self._skip(body, nth - done)
-                            value = self._value(body)
-                            done = nth + 1
-                        yield r, value
-                    r = next(wanted, None)
-                first += page.num_values
-            if r is not None or first != self.num_rows:
-                raise Unsupported(f"the pages hold {first} rows, the footer says {self.num_rows}")
+        page.body, page.done, page.indices = body, 0, None
+        if page.dictionary:
+            bit_width = _exact(body, 1)[0] if present else 0
+            if bit_width > 32:
+                raise Unsupported("dictionary index width")
+            page.indices = _hybrid(body.read(h[2]), bit_width, present)   # a few bits a row
+            page.body = None
+        self.page = page
 
     def cell(self, r: int):
-        for _, value in self.cells([r]):
-            return value
-        raise Unsupported(f"row {r} not found in the pages")
+        if not 0 <= r < self.num_rows:
+            raise IndexError(f"row {r} of {self.num_rows}")
+        i = int(np.searchsorted(self.firsts, r, side="right")) - 1
+        page = self.pages[i]
+        if self.page is not page:
+            self._open(page)
+        j = r - int(self.firsts[i])
+        if page.levels is not None and not page.levels[j]:
+            return None
+        nth = j if page.before is None else int(page.before[j])
+        if page.dictionary:
+            return self.dictionary.value(int(page.indices[nth]))
+        if nth < page.done:                  # behind the body: start the page over
+            self._open(page)
+        _skip(page.body, nth - page.done)
+        page.done = nth + 1
+        return _value(page.body)
+
+    def close(self) -> None:
+        self.f.close()
+        if self.dictionary is not None:
+            self.dictionary.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _value(body) -> bytes:
+    (n,) = struct.unpack("<I", _exact(body, 4))
+    return _exact(body, n)
+
+
+def _skip(body, k: int) -> None:
+    for _ in range(k):
+        (n,) = struct.unpack("<I", _exact(body, 4))
+        body.skip(n)
