@@ -455,14 +455,22 @@ def _unreadable() -> tuple:
     return (OSError, pa.ArrowException)
 
 
+CELL_BYTES = 256 << 10        # a binary/string column whose rows average more: read one cell at a time (D45)
+
+
 class _ParquetRows:
     """A parquet prompt file read as Miles reads it (pyarrow, ``to_pylist`` rows), lazily and in bounded memory:
-    opening reads the footer only; rows are decoded in batches of about ``BATCH_BYTES`` (one row where rows are
-    larger: videos held as bytes), never a whole row group, and only the current batch is kept.  Reading the next
-    row continues where the last read stopped (a DataLoader's sequential order); another row restarts its row
-    group's reader and skips to it (parquet has no per-row index).  A pyarrow writer puts up to 1024 rows in one
-    page: for files of videos as bytes, write with ``write_batch_size=1`` so a row is its own page (docs/storage.md).
-    A row group that cannot be decoded is one ``BadRowError`` for its rows, never the end of the file."""
+    opening reads the footer only, and only the row asked for is kept.
+
+    A large binary or string column (videos held as bytes: more than ``CELL_BYTES`` a row) is read one cell at a
+    time by ``parquet_cells``: pyarrow would decode a whole page for one value, and its writer puts up to 1024 rows
+    in a page, or every value of the row group in one dictionary page (D45: 40 videos of 25 MiB cost 2 GiB to read
+    one).  Its memory is then the cell, for uncompressed, zstd, gzip and brotli pages; a snappy page is decompressed
+    whole (docs/storage.md).  A layout it does not read (nested columns, other encodings or codecs) is read by
+    pyarrow, as are the other columns: in batches of about ``BATCH_BYTES`` (one row where rows are larger), never a
+    whole row group.  Reading the next row continues where the last read stopped (a DataLoader's sequential order);
+    an earlier row restarts its page or row group's reader and skips to it.  A row group that cannot be decoded is
+    one ``BadRowError`` for its rows, never the end of the file."""
 
     def __init__(self, path: str) -> None:
         import numpy as np
@@ -480,18 +488,34 @@ class _ParquetRows:
         self.columns = list(self._pf.schema_arrow.names)
         self.text_columns = _text_columns(self._pf.schema_arrow)
         self._starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
-        self._cursor: list | None = None       # [group, next row index, its row iterator]
+        leaves = {md.schema.column(j).path: j for j in range(md.num_columns)}
+        # top-level binary and string columns, which parquet_cells may read: name -> (leaf column, is text)
+        self._flat = {f.name: (leaves[f.name], f.name in self.text_columns) for f in self._pf.schema_arrow
+                      if f.name in leaves and (f.name in self.text_columns or pa.types.is_binary(f.type)
+                                                or pa.types.is_large_binary(f.type))}
+        self._cursor: list | None = None       # [group, columns, first row of the batch, the batch, its batches]
+        self._chunks: dict = {}                # name -> ColumnChunk (or None: pyarrow reads it) of _chunks_group
+        self._chunks_group = -1
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def _batches(self, g: int):
+    def _cell_columns(self, g: int) -> list[str]:
+        """The columns of row group ``g`` read a cell at a time: binary or string, more than ``CELL_BYTES`` a row."""
+        rg = self._pf.metadata.row_group(g)
+        return [name for name, (j, _) in self._flat.items()
+                if rg.column(j).total_uncompressed_size > CELL_BYTES * max(1, rg.num_rows)]
+
+    def _batches(self, g: int, columns: list | None = None):
         """(index of its first row, record batch) over row group ``g``, about ``BATCH_BYTES`` a batch."""
         rg = self._pf.metadata.row_group(g)
-        per_row = max(1, rg.total_byte_size // max(1, rg.num_rows))
+        size = rg.total_byte_size if columns is None else sum(
+            rg.column(j).total_uncompressed_size for j in range(rg.num_columns)
+            if rg.column(j).path_in_schema.split(".")[0] in columns)
+        per_row = max(1, size // max(1, rg.num_rows))
         start = int(self._starts[g])
         for batch in self._pf.iter_batches(batch_size=max(1, min(65536, BATCH_BYTES // per_row)), row_groups=[g],
-                                           use_threads=False):
+                                           columns=columns, use_threads=False):
             yield start, batch
             start += batch.num_rows
 
@@ -499,20 +523,71 @@ class _ParquetRows:
         return BadRowError(f"row group {g} of {self.path} (rows {first}-{int(self._starts[g + 1]) - 1}) cannot be "
                            f"read ({type(e).__name__}: {str(e)[:200]}); its rows are skipped")
 
-    def raw(self, i: int) -> dict:
+    def _group(self, i: int) -> int:
         import numpy as np
-        g = int(np.searchsorted(self._starts, i, side="right")) - 1
-        c = self._cursor                 # [group, first row of the batch, the batch, the group's batches]
-        if c is None or c[0] != g or c[1] > i:
-            c = [g, int(self._starts[g]), None, self._batches(g)]
+        return int(np.searchsorted(self._starts, i, side="right")) - 1
+
+    def _arrow_row(self, g: int, i: int, columns: list | None) -> dict:
+        """Row ``i`` (of group ``g``) through pyarrow's batches, of ``columns`` (all: None)."""
+        if columns is not None and not columns:
+            return {}
+        c = self._cursor           # [group, columns, first row of the batch, the batch, the group's batches]
+        if c is None or c[0] != g or c[1] != columns or c[2] > i:
+            c = [g, columns, int(self._starts[g]), None, self._batches(g, columns)]
         self._cursor = None
-        try:
-            while c[2] is None or i >= c[1] + c[2].num_rows:     # batches before the row: decoded, not converted
-                c[1], c[2] = next(c[3])
-        except _unreadable() as e:
-            raise self._unreadable_group(g, int(self._starts[g]), e) from None
+        while c[3] is None or i >= c[2] + c[3].num_rows:     # batches before the row: decoded, not converted
+            c[2], c[3] = next(c[4])
         self._cursor = c
-        return c[2].slice(i - c[1], 1).to_pylist()[0]
+        return c[3].slice(i - c[2], 1).to_pylist()[0]
+
+    def _cell(self, g: int, i: int, name: str):
+        """Row ``i``'s value of column ``name``, a cell at a time; pyarrow's where ``parquet_cells`` cannot."""
+        import struct
+
+        import pyarrow as pa
+
+        from .parquet_cells import ColumnChunk, Unsupported
+        if self._chunks_group != g:
+            self._close_chunks()
+            self._chunks_group = g
+        j, text = self._flat[name]
+        try:
+            if name not in self._chunks:
+                self._chunks[name] = None               # until it opens: a layout it refuses stays pyarrow's
+                self._chunks[name] = ColumnChunk(self.path, self._pf.metadata, g, j)
+            if self._chunks[name] is not None:
+                v = self._chunks[name].cell(i - int(self._starts[g]))
+                return v.decode("utf-8") if text and v is not None else v
+        except (Unsupported, ValueError, IndexError, struct.error, pa.ArrowException):
+            # a layout or a page it does not read: never a guess, pyarrow reads it (and names what is wrong)
+            chunk = self._chunks.pop(name, None)
+            self._chunks[name] = None
+            if chunk is not None:
+                chunk.close()
+        return self._arrow_row(g, i, [name])[name]
+
+    def _close_chunks(self) -> None:
+        for chunk in self._chunks.values():
+            if chunk is not None:
+                chunk.close()
+        self._chunks = {}
+
+    def _row(self, g: int, i: int) -> dict:
+        big = self._cell_columns(g)
+        if not big:
+            return self._arrow_row(g, i, None)
+        row = self._arrow_row(g, i, [c for c in self.columns if c not in big])
+        for name in big:
+            row[name] = self._cell(g, i, name)
+        return {c: row[c] for c in self.columns}
+
+    def raw(self, i: int) -> dict:
+        g = self._group(i)
+        try:
+            return self._row(g, i)
+        except _unreadable() as e:
+            self._cursor = None
+            raise self._unreadable_group(g, int(self._starts[g]), e) from None
 
     def records(self) -> Iterator[tuple[int, "dict | BadRowError"]]:
         """(row index, row) in file order; an unreadable row group is one ``BadRowError`` at its first row
@@ -520,6 +595,10 @@ class _ParquetRows:
         for g in range(len(self._starts) - 1):
             i = int(self._starts[g])
             try:
+                if self._cell_columns(g):
+                    for i in range(i, int(self._starts[g + 1])):
+                        yield i, self._row(g, i)
+                    continue
                 for _, batch in self._batches(g):
                     for row in batch.to_pylist():
                         yield i, row

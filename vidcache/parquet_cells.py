@@ -140,13 +140,17 @@ class _Stream:
         self.r = reader
 
     def read(self, n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            b = self.r.read(n - len(out))
+        first = self.r.read(n)            # all of it, unless the stream ends: no second copy of a value
+        if len(first) == n or not len(first):
+            return bytes(first)
+        parts, got = [first], len(first)
+        while got < n:
+            b = self.r.read(n - got)
             if not len(b):
                 break
-            out += bytes(b) if not isinstance(b, (bytes, bytearray)) else b
-        return bytes(out)
+            parts.append(b)
+            got += len(b)
+        return b"".join(parts)
 
     def skip(self, n: int) -> None:
         while n > 0:
