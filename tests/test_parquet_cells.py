@@ -83,7 +83,7 @@ def test_a_damaged_page_is_pyarrows_to_report(tmp_path, monkeypatch):
         _ParquetRows(str(path)).raw(1)
 
 
-@pytest.mark.parametrize("codec", ["none", "zstd", "gzip"])
+@pytest.mark.parametrize("codec", ["none", "snappy", "zstd", "gzip"])
 def test_one_row_costs_a_few_rows_not_the_row_group(tmp_path, codec):
     """The issue's layout, smaller: 20 rows of 4 MiB in one row group, pyarrow's default writer (every value in
     one dictionary page).  Reading the last row, in a fresh interpreter, adds at most 4 rows' worth to the peak

@@ -26,7 +26,7 @@ import numpy as np
 DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
 PLAIN, PLAIN_DICTIONARY, RLE, RLE_DICTIONARY = 0, 2, 3, 8
 STREAMING = {"ZSTD": "zstd", "GZIP": "gzip", "BROTLI": "brotli"}     # pyarrow streams these
-WHOLE = {"SNAPPY": "snappy", "LZ4_RAW": "lz4_raw"}                   # ...and only decompresses these whole
+WHOLE = {"LZ4_RAW": "lz4_raw"}                   # ...and only decompresses this whole (snappy: _Snappy below)
 SKIP_CHUNK = 1 << 20                                                 # bytes discarded at once while skipping
 MAX_HEADER = 1 << 20                                                 # a page header is bytes, not megabytes
 
@@ -160,6 +160,94 @@ class _Stream:
             n -= got
 
 
+class _Snappy:
+    """A raw snappy page decoded as it is read, keeping only the last ``WINDOW`` bytes of output.
+
+    No library streams raw snappy (python-snappy and pyarrow decompress a whole buffer; snappy's framing format is
+    another format), yet pyarrow's writer compresses with snappy by default.  The format is small: a varint length,
+    then literals and copies of earlier output.  Snappy's compressor works in 64 KiB blocks, so a copy never
+    reaches further back than that; a copy that does (another compressor) is ``Unsupported``, and the page goes to
+    pyarrow.  Incompressible bytes (a video) are a few literals a block, so walking past them costs little."""
+
+    WINDOW = 1 << 16
+
+    def __init__(self, raw: "_Raw", size: int) -> None:
+        self.raw, self.size = raw, size
+        self.buf, self.pos, self.made = bytearray(), 0, 0     # output kept, where reading is in it, output so far
+        n = shift = 0
+        while True:
+            b = self._in(1)[0]
+            n |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+            if shift > 35:
+                raise Unsupported("bad snappy preamble")
+        if n != size:
+            raise Unsupported(f"snappy page of {n} bytes, its header says {size}")
+
+    def _in(self, n: int) -> bytes:
+        data = self.raw.read(n)
+        if len(data) != n:
+            raise Unsupported("snappy page cut short")
+        return data
+
+    def _element(self) -> None:
+        tag = self._in(1)[0]
+        kind = tag & 3
+        if kind == 0:                               # a literal
+            n = tag >> 2
+            if n >= 60:
+                n = int.from_bytes(self._in(n - 59), "little")
+            self.buf += self._in(n + 1)
+            self.made += n + 1
+            return
+        if kind == 1:
+            n, offset = 4 + ((tag >> 2) & 7), ((tag >> 5) << 8) | self._in(1)[0]
+        else:
+            n, offset = 1 + (tag >> 2), int.from_bytes(self._in(2 if kind == 2 else 4), "little")
+        if not 0 < offset <= len(self.buf):
+            raise Unsupported(f"snappy copy {offset} bytes back, beyond the {len(self.buf)} kept")
+        start = len(self.buf) - offset
+        if n <= offset:
+            self.buf += self.buf[start:start + n]
+        else:                                       # overlapping: the last `offset` bytes repeat
+            pattern = bytes(self.buf[start:])
+            self.buf += (pattern * (n // offset + 1))[:n]
+        self.made += n
+
+    def _fill(self, n: int) -> None:
+        while len(self.buf) - self.pos < n and self.made < self.size:
+            self._element()
+        if self.made > self.size:
+            raise Unsupported("snappy page longer than its header says")
+
+    def _trim(self) -> None:
+        if self.pos > 4 * self.WINDOW:              # drop what was read, keeping a window for later copies
+            cut = self.pos - self.WINDOW
+            del self.buf[:cut]
+            self.pos -= cut
+
+    def read(self, n: int) -> bytes:
+        self._fill(n)
+        with memoryview(self.buf) as view:          # one copy of a value, not two
+            out = bytes(view[self.pos:self.pos + n])
+        self.pos += len(out)
+        self._trim()
+        return out
+
+    def skip(self, n: int) -> None:
+        while n > 0:
+            k = min(n, SKIP_CHUNK)
+            self._fill(k)
+            k = min(k, len(self.buf) - self.pos)
+            if not k:
+                return
+            self.pos += k
+            n -= k
+            self._trim()
+
+
 def _exact(body, n: int) -> bytes:
     data = body.read(n)
     if len(data) != n:
@@ -174,6 +262,8 @@ def _values_body(f, header: dict, codec: str, *, levels_len: int = 0):
     v2 = header.get(8, {})
     if codec == "UNCOMPRESSED" or (header[1] == DATA_PAGE_V2 and v2.get(7) is False):
         return _Raw(f, compressed)
+    if codec == "SNAPPY":
+        return _Snappy(_Raw(f, compressed), header[2] - levels_len)
     if codec in STREAMING:
         return _Stream(pa.CompressedInputStream(pa.PythonFile(_Raw(f, compressed), mode="r"), STREAMING[codec]))
     if codec in WHOLE:
@@ -276,7 +366,7 @@ class ColumnChunk:
         cc = metadata.row_group(row_group).column(column)
         self.path, self.codec, self.optional = path, cc.compression, col.max_definition_level == 1
         self.num_rows = metadata.row_group(row_group).num_rows
-        if self.codec != "UNCOMPRESSED" and self.codec not in STREAMING and self.codec not in WHOLE:
+        if self.codec not in ("UNCOMPRESSED", "SNAPPY") and self.codec not in STREAMING and self.codec not in WHOLE:
             raise Unsupported(f"codec {self.codec}")
         starts = [cc.data_page_offset] + ([cc.dictionary_page_offset] if cc.has_dictionary_page and
                                            cc.dictionary_page_offset else [])
