@@ -86,13 +86,14 @@ def test_a_damaged_page_is_pyarrows_to_report(tmp_path, monkeypatch):
 @pytest.mark.parametrize("codec", ["none", "snappy", "zstd", "gzip"])
 def test_one_row_costs_a_few_rows_not_the_row_group(tmp_path, codec):
     """The issue's layout, smaller: 20 rows of 4 MiB in one row group, pyarrow's default writer (every value in
-    one dictionary page).  Reading the last row, in a fresh interpreter, adds at most 4 rows' worth to the peak
-    RSS (the row, its copy for the handle, the decompressor's window).  Before: 181 MiB, the page twice over."""
+    one dictionary page).  Reading the last row, in a fresh interpreter, adds at most 3 rows' worth to the peak
+    RSS (the row, a copy while it is assembled) and 8 MiB (decompressor buffers, snappy's window).  Measured: 9 to
+    14 MiB; before, 181 MiB (the 80 MiB page, twice over)."""
     bench = _benchmark()
     path = str(tmp_path / "f.parquet")
     bench.write(path, rows=20, mib=4, codec=codec)
     got = bench.measure(path, "after", "row")
     assert got["cell_mib"] == 4
-    assert got["read_mib"] < 4 * got["cell_mib"], got
+    assert got["read_mib"] < 3 * got["cell_mib"] + 8, got
     planned = bench.measure(path, "after", "plan")            # prewarm's pass over every row
-    assert planned["read_mib"] < 6 * planned["cell_mib"], planned
+    assert planned["read_mib"] < 5 * planned["cell_mib"] + 8, planned

@@ -11,7 +11,8 @@ Within a page, a PLAIN ``BYTE_ARRAY`` value is a 4-byte length and its bytes: th
 those lengths, and keeps only that value.  A page's bytes come:
   - uncompressed: straight from the file (seeks): memory O(cell);
   - zstd, gzip, brotli: through pyarrow's streaming decompressor (``CompressedInputStream``): memory O(cell);
-  - snappy, lz4: decompressed whole (no streaming decoder exists for them): memory O(page).
+  - snappy (pyarrow's default codec): decoded as read by ``_Snappy`` (no library streams raw snappy): O(cell);
+  - lz4_raw: decompressed whole by pyarrow: memory O(page).  The older LZ4 (Hadoop framing) and LZO: pyarrow.
 Only flat, top-level binary or string columns are read this way, PLAIN or dictionary encoded (the dictionary page
 is PLAIN).  Anything else (nested columns, other encodings or codecs, a page that does not parse) raises
 ``Unsupported``, and the caller reads the column with pyarrow: never a guess.
