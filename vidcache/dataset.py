@@ -496,15 +496,19 @@ class _ParquetRows:
         self._cursor: list | None = None       # [group, columns, first row of the batch, the batch, its batches]
         self._chunks: dict = {}                # name -> ColumnChunk (or None: pyarrow reads it) of _chunks_group
         self._chunks_group = -1
+        self._big_group, self._big = -1, []    # _cell_columns of the group read last
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
     def _cell_columns(self, g: int) -> list[str]:
         """The columns of row group ``g`` read a cell at a time: binary or string, more than ``CELL_BYTES`` a row."""
-        rg = self._pf.metadata.row_group(g)
-        return [name for name, (j, _) in self._flat.items()
-                if rg.column(j).total_uncompressed_size > CELL_BYTES * max(1, rg.num_rows)]
+        if self._big_group != g:
+            rg = self._pf.metadata.row_group(g)
+            self._big = [name for name, (j, _) in self._flat.items()
+                         if rg.column(j).total_uncompressed_size > CELL_BYTES * max(1, rg.num_rows)]
+            self._big_group = g
+        return self._big
 
     def _batches(self, g: int, columns: list | None = None):
         """(index of its first row, record batch) over row group ``g``, about ``BATCH_BYTES`` a batch."""
