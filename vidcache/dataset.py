@@ -151,11 +151,11 @@ def _resolve(source: str, base_dir: str | None, where: str = "a source", media_r
     if media_roots:
         raise OutsideMediaRootError(
             f"{where} {shown!r} resolves to {real}, outside every --media-root ({', '.join(allowed)}); add the "
-            f"directory that holds it: --media-root DIR (Python: media_roots=[DIR])")
+            f"directory that holds it: --media-root DIR (Miles: --vidcache-media-root; Python: media_roots=[DIR])")
     raise OutsideMediaRootError(
         f"{where} {shown!r} resolves to {real}, outside the dataset's directory {allowed[0]}; a dataset's relative "
         "paths are read only under its directory: to read media elsewhere, pass --media-root DIR for each "
-        "directory it may read (Python: media_roots=[DIR])")
+        "directory it may read (Miles: --vidcache-media-root; Python: media_roots=[DIR])")
 
 
 def _hf_storage(v: object) -> bool:
