@@ -128,6 +128,8 @@ def test_the_rule_in_python(tmp_path, tree):
     inside = "file://" + os.path.join(base, "a.mkv")
     assert media_items({"prompt": "<video>", "videos": [inside]}, OPTS, base_dir=base,
                        media_roots=(base,)).videos[0][0] == inside
+    # a NUL is not this rule's to judge: fetch refuses it (InvalidSourceError), as before
+    assert "\0" in media_items({"prompt": "<video>", "videos": ["a\0b.mkv"]}, OPTS, base_dir=base).videos[0][0]
     # a root's own prefix is not inside it: /x/ds-evil is not under /x/ds
     (tree / "ds-evil").mkdir(exist_ok=True)
     with pytest.raises(OutsideMediaRootError):

@@ -107,7 +107,7 @@ def check_media_roots(roots) -> tuple[str, ...] | None:
     return tuple(out) or None
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)      # the roots, resolved once per set rather than once per row
 def _real_dirs(dirs: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(os.path.realpath(d) for d in dirs)
 
@@ -144,7 +144,10 @@ def _resolve(source: str, base_dir: str | None, where: str = "a source", media_r
             return source                      # fetch refuses it with its own error
     else:
         path = resolved
-    real = os.path.realpath(os.path.abspath(path))
+    try:
+        real = os.path.realpath(os.path.abspath(path))
+    except ValueError:                         # a NUL or a lone surrogate: fetch refuses it with its own error
+        return resolved
     if any(_inside(real, root) for root in _real_dirs(allowed)):
         return resolved
     shown = source if len(source) <= 200 else source[:200] + "..."
