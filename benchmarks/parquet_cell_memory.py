@@ -2,10 +2,11 @@
 
 The issue's case: 40 rows of 25 MiB (random bytes: a video does not compress), one row group, pyarrow's default
 writer (dictionary encoding on, so every value lands in one dictionary page) under each codec.  Each read runs in a
-fresh interpreter, whose peak RSS (``VmHWM``, reset just before the read: ``ru_maxrss`` would keep the imports'
-higher peak) is printed less its RSS before the read: ``LazyVideoDataset[i]``
-for the last row, as the code reads it now (``parquet_cells``), and as it read it before (pyarrow's batches alone,
-``CELL_BYTES`` set past every row).  Also one ``plan`` of the whole file (prewarm's first pass over it).
+fresh interpreter.  Printed: its peak RSS (``VmHWM``, reset just before the read) less its RSS before the read, and
+beside it the whole process's ``ru_maxrss`` (which also keeps the imports' peak, so it cannot be reset).  The read
+is ``LazyVideoDataset[i]`` of the last row, as the code reads it now (``parquet_cells``) and as it read it before
+(pyarrow's batches alone, ``CELL_BYTES`` set past every row); with ``--plan``, also one ``plan`` of the whole file
+(prewarm's first pass over it).
 
     python benchmarks/parquet_cell_memory.py [--rows 40] [--mib 25] [--codecs none,snappy,zstd,gzip]
 """
@@ -49,8 +50,10 @@ else:
     assert not bad, bad
     size = max(t.source.size for t in tasks)
 peak = hwm()
+import resource
 print(json.dumps({"base_mib": base / 1024, "peak_mib": peak / 1024, "read_mib": (peak - base) / 1024,
-                  "cell_mib": size / 2**20}))
+                  "cell_mib": size / 2**20,
+                  "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
 
 
@@ -80,7 +83,8 @@ def main() -> None:
     args = ap.parse_args()
     print(f"{args.rows} rows x {args.mib:g} MiB, one row group, pyarrow's default writer; MiB added by the read "
           "(peak RSS less RSS before it)")
-    print(f"{'codec':8} {'what':5} {'before':>9} {'after':>9} {'ratio':>7} {'after/cell':>10}")
+    print(f"{'codec':8} {'what':5} {'before':>9} {'after':>9} {'ratio':>7} {'after/cell':>10}   "
+          "whole process's ru_maxrss, before -> after (imports included)")
     with tempfile.TemporaryDirectory() as d:
         for codec in args.codecs.split(","):
             path = os.path.join(d, f"{codec}.parquet")
@@ -89,7 +93,8 @@ def main() -> None:
                 before, after = measure(path, "before", what), measure(path, "after", what)
                 print(f"{codec:8} {what:5} {before['read_mib']:9.0f} {after['read_mib']:9.0f} "
                       f"{before['read_mib'] / max(after['read_mib'], 1):6.1f}x "
-                      f"{after['read_mib'] / after['cell_mib']:10.2f}", flush=True)
+                      f"{after['read_mib'] / after['cell_mib']:10.2f}   "
+                      f"{before['maxrss_mib']:.0f} -> {after['maxrss_mib']:.0f}", flush=True)
             os.unlink(path)
 
 

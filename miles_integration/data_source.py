@@ -198,7 +198,8 @@ class VidcacheDataset:
         base, roots = self.rows._base_dir, self.rows.media_roots
         if self.image_key and data.get(self.image_key) is not None:
             v = data[self.image_key]
-            data[self.image_key] = [image_source(x, "an image", base, roots) for x in (v if isinstance(v, list) else [v])]
+            data[self.image_key] = [image_source(x, "an image", base, roots)
+                                    for x in (v if isinstance(v, list) else [v])]
         if isinstance(data.get(self.prompt_key), list):
             for msg in data[self.prompt_key]:
                 for item in msg.get("content") if isinstance(msg, dict) and isinstance(msg.get("content"), list) else []:
