@@ -3,12 +3,14 @@
 The issue's case: 40 rows of 25 MiB (random bytes: a video does not compress), one row group, pyarrow's default
 writer (dictionary encoding on, so every value lands in one dictionary page) under each codec.  Each read runs in a
 fresh interpreter.  Printed: its peak RSS (``VmHWM``, reset just before the read) less its RSS before the read, and
-beside it the whole process's ``ru_maxrss`` (which also keeps the imports' peak, so it cannot be reset).  The read
+beside it the whole process's ``ru_maxrss`` (which also keeps the imports' peak, so it cannot be reset; the file is
+written by a process of its own, since a child inherits its parent's ``ru_maxrss``).  The read
 is ``LazyVideoDataset[i]`` of the last row, as the code reads it now (``parquet_cells``) and as it read it before
 (pyarrow's batches alone, ``CELL_BYTES`` set past every row); with ``--plan``, also one ``plan`` of the whole file
 (prewarm's first pass over it).
 
-    python benchmarks/parquet_cell_memory.py [--rows 40] [--mib 25] [--codecs none,snappy,zstd,gzip]
+    python benchmarks/parquet_cell_memory.py [--rows 40] [--mib 25] [--codecs none,snappy,zstd,gzip] [--plan]
+                                             [--layout flat|list]
 """
 from __future__ import annotations
 
@@ -57,12 +59,15 @@ print(json.dumps({"base_mib": base / 1024, "peak_mib": peak / 1024, "read_mib": 
 """
 
 
-def write(path: str, rows: int, mib: float, codec: str) -> None:
+def write(path: str, rows: int, mib: float, codec: str, layout: str = "flat") -> None:
+    """``layout``: ``flat``, a binary column; ``list``, Miles' rows (``"videos": [bytes]``, a list column)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     size = int(mib * 2**20)
+    videos = [os.urandom(size) for _ in range(rows)]
     table = pa.table({"prompt": ["<video> what happens?"] * rows,
-                      "videos": pa.array([os.urandom(size) for _ in range(rows)], pa.binary())})
+                      "videos": pa.array(videos, pa.binary()) if layout == "flat" else
+                      pa.array([[v] for v in videos], pa.list_(pa.binary()))})
     pq.write_table(table, path, compression=codec, row_group_size=rows)    # the default writer otherwise
 
 
@@ -74,21 +79,33 @@ def measure(path: str, mode: str, what: str = "row") -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def write_apart(path: str, rows: int, mib: float, codec: str, layout: str = "flat") -> None:
+    """``write`` in a process of its own: a child inherits its parent's ``ru_maxrss`` (Linux keeps it across fork
+    and exec), so the parent that starts the measured children must never hold the table."""
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--write", path, "--rows", str(rows), "--mib",
+                    str(mib), "--codecs", codec, "--layout", layout], check=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=40)
     ap.add_argument("--mib", type=float, default=25)
     ap.add_argument("--codecs", default="none,snappy,zstd,gzip")
     ap.add_argument("--plan", action="store_true", help="also measure plan() over the whole file")
+    ap.add_argument("--layout", choices=("flat", "list"), default="flat",
+                    help="the videos as a binary column (flat) or as Miles' rows write them, a list of bytes (list)")
+    ap.add_argument("--write", metavar="PATH", help=argparse.SUPPRESS)      # write_apart's child
     args = ap.parse_args()
-    print(f"{args.rows} rows x {args.mib:g} MiB, one row group, pyarrow's default writer; MiB added by the read "
-          "(peak RSS less RSS before it)")
+    if args.write:
+        return write(args.write, args.rows, args.mib, args.codecs, args.layout)
+    print(f"{args.rows} rows x {args.mib:g} MiB ({args.layout} column), one row group, pyarrow's default writer; "
+          "MiB added by the read (peak RSS less RSS before it)")
     print(f"{'codec':8} {'what':5} {'before':>9} {'after':>9} {'ratio':>7} {'after/cell':>10}   "
           "whole process's ru_maxrss, before -> after (imports included)")
     with tempfile.TemporaryDirectory() as d:
         for codec in args.codecs.split(","):
             path = os.path.join(d, f"{codec}.parquet")
-            write(path, args.rows, args.mib, codec)
+            write_apart(path, args.rows, args.mib, codec, args.layout)
             for what in ("row", "plan") if args.plan else ("row",):
                 before, after = measure(path, "before", what), measure(path, "after", what)
                 print(f"{codec:8} {what:5} {before['read_mib']:9.0f} {after['read_mib']:9.0f} "

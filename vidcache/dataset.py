@@ -461,6 +461,29 @@ def _unreadable() -> tuple:
 CELL_BYTES = 256 << 10        # a binary/string column whose rows average more: read one cell at a time (D45)
 
 
+def _cell_columns_of(arrow_schema, parquet_schema) -> dict:
+    """The top-level columns ``parquet_cells`` may read: binary or string, or a list of them (one leaf each):
+    name -> (leaf column, is text, None or (list nullable, element nullable))."""
+    import pyarrow as pa
+    leaves: dict = {}
+    for j in range(len(parquet_schema)):
+        leaves.setdefault(parquet_schema.column(j).path.split(".")[0], []).append(j)
+
+    def kind(t):
+        return ("text" if pa.types.is_string(t) or pa.types.is_large_string(t) else
+                "bytes" if pa.types.is_binary(t) or pa.types.is_large_binary(t) else None)
+    out = {}
+    for f in arrow_schema:
+        if len(leaves.get(f.name, ())) != 1:
+            continue
+        t, nulls = f.type, None
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            t, nulls = t.value_type, (int(f.nullable), int(f.type.value_field.nullable))
+        if kind(t):
+            out[f.name] = (leaves[f.name][0], kind(t) == "text", nulls)
+    return out
+
+
 class _ParquetRows:
     """A parquet prompt file read as Miles reads it (pyarrow, ``to_pylist`` rows), lazily and in bounded memory:
     opening reads the footer only, and only the row asked for is kept.
@@ -491,11 +514,7 @@ class _ParquetRows:
         self.columns = list(self._pf.schema_arrow.names)
         self.text_columns = _text_columns(self._pf.schema_arrow)
         self._starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
-        leaves = {md.schema.column(j).path: j for j in range(md.num_columns)}
-        # top-level binary and string columns, which parquet_cells may read: name -> (leaf column, is text)
-        self._flat = {f.name: (leaves[f.name], f.name in self.text_columns) for f in self._pf.schema_arrow
-                      if f.name in leaves and (f.name in self.text_columns or pa.types.is_binary(f.type)
-                                                or pa.types.is_large_binary(f.type))}
+        self._flat = _cell_columns_of(self._pf.schema_arrow, md.schema)
         self._cursor: list | None = None       # [group, columns, first row of the batch, the batch, its batches]
         self._chunks: dict = {}                # name -> ColumnChunk (or None: pyarrow reads it) of _chunks_group
         self._chunks_group = -1
@@ -508,7 +527,7 @@ class _ParquetRows:
         """The columns of row group ``g`` read a cell at a time: binary or string, more than ``CELL_BYTES`` a row."""
         if self._big_group != g:
             rg = self._pf.metadata.row_group(g)
-            self._big = [name for name, (j, _) in self._flat.items()
+            self._big = [name for name, (j, _, _) in self._flat.items()
                          if rg.column(j).total_uncompressed_size > CELL_BYTES * max(1, rg.num_rows)]
             self._big_group = g
         return self._big
@@ -557,14 +576,16 @@ class _ParquetRows:
         if self._chunks_group != g:
             self._close_chunks()
             self._chunks_group = g
-        j, text = self._flat[name]
+        j, text, list_nulls = self._flat[name]
         try:
             if name not in self._chunks:
                 self._chunks[name] = None               # until it opens: a layout it refuses stays pyarrow's
-                self._chunks[name] = ColumnChunk(self.path, self._pf.metadata, g, j)
+                self._chunks[name] = ColumnChunk(self.path, self._pf.metadata, g, j, list_nulls)
             if self._chunks[name] is not None:
                 v = self._chunks[name].cell(i - int(self._starts[g]))
-                return v.decode("utf-8") if text and v is not None else v
+                if text and v is not None:
+                    v = [x if x is None else x.decode("utf-8") for x in v] if list_nulls else v.decode("utf-8")
+                return v
         except (Unsupported, ValueError, IndexError, struct.error, pa.ArrowException):
             # a layout or a page it does not read: never a guess, pyarrow reads it (and names what is wrong)
             chunk = self._chunks.pop(name, None)

@@ -13,9 +13,10 @@ those lengths, and keeps only that value.  A page's bytes come:
   - zstd, gzip, brotli: through pyarrow's streaming decompressor (``CompressedInputStream``): memory O(cell);
   - snappy (pyarrow's default codec): decoded as read by ``_Snappy`` (no library streams raw snappy): O(cell);
   - lz4_raw: decompressed whole by pyarrow: memory O(page).  The older LZ4 (Hadoop framing) and LZO: pyarrow.
-Only flat, top-level binary or string columns are read this way, PLAIN or dictionary encoded (the dictionary page
-is PLAIN).  Anything else (nested columns, other encodings or codecs, a page that does not parse) raises
-``Unsupported``, and the caller reads the column with pyarrow: never a guess.
+Top-level binary or string columns are read this way, and top-level lists of them (Miles' ``"videos": [bytes]``),
+PLAIN or dictionary encoded (the dictionary page is PLAIN).  Anything else (structs, deeper nesting, other encodings
+or codecs, a row that spans pages, a page that does not parse) raises ``Unsupported``, and the caller reads the
+column with pyarrow: never a guess.
 """
 from __future__ import annotations
 
@@ -340,8 +341,8 @@ class _Dictionary:
 
 
 class _Page:
-    """One data page: where it starts, its rows, and once opened, their definition levels (None: all present),
-    dictionary indices (dictionary encoded) or the body positioned at its next PLAIN value."""
+    """One data page: where it starts, its slots, and once opened, where each row starts (``starts``), its slots'
+    definition levels (None: all present), and the dictionary indices or the body at its next PLAIN value."""
 
     def __init__(self, header: dict, offset: int) -> None:
         self.header, self.offset = header, offset
@@ -354,18 +355,25 @@ class _Page:
 
 
 class ColumnChunk:
-    """The pages of one flat ``BYTE_ARRAY`` column chunk of one row group.  ``cell(r)``: row ``r``'s value (bytes,
-    or None for a null).  Only page headers are read to find the row's page; within it, one value is kept at a
-    time.  Reading forward continues where the last read stopped (a DataLoader's order); an earlier row starts
-    its page over.  ``close()`` (or ``with``) closes its files."""
+    """The pages of one binary column chunk of one row group: a top-level ``BYTE_ARRAY`` column, or a top-level
+    list of them (``list_nulls``: whether the list, and its elements, may be null; Miles' ``"videos": [bytes]``).
+    ``cell(r)``: row ``r``'s value (bytes or None; for a list, a list of them, or None).  Only page headers, and
+    the levels of the pages before the row's, are read to find its page; within it, one value is kept at a time.
+    Reading forward continues where the last read stopped (a DataLoader's order); an earlier row starts its page
+    over.  ``close()`` (or ``with``) closes its files."""
 
-    def __init__(self, path: str, metadata, row_group: int, column: int) -> None:
+    def __init__(self, path: str, metadata, row_group: int, column: int,
+                 list_nulls: tuple[int, int] | None = None) -> None:
         col = metadata.schema.column(column)
-        if col.physical_type != "BYTE_ARRAY" or col.max_repetition_level != 0 or col.max_definition_level > 1 \
-                or "." in col.path:
-            raise Unsupported(f"column {col.path} is not a flat binary column")
+        self.max_rep, self.max_def = col.max_repetition_level, col.max_definition_level
+        if list_nulls is None:
+            ok = self.max_rep == 0 and self.max_def <= 1 and "." not in col.path
+        else:                               # optional list (+1), its repeated group (+1), optional element (+1)
+            ok = self.max_rep == 1 and self.max_def == list_nulls[0] + 1 + list_nulls[1] and col.path.count(".") == 2
+        if col.physical_type != "BYTE_ARRAY" or not ok:
+            raise Unsupported(f"column {col.path} is neither a flat binary column nor a list of them")
         cc = metadata.row_group(row_group).column(column)
-        self.path, self.codec, self.optional = path, cc.compression, col.max_definition_level == 1
+        self.path, self.codec, self.list_nulls = path, cc.compression, list_nulls
         self.num_rows = metadata.row_group(row_group).num_rows
         if self.codec not in ("UNCOMPRESSED", "SNAPPY") and self.codec not in STREAMING and self.codec not in WHOLE:
             raise Unsupported(f"codec {self.codec}")
@@ -373,12 +381,15 @@ class ColumnChunk:
                                            cc.dictionary_page_offset else [])
         start = min(starts)
         self.f = open(path, "rb")
+        self.dictionary = None
         try:
             self.pages, self.dictionary = self._pages(start, start + cc.total_compressed_size)
+            # rows a page: its slots, unless values repeat; then its rows start where its repetition levels are 0
+            # (v2 headers say how many; a v1 page's levels are read, which come before its values)
+            self.firsts = np.cumsum([0] + [self._rows_of(p) for p in self.pages])
         except BaseException:
-            self.f.close()
+            self.close()
             raise
-        self.firsts = np.cumsum([0] + [p.num_values for p in self.pages])
         if int(self.firsts[-1]) != self.num_rows:
             self.close()
             raise Unsupported(f"the pages hold {int(self.firsts[-1])} rows, the footer says {self.num_rows}")
@@ -408,36 +419,59 @@ class ColumnChunk:
             raise Unsupported("dictionary-encoded pages without a dictionary page")
         return pages, dictionary
 
+    def _rows_of(self, page: _Page) -> int:
+        if not self.max_rep:
+            return page.num_values
+        self._open(page)
+        return len(page.starts)
+
     def _open(self, page: _Page) -> None:
         """Read ``page``'s levels (and indices); a PLAIN page's body is left at its first value."""
         h, n, f = page.header, page.num_values, self.f
+        rep_width, def_width = int(self.max_rep).bit_length(), int(self.max_def).bit_length()
         f.seek(page.offset)
         if page.v2:
             v2 = h[8]
-            if v2.get(6, 0):
-                raise Unsupported("repetition levels")
-            dlen = v2.get(5, 0)
-            levels = _hybrid(_exact(_Raw(f, dlen), dlen), 1, n) if self.optional else None
-            body = _values_body(f, h, self.codec, levels_len=dlen)
+            rlen, dlen = v2.get(6, 0), v2.get(5, 0)
+            reps = _hybrid(_exact(_Raw(f, rlen), rlen), rep_width, n) if self.max_rep else None
+            defs = _hybrid(_exact(_Raw(f, dlen), dlen), def_width, n) if self.max_def else None
+            body = _values_body(f, h, self.codec, levels_len=rlen + dlen)
         else:
             body = _values_body(f, h, self.codec)
-            levels = None
-            if self.optional:
-                if h[5].get(3, RLE) != RLE:
-                    raise Unsupported("definition levels not RLE")
-                (dlen,) = struct.unpack("<I", _exact(body, 4))
-                levels = _hybrid(_exact(body, dlen), 1, n)
-        page.levels = levels
-        page.before = None if levels is None else np.cumsum(levels) - levels     # values before each row
-        present = n if levels is None else int(levels.sum())
+            reps = defs = None
+            for name, width, enc in (("reps", rep_width, 4), ("defs", def_width, 3)):
+                if not width:
+                    continue
+                if h[5].get(enc, RLE) != RLE:
+                    raise Unsupported("levels not RLE")
+                (length,) = struct.unpack("<I", _exact(body, 4))
+                levels = _hybrid(_exact(body, length), width, n)
+                reps, defs = (levels, defs) if name == "reps" else (reps, levels)
+        if reps is not None and n and reps[0] != 0:
+            raise Unsupported("a row that starts in an earlier page")
+        page.starts = np.arange(n) if reps is None else np.flatnonzero(reps == 0)    # each row's first slot
+        present = np.ones(n, bool) if defs is None else defs == self.max_def
+        page.defs, page.before = defs, np.cumsum(present) - present      # values before each slot
         page.body, page.done, page.indices = body, 0, None
         if page.dictionary:
-            bit_width = _exact(body, 1)[0] if present else 0
+            count = int(present.sum())
+            bit_width = _exact(body, 1)[0] if count else 0
             if bit_width > 32:
                 raise Unsupported("dictionary index width")
-            page.indices = _hybrid(body.read(h[2]), bit_width, present)   # a few bits a row
+            page.indices = _hybrid(body.read(h[2]), bit_width, count)   # a few bits a value
             page.body = None
         self.page = page
+
+    def _slot(self, page: _Page, slot: int):
+        """The value of one present slot of the open page."""
+        nth = int(page.before[slot])
+        if page.dictionary:
+            return self.dictionary.value(int(page.indices[nth]))
+        if nth < page.done:                  # behind the body: start the page over
+            self._open(page)
+        _skip(page.body, nth - page.done)
+        page.done = nth + 1
+        return _value(page.body)
 
     def cell(self, r: int):
         if not 0 <= r < self.num_rows:
@@ -446,17 +480,21 @@ class ColumnChunk:
         page = self.pages[i]
         if self.page is not page:
             self._open(page)
-        j = r - int(self.firsts[i])
-        if page.levels is not None and not page.levels[j]:
-            return None
-        nth = j if page.before is None else int(page.before[j])
-        if page.dictionary:
-            return self.dictionary.value(int(page.indices[nth]))
-        if nth < page.done:                  # behind the body: start the page over
-            self._open(page)
-        _skip(page.body, nth - page.done)
-        page.done = nth + 1
-        return _value(page.body)
+        k = r - int(self.firsts[i])
+        first = int(page.starts[k])
+        if self.list_nulls is None:
+            return None if page.defs is not None and page.defs[first] < self.max_def else self._slot(page, first)
+        end = int(page.starts[k + 1]) if k + 1 < len(page.starts) else page.num_values
+        list_null, _ = self.list_nulls
+        out = []
+        for slot in range(first, end):
+            level = int(page.defs[slot])
+            if level < list_null:            # the list itself is null (one slot)
+                return None
+            if level == list_null:           # an empty list (one slot)
+                return []
+            out.append(self._slot(page, slot) if level == self.max_def else None)
+        return out
 
     def close(self) -> None:
         self.f.close()
