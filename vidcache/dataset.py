@@ -488,8 +488,8 @@ class _ParquetRows:
     """A parquet prompt file read as Miles reads it (pyarrow, ``to_pylist`` rows), lazily and in bounded memory:
     opening reads the footer only, and only the row asked for is kept.
 
-    A large binary or string column (videos held as bytes: more than ``CELL_BYTES`` a row) is read one cell at a
-    time by ``parquet_cells``: pyarrow would decode a whole page for one value, and its writer puts up to 1024 rows
+    A large binary or string column, or list of them (videos held as bytes: more than ``CELL_BYTES`` a row), is read
+    one cell at a time by ``parquet_cells``: pyarrow would decode a whole page for one value, and its writer puts up to 1024 rows
     in a page, or every value of the row group in one dictionary page (D45: 40 videos of 25 MiB cost 2 GiB to read
     one).  Its memory is then the cell, for uncompressed, zstd, gzip and brotli pages; a snappy page is decompressed
     whole (docs/storage.md).  A layout it does not read (nested columns, other encodings or codecs) is read by
