@@ -46,6 +46,7 @@ DEFAULTS = {
     "vidcache_positions": "sglang",     # the M-RoPE rule the trainer's model is given (train_hooks)
     "vidcache_video_key": None,         # None: --multimodal-keys' "video" entry, else "videos"
     "vidcache_require_cached": False,
+    "vidcache_media_root": None,        # None: a row's relative paths stay under the prompt file's directory
     "vidcache_prepare_cache_size": 16,
     "vidcache_read_ahead": None,        # None: two rollout batches (2 x --rollout-batch-size), else 64; 0: off
     "vidcache_read_ahead_bytes": 2 << 30,
@@ -94,6 +95,10 @@ def add_vidcache_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
                         "elsewhere than SGLang does")
     g.add_argument("--vidcache-video-key", default=None,
                    help='row key of the video list (default: the "video" entry of --multimodal-keys, else "videos")')
+    g.add_argument("--vidcache-media-root", action="append", default=None, metavar="DIR",
+                   help="a directory the prompt file's local images and videos may be read from (repeatable; "
+                        "as `vidcache prewarm --media-root`). Without it a relative path must stay under the prompt "
+                        "file's directory; with it every local path must lie under one of these")
     g.add_argument("--vidcache-require-cached", action="store_true",
                    help="fail at data-source init if a video is not prewarmed (default: build on first use)")
     g.add_argument("--vidcache-prepare-cache-size", type=int, default=DEFAULTS["vidcache_prepare_cache_size"],
@@ -199,6 +204,7 @@ class VidcacheConfig:
     train_inputs: str = "tensors"
     video_key: str = "videos"
     require_cached: bool = False
+    media_roots: tuple[str, ...] | None = None    # --vidcache-media-root (vidcache.dataset's source rule)
     prepare_cache_size: int = 16
     shared: str | None = None         # shared tier URL (None: $VIDCACHE_SHARED)
     read_ahead: int = 64              # prompts ahead of the sampler (0: off)
@@ -228,6 +234,7 @@ class VidcacheConfig:
                    transport=_get(args, "vidcache_transport"), base_url=_get(args, "vidcache_base_url"),
                    train_inputs=_get(args, "vidcache_train_inputs"), video_key=video_key_from_args(args),
                    require_cached=bool(_get(args, "vidcache_require_cached")),
+                   media_roots=tuple(_get(args, "vidcache_media_root") or ()) or None,
                    prepare_cache_size=int(_get(args, "vidcache_prepare_cache_size")),
                    shared=_get(args, "vidcache_shared"), read_ahead=read_ahead_from_args(args),
                    read_ahead_bytes=int(_get(args, "vidcache_read_ahead_bytes")),

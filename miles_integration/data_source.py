@@ -137,7 +137,8 @@ class VidcacheDataset:
         self.apply_chat_template = apply_chat_template
         self.apply_chat_template_kwargs = apply_chat_template_kwargs or {}
         self.rows = LazyVideoDataset(path, config.open_cache(), config.options, input_key=prompt_key,
-                                     video_key=self.video_key, image_key=self.image_key)
+                                     video_key=self.video_key, image_key=self.image_key,
+                                     media_roots=config.media_roots)
         rows = np.arange(len(self.rows), dtype=np.int64)
         if row_slice is not None:
             rows = rows[row_slice]
@@ -195,15 +196,16 @@ class VidcacheDataset:
         base64 ``data:image`` URIs), and only the keys this row holds (Miles' ``list(data.get(key))`` fails on
         a row without one, e.g. the video-only rows of a mixed set)."""
         data = copy.deepcopy(row.data)
-        base = self.rows._base_dir
+        base, roots = self.rows._base_dir, self.rows.media_roots
         if self.image_key and data.get(self.image_key) is not None:
             v = data[self.image_key]
-            data[self.image_key] = [image_source(x, "an image", base) for x in (v if isinstance(v, list) else [v])]
+            data[self.image_key] = [image_source(x, "an image", base, roots)
+                                    for x in (v if isinstance(v, list) else [v])]
         if isinstance(data.get(self.prompt_key), list):
             for msg in data[self.prompt_key]:
                 for item in msg.get("content") if isinstance(msg, dict) and isinstance(msg.get("content"), list) else []:
                     if isinstance(item, dict) and item.get("type") != "video" and "image" in item:
-                        item["image"] = image_source(item["image"], "an image item", base)
+                        item["image"] = image_source(item["image"], "an image item", base, roots)
         if isinstance(data.get(self.video_key), str):
             data[self.video_key] = [data[self.video_key]]
         mm = None

@@ -42,7 +42,9 @@ def test_rows_resolve_message_items_and_token_counts(tmp_path, videos, count_dec
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cache = VideoCache(tmp_path / "cache")
-    ds = LazyVideoDataset(str(path), cache, VideoOptions(family="qwen2_5_vl"))
+    # The clips sit beside the JSONL's directory ("../videos0/..."), which a dataset reads only where told (D54)
+    ds = LazyVideoDataset(str(path), cache, VideoOptions(family="qwen2_5_vl"),
+                          media_roots=[os.path.dirname(videos["h264_30"])])
     r0, r1, r2 = ds[0], ds[1], ds[2]
     assert r0.handles[0].source == videos["h264_30"]            # relative to the JSONL's directory
     assert r1.handles[0].options.fps == 1.0 and r1.handles[0].options.max_pixels == 50176

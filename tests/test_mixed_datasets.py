@@ -160,13 +160,16 @@ def test_hf_dataset_and_its_directory_prewarm_with_progress(tmp_path, media, cap
     lazy = LazyVideoDataset(str(tmp_path / "saved"), cache, VideoOptions(), image_key="images")
     assert len(lazy) == 1 and lazy[0].images[0].startswith("data:image;base64,")
     # A dataset directory with relative video paths: they resolve against it, in prewarm and in the lazy dataset.
+    # "../a.mkv" leaves the directory, so it is read only where media_roots (--media-root) allow it (D54).
     import shutil
     shutil.copy(media / "a.mkv", tmp_path / "a.mkv")
     datasets.Dataset.from_dict({"prompt": ["<video> a"], "videos": [["../a.mkv"]]}).save_to_disk(str(tmp_path / "rel"))
     opts = VideoOptions(min_pixels=3136)
     s = prewarm(str(tmp_path / "rel"), cache, opts, progress=False)
+    assert (s.new + s.hit, s.failed) == (0, 1) and s.failures[0]["kind"] == "outside_media_root", s.failures
+    s = prewarm(str(tmp_path / "rel"), cache, opts, progress=False, media_roots=[tmp_path])
     assert (s.new + s.hit, s.failed) == (1, 0), s.failures      # found (a missing path would fail the row)
-    h = LazyVideoDataset(str(tmp_path / "rel"), cache, opts)[0].handles[0]
+    h = LazyVideoDataset(str(tmp_path / "rel"), cache, opts, media_roots=[tmp_path])[0].handles[0]
     assert h.source == str(tmp_path / "a.mkv") and h.resolve(build=False)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from .digest import Digest
-from .errors import BadRowError, DatasetFormatError, OptionsError, UnknownColumnError
+from .errors import BadRowError, DatasetFormatError, OptionsError, OutsideMediaRootError, UnknownColumnError
 from .handle import VideoHandle, lazy
 from .keys import cache_key
 from .loader.fetch import scheme_of
@@ -90,10 +90,79 @@ class Row:
         return sum(h.num_video_tokens for h in self.handles)
 
 
-def _resolve(source: str, base_dir: str | None) -> str:
-    if base_dir and scheme_of(source) == "file" and source[:5].lower() != "file:" and not os.path.isabs(source):
-        return os.path.normpath(os.path.join(base_dir, source))
-    return source
+def check_media_roots(roots) -> tuple[str, ...] | None:
+    """``--media-root`` / ``media_roots=``, as absolute paths; ``ConfigError`` for one that is not a directory
+    (a typo would otherwise refuse every row, one by one)."""
+    if roots is None:
+        return None
+    if isinstance(roots, (str, os.PathLike)):
+        roots = [roots]
+    out = []
+    for r in roots:
+        if not os.path.isdir(r):
+            from .errors import ConfigError
+            raise ConfigError(f"--media-root {os.fspath(r)!r} is not a directory (media_roots= takes the "
+                              "directories a dataset's local images and videos may be read from)")
+        out.append(os.path.abspath(os.fspath(r)))
+    return tuple(out) or None
+
+
+@functools.lru_cache(maxsize=64)      # the roots, resolved once per set rather than once per row
+def _real_dirs(dirs: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(os.path.realpath(d) for d in dirs)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _resolve(source: str, base_dir: str | None, where: str = "a source", media_roots: Sequence[str] | None = None
+             ) -> str:
+    """A row's source as it is read: a relative local path joined to the dataset's directory; anything else as
+    given.  The source rule (D54), one for images and videos: a local source must not lead outside the
+    directories the dataset may read.  Without ``media_roots`` that is the dataset's directory, for relative paths
+    only, and by name (``..`` resolved, symlinks not followed: the row's text is what may come from elsewhere, while a
+    link in the directory is its owner's choice, as Hugging Face's hub cache links ``snapshots/`` into ``blobs/``);
+    an absolute path or a ``file://`` URL is the dataset author's explicit choice.  With ``media_roots`` every local
+    source must lie inside one of them, links followed.  Remote sources are left to the fetch allowlist.
+    ``OutsideMediaRootError`` (a ``BadRowError``: it costs this row only) otherwise."""
+    if not isinstance(source, str) or scheme_of(source) != "file":
+        return source
+    uri = source[:5].lower() == "file:"
+    relative = not uri and not os.path.isabs(source)
+    resolved = os.path.normpath(os.path.join(base_dir, source)) if relative and base_dir else source
+    if media_roots:
+        allowed = tuple(media_roots)
+    elif relative:
+        allowed = (base_dir or os.getcwd(),)
+    else:
+        return resolved
+    if uri:
+        from .errors import InvalidSourceError
+        from .loader.fetch import _local_path
+        try:
+            path = _local_path("file:" + source[5:])
+        except InvalidSourceError:
+            return source                      # fetch refuses it with its own error
+    else:
+        path = resolved
+    try:
+        # with roots: where the file really is; without: where the row's text leads (links are the owner's)
+        real = os.path.realpath(os.path.abspath(path)) if media_roots else os.path.abspath(path)
+        roots = _real_dirs(allowed) if media_roots else tuple(os.path.abspath(d) for d in allowed)
+    except ValueError:                         # a NUL or a lone surrogate: fetch refuses it with its own error
+        return resolved
+    if any(_inside(real, root) for root in roots):
+        return resolved
+    shown = source if len(source) <= 200 else source[:200] + "..."
+    if media_roots:
+        raise OutsideMediaRootError(
+            f"{where} {shown!r} resolves to {real}, outside every --media-root ({', '.join(allowed)}); add the "
+            f"directory that holds it: --media-root DIR (Miles: --vidcache-media-root; Python: media_roots=[DIR])")
+    raise OutsideMediaRootError(
+        f"{where} {shown!r} resolves to {real}, outside the dataset's directory {allowed[0]}; a dataset's relative "
+        "paths are read only under its directory: to read media elsewhere, pass --media-root DIR for each "
+        "directory it may read (Miles: --vidcache-media-root; Python: media_roots=[DIR])")
 
 
 def _hf_storage(v: object) -> bool:
@@ -105,7 +174,7 @@ def _bytes_or_path(v: dict):
     return v["bytes"] if v.get("bytes") is not None else v.get("path")
 
 
-def _video(v: object, where: str, base_dir: str | None) -> "str | InlineBytes":
+def _video(v: object, where: str, base_dir: str | None, media_roots=None) -> "str | InlineBytes":
     if _hf_storage(v):
         v = _bytes_or_path(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
@@ -114,13 +183,14 @@ def _video(v: object, where: str, base_dir: str | None) -> "str | InlineBytes":
         return InlineBytes(bytes(v))
     if not isinstance(v, str) or not v:
         raise BadRowError(f"{where} must name a source string or hold bytes, got {type(v).__name__} {str(v)[:60]!r}")
-    return _resolve(v, base_dir)
+    return _resolve(v, base_dir, where, media_roots)
 
 
-def image_source(v: object, where: str, base_dir: str | None = None) -> str:
+def image_source(v: object, where: str, base_dir: str | None = None, media_roots=None) -> str:
     """An image value as qwen-vl-utils' ``fetch_image`` (Miles' image path) reads it: a path (relative ones
     resolved against the dataset's directory), a URL, or a ``data:image...;base64,`` URI for bytes, which
-    ``fetch_image`` decodes exactly as it decodes any base64 image (``Image.open`` on the bytes)."""
+    ``fetch_image`` decodes exactly as it decodes any base64 image (``Image.open`` on the bytes).  Local paths
+    follow the one source rule of videos (``_resolve``)."""
     if _hf_storage(v):
         v = _bytes_or_path(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
@@ -130,7 +200,7 @@ def image_source(v: object, where: str, base_dir: str | None = None) -> str:
     if not isinstance(v, str) or not v:
         raise BadRowError(f"{where} must name an image source or hold bytes, got {type(v).__name__} "
                           f"{str(v)[:60]!r}")
-    return _resolve(v, base_dir)
+    return _resolve(v, base_dir, where, media_roots)
 
 
 # What a video item may hold: its source, its type, and the options qwen-vl-utils reads per video.
@@ -176,8 +246,10 @@ class Media:
 
 
 def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
-                image_key: str | None = None, base_dir: str | None = None) -> Media:
-    """The videos (with their options) and images of a row.  ``BadRowError`` for a malformed row."""
+                image_key: str | None = None, base_dir: str | None = None,
+                media_roots: Sequence[str] | None = None) -> Media:
+    """The videos (with their options) and images of a row.  ``BadRowError`` for a malformed row, and
+    ``OutsideMediaRootError`` for a local source outside what the dataset may read (``_resolve``)."""
     if not isinstance(row, dict):
         raise BadRowError(f"a row must be a JSON object, got {type(row).__name__}")
     prompt = row.get(input_key)
@@ -188,22 +260,22 @@ def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY,
             content = msg.get("content") if isinstance(msg, dict) else None
             for item in content if isinstance(content, list) else []:
                 if isinstance(item, dict) and item.get("type") == "video":
-                    src = _video(item.get("video"), "a video item", base_dir)
+                    src = _video(item.get("video"), "a video item", base_dir, media_roots)
                     videos.append((src, _with_item(options, item, "a video item")))
                 elif _is_image_item(item):
                     v = item.get("image", item.get("image_url"))
                     if isinstance(v, dict) and "url" in v:     # OpenAI's {"image_url": {"url": ...}}
                         v = v["url"]
-                    images.append(image_source(v, "an image item", base_dir))
+                    images.append(image_source(v, "an image item", base_dir, media_roots))
     listed = _as_list(row.get(video_key), video_key, "sources")
     for v in listed:
         if isinstance(v, dict) and not _hf_storage(v):
-            videos.append((_video(v.get("video"), f"a {video_key!r} entry", base_dir),
+            videos.append((_video(v.get("video"), f"a {video_key!r} entry", base_dir, media_roots),
                            _with_item(options, v, f"a {video_key!r} entry")))
         else:
-            videos.append((_video(v, f"a {video_key!r} entry", base_dir), options))
+            videos.append((_video(v, f"a {video_key!r} entry", base_dir, media_roots), options))
     listed_images = _as_list(row.get(image_key), image_key, "images") if image_key else []
-    images.extend(image_source(v, f"an {image_key!r} entry", base_dir) for v in listed_images)
+    images.extend(image_source(v, f"an {image_key!r} entry", base_dir, media_roots) for v in listed_images)
     if isinstance(prompt, str):
         # Miles' _build_messages pops one list entry per placeholder; a count that differs would fail there
         # (too few) or silently drop media (too many).
@@ -222,11 +294,12 @@ def media_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY,
 
 
 def video_items(row: dict, options: VideoOptions, *, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
-                base_dir: str | None = None, image_key: str | None = None) -> list[tuple[object, VideoOptions]]:
+                base_dir: str | None = None, image_key: str | None = None,
+                media_roots: Sequence[str] | None = None) -> list[tuple[object, VideoOptions]]:
     """(source, options) for each video of a row, in prompt order.  ``BadRowError`` for a malformed row.
     A source is a string, or ``InlineBytes`` for a video held as bytes."""
     return media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key,
-                       base_dir=base_dir).videos
+                       base_dir=base_dir, media_roots=media_roots).videos
 
 
 def parse_row(line: bytes) -> dict:
@@ -389,14 +462,45 @@ def _unreadable() -> tuple:
     return (OSError, pa.ArrowException)
 
 
+CELL_BYTES = 256 << 10        # a binary/string column whose rows average more: read one cell at a time (D45)
+
+
+def _cell_columns_of(arrow_schema, parquet_schema) -> dict:
+    """The top-level columns ``parquet_cells`` may read: binary or string, or a list of them (one leaf each):
+    name -> (leaf column, is text, None or (list nullable, element nullable))."""
+    import pyarrow as pa
+    leaves: dict = {}
+    for j in range(len(parquet_schema)):
+        leaves.setdefault(parquet_schema.column(j).path.split(".")[0], []).append(j)
+
+    def kind(t):
+        return ("text" if pa.types.is_string(t) or pa.types.is_large_string(t) else
+                "bytes" if pa.types.is_binary(t) or pa.types.is_large_binary(t) else None)
+    out = {}
+    for f in arrow_schema:
+        if len(leaves.get(f.name, ())) != 1:
+            continue
+        t, nulls = f.type, None
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            t, nulls = t.value_type, (int(f.nullable), int(f.type.value_field.nullable))
+        if kind(t):
+            out[f.name] = (leaves[f.name][0], kind(t) == "text", nulls)
+    return out
+
+
 class _ParquetRows:
     """A parquet prompt file read as Miles reads it (pyarrow, ``to_pylist`` rows), lazily and in bounded memory:
-    opening reads the footer only; rows are decoded in batches of about ``BATCH_BYTES`` (one row where rows are
-    larger: videos held as bytes), never a whole row group, and only the current batch is kept.  Reading the next
-    row continues where the last read stopped (a DataLoader's sequential order); another row restarts its row
-    group's reader and skips to it (parquet has no per-row index).  A pyarrow writer puts up to 1024 rows in one
-    page: for files of videos as bytes, write with ``write_batch_size=1`` so a row is its own page (docs/storage.md).
-    A row group that cannot be decoded is one ``BadRowError`` for its rows, never the end of the file."""
+    opening reads the footer only, and only the row asked for is kept.
+
+    A large binary or string column, or list of them (videos held as bytes: more than ``CELL_BYTES`` a row), is read
+    one cell at a time by ``parquet_cells``: pyarrow would decode a whole page for one value, and its writer puts up to 1024 rows
+    in a page, or every value of the row group in one dictionary page (D45: 40 videos of 25 MiB cost 2 GiB to read
+    one).  Its memory is then the cell, for uncompressed, zstd, gzip and brotli pages; a snappy page is decompressed
+    whole (docs/storage.md).  A layout it does not read (nested columns, other encodings or codecs) is read by
+    pyarrow, as are the other columns: in batches of about ``BATCH_BYTES`` (one row where rows are larger), never a
+    whole row group.  Reading the next row continues where the last read stopped (a DataLoader's sequential order);
+    an earlier row restarts its page or row group's reader and skips to it.  A row group that cannot be decoded is
+    one ``BadRowError`` for its rows, never the end of the file."""
 
     def __init__(self, path: str) -> None:
         import numpy as np
@@ -414,18 +518,34 @@ class _ParquetRows:
         self.columns = list(self._pf.schema_arrow.names)
         self.text_columns = _text_columns(self._pf.schema_arrow)
         self._starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)], dtype=np.int64)
-        self._cursor: list | None = None       # [group, next row index, its row iterator]
+        self._flat = _cell_columns_of(self._pf.schema_arrow, md.schema)
+        self._cursor: list | None = None       # [group, columns, first row of the batch, the batch, its batches]
+        self._chunks: dict = {}                # name -> ColumnChunk (or None: pyarrow reads it) of _chunks_group
+        self._chunks_group = -1
+        self._big_group, self._big = -1, []    # _cell_columns of the group read last
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def _batches(self, g: int):
+    def _cell_columns(self, g: int) -> list[str]:
+        """The columns of row group ``g`` read a cell at a time: binary or string, more than ``CELL_BYTES`` a row."""
+        if self._big_group != g:
+            rg = self._pf.metadata.row_group(g)
+            self._big = [name for name, (j, _, _) in self._flat.items()
+                         if rg.column(j).total_uncompressed_size > CELL_BYTES * max(1, rg.num_rows)]
+            self._big_group = g
+        return self._big
+
+    def _batches(self, g: int, columns: list | None = None):
         """(index of its first row, record batch) over row group ``g``, about ``BATCH_BYTES`` a batch."""
         rg = self._pf.metadata.row_group(g)
-        per_row = max(1, rg.total_byte_size // max(1, rg.num_rows))
+        size = rg.total_byte_size if columns is None else sum(
+            rg.column(j).total_uncompressed_size for j in range(rg.num_columns)
+            if rg.column(j).path_in_schema.split(".")[0] in columns)
+        per_row = max(1, size // max(1, rg.num_rows))
         start = int(self._starts[g])
         for batch in self._pf.iter_batches(batch_size=max(1, min(65536, BATCH_BYTES // per_row)), row_groups=[g],
-                                           use_threads=False):
+                                           columns=columns, use_threads=False):
             yield start, batch
             start += batch.num_rows
 
@@ -433,20 +553,73 @@ class _ParquetRows:
         return BadRowError(f"row group {g} of {self.path} (rows {first}-{int(self._starts[g + 1]) - 1}) cannot be "
                            f"read ({type(e).__name__}: {str(e)[:200]}); its rows are skipped")
 
-    def raw(self, i: int) -> dict:
+    def _group(self, i: int) -> int:
         import numpy as np
-        g = int(np.searchsorted(self._starts, i, side="right")) - 1
-        c = self._cursor                 # [group, first row of the batch, the batch, the group's batches]
-        if c is None or c[0] != g or c[1] > i:
-            c = [g, int(self._starts[g]), None, self._batches(g)]
+        return int(np.searchsorted(self._starts, i, side="right")) - 1
+
+    def _arrow_row(self, g: int, i: int, columns: list | None) -> dict:
+        """Row ``i`` (of group ``g``) through pyarrow's batches, of ``columns`` (all: None)."""
+        if columns is not None and not columns:
+            return {}
+        c = self._cursor           # [group, columns, first row of the batch, the batch, the group's batches]
+        if c is None or c[0] != g or c[1] != columns or c[2] > i:
+            c = [g, columns, int(self._starts[g]), None, self._batches(g, columns)]
         self._cursor = None
-        try:
-            while c[2] is None or i >= c[1] + c[2].num_rows:     # batches before the row: decoded, not converted
-                c[1], c[2] = next(c[3])
-        except _unreadable() as e:
-            raise self._unreadable_group(g, int(self._starts[g]), e) from None
+        while c[3] is None or i >= c[2] + c[3].num_rows:     # batches before the row: decoded, not converted
+            c[2], c[3] = next(c[4])
         self._cursor = c
-        return c[2].slice(i - c[1], 1).to_pylist()[0]
+        return c[3].slice(i - c[2], 1).to_pylist()[0]
+
+    def _cell(self, g: int, i: int, name: str):
+        """Row ``i``'s value of column ``name``, a cell at a time; pyarrow's where ``parquet_cells`` cannot."""
+        import struct
+
+        import pyarrow as pa
+
+        from .parquet_cells import ColumnChunk, Unsupported
+        if self._chunks_group != g:
+            self._close_chunks()
+            self._chunks_group = g
+        j, text, list_nulls = self._flat[name]
+        try:
+            if name not in self._chunks:
+                self._chunks[name] = None               # until it opens: a layout it refuses stays pyarrow's
+                self._chunks[name] = ColumnChunk(self.path, self._pf.metadata, g, j, list_nulls)
+            if self._chunks[name] is not None:
+                v = self._chunks[name].cell(i - int(self._starts[g]))
+                if text and v is not None:
+                    v = [x if x is None else x.decode("utf-8") for x in v] if list_nulls else v.decode("utf-8")
+                return v
+        except (Unsupported, ValueError, IndexError, struct.error, pa.ArrowException):
+            # a layout or a page it does not read: never a guess, pyarrow reads it (and names what is wrong)
+            chunk = self._chunks.pop(name, None)
+            self._chunks[name] = None
+            if chunk is not None:
+                chunk.close()
+        return self._arrow_row(g, i, [name])[name]
+
+    def _close_chunks(self) -> None:
+        for chunk in self._chunks.values():
+            if chunk is not None:
+                chunk.close()
+        self._chunks = {}
+
+    def _row(self, g: int, i: int) -> dict:
+        big = self._cell_columns(g)
+        if not big:
+            return self._arrow_row(g, i, None)
+        row = self._arrow_row(g, i, [c for c in self.columns if c not in big])
+        for name in big:
+            row[name] = self._cell(g, i, name)
+        return {c: row[c] for c in self.columns}
+
+    def raw(self, i: int) -> dict:
+        g = self._group(i)
+        try:
+            return self._row(g, i)
+        except _unreadable() as e:
+            self._cursor = None
+            raise self._unreadable_group(g, int(self._starts[g]), e) from None
 
     def records(self) -> Iterator[tuple[int, "dict | BadRowError"]]:
         """(row index, row) in file order; an unreadable row group is one ``BadRowError`` at its first row
@@ -454,6 +627,10 @@ class _ParquetRows:
         for g in range(len(self._starts) - 1):
             i = int(self._starts[g])
             try:
+                if self._cell_columns(g):
+                    for i in range(i, int(self._starts[g + 1])):
+                        yield i, self._row(g, i)
+                    continue
                 for _, batch in self._batches(g):
                     for row in batch.to_pylist():
                         yield i, row
@@ -629,11 +806,16 @@ class LazyVideoDataset(Sequence[Row]):
     A video held as bytes gets a handle that carries its key (``InlineBytes.key``) and no source, and the
     bytes in ``Row.inline`` (key -> ``InlineBytes``), so the process that reads the row can build it
     (``ensure_inline``) and no other node ever needs the dataset.
+
+    ``media_roots``: the directories local media may be read from (``--media-root``); without them a relative
+    path must stay under the dataset's directory (``_resolve``: the one source rule, D54).
     """
 
     def __init__(self, path, cache: "VideoCache | str", options: VideoOptions, *, input_key: str = INPUT_KEY,
-                 video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None) -> None:
+                 video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None,
+                 media_roots: Sequence[str] | None = None) -> None:
         self._rows = open_rows(path, split)
+        self.media_roots = check_media_roots(media_roots)
         self.path = getattr(self._rows, "path", None)
         self.cache = cache
         self.options = options
@@ -669,8 +851,11 @@ class LazyVideoDataset(Sequence[Row]):
         if not 0 <= i < len(self):
             raise IndexError(f"row {i} out of range for {len(self)} rows")
         row = self.raw(i)
-        media = media_items(row, self.options, input_key=self.input_key, video_key=self.video_key,
-                            image_key=self.image_key, base_dir=self._base_dir)
+        try:
+            media = media_items(row, self.options, input_key=self.input_key, video_key=self.video_key,
+                                image_key=self.image_key, base_dir=self._base_dir, media_roots=self.media_roots)
+        except BadRowError as e:          # name the row: the message alone does not say which one it was
+            raise type(e)(f"row {i}: {e}") from None
         return Row(i, row.get(self.input_key), [self._handle(s, o) for s, o in media.videos], row, media.images,
                    {s.key(o): s for s, o in media.videos if isinstance(s, InlineBytes)})
 

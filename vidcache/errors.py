@@ -68,6 +68,12 @@ class BadRowError(VidcacheError, ValueError):
     kind = "bad_row"
 
 
+class OutsideMediaRootError(BadRowError):
+    """A row's local image or video resolves (``..`` and symlinks followed) outside the directories its dataset
+    may read: its own directory, or the ``--media-root`` directories given (D54)."""
+    kind = "outside_media_root"
+
+
 class DecodeError(VidcacheError, ValueError):
     """The bytes are not a decodable video (truncated, not a video, corrupt)."""
     kind = "decode"

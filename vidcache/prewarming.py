@@ -32,8 +32,8 @@ from . import keys
 from .cache import VideoCache
 from .digest import Digest
 from .config import ENV_DIR
-from .dataset import (InlineBytes, check_columns, check_format, is_hf_dataset, is_parquet, iter_jsonl, media_items,
-                      open_rows)
+from .dataset import (InlineBytes, check_columns, check_format, check_media_roots, is_hf_dataset, is_parquet,
+                      iter_jsonl, media_items, open_rows)
 from .errors import (INSTALL_RAY, BackendUnavailableError, BadRowError, ConfigError, NoMediaError, VidcacheError,
                      WorkerError, WorkerMemoryError, WorkerTimeoutError)
 from .loader.fetch import canonical_source, scheme_of
@@ -80,6 +80,7 @@ class _Rows:
     video_key: str
     image_key: str | None
     base_dir: str
+    media_roots: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class InlineRef:
         r = self.rows
         row = r.reader.raw(self.row)
         media = media_items(row, r.options, input_key=r.input_key, video_key=r.video_key, image_key=r.image_key,
-                            base_dir=r.base_dir)
+                            base_dir=r.base_dir, media_roots=r.media_roots)
         src = media.videos[self.nth][0] if self.nth < len(media.videos) else None
         if not isinstance(src, InlineBytes) or src.digest != self.digest:
             raise BadRowError(f"row {self.row}'s video {self.nth} is no longer the bytes planned ({self}): the "
@@ -399,12 +400,13 @@ def _dataset_dir(dataset) -> str:
     return os.path.abspath(dataset) if isinstance(dataset, (str, os.PathLike)) else os.getcwd()
 
 
-def _row_media(row, options, input_key, video_key, image_key, base) -> list:
+def _row_media(row, options, input_key, video_key, image_key, base, media_roots=None) -> list:
     """A row's media items, or the row's own error (``_placed_rows`` yields a row it could not read as its
-    ``BadRowError``): one rule for prewarm and pull."""
+    ``BadRowError``): one rule for prewarm and pull, the source rule included (``dataset._resolve``)."""
     if isinstance(row, BadRowError):
         raise row
-    return media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key, base_dir=base)
+    return media_items(row, options, input_key=input_key, video_key=video_key, image_key=image_key, base_dir=base,
+                       media_roots=media_roots)
 
 
 def _placed_rows(dataset, split, progress: bool, carried: set, desc: str = "prewarm"):
@@ -449,23 +451,27 @@ def _check_keys(dataset, input_key: str, video_key: str, image_key: str | None, 
 
 
 def plan(dataset, options: VideoOptions, input_key: str = INPUT_KEY, video_key: str = VIDEO_KEY,
-         image_key: str | None = None, split: str | None = None, progress: bool = False):
+         image_key: str | None = None, split: str | None = None, progress: bool = False,
+         media_roots=None):
     """Unique tasks of a dataset (a JSONL or parquet path, an HF dataset or its directory, or an iterable of row
     dicts), with the rows that need each, and row-level failures.  A task is a video (by source, or by content
     for bytes) under its options, or an image to check.  Relative paths resolve against the file's directory
-    (rows: the current directory)."""
+    (rows: the current directory), and must stay under it unless ``media_roots`` (``--media-root``) name the
+    directories local media may come from (``dataset._resolve``, D54)."""
+    media_roots = check_media_roots(media_roots)
     tasks: dict[tuple[str, str], tuple[object, VideoOptions, list[int]]] = {}
     bad_rows = []
     base = _dataset_dir(dataset)
     patch = options.patch_size
     reader = _check_keys(dataset, input_key, video_key, image_key, split)
     # Videos held as bytes are planned by digest and place, where the rows can be read again one at a time
-    rows_again = _Rows(reader, options, input_key, video_key, image_key, base) if hasattr(reader, "raw") else None
+    rows_again = (_Rows(reader, options, input_key, video_key, image_key, base, media_roots)
+                  if hasattr(reader, "raw") else None)
     n_rows, seen_keys = 0, set()
     for i, row, where in _placed_rows(reader, split, progress, seen_keys):
         n_rows += 1
         try:
-            media = _row_media(row, options, input_key, video_key, image_key, base)
+            media = _row_media(row, options, input_key, video_key, image_key, base, media_roots)
             items = [(src if not (isinstance(src, InlineBytes) and rows_again is not None) else
                       InlineRef(rows_again, i, nth, src.digest, len(src.data)),
                       opts, (str(src.digest) if isinstance(src, InlineBytes) else src, opts.digest))
@@ -724,7 +730,7 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
             progress: bool = True, log_every_s: float | None = None, input_key: str = INPUT_KEY,
             video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None,
             ray: bool = False, ray_address: str | None = None,
-            num_cpus_per_task: float = 1.0, ray_logs: bool = False) -> PrewarmSummary:
+            num_cpus_per_task: float = 1.0, ray_logs: bool = False, media_roots=None) -> PrewarmSummary:
     """Build every video of ``dataset`` into ``cache``: locally with ``workers`` processes, or over Ray.
 
     ``dataset``: a JSONL or ``.parquet`` path (Miles' prompt files), a ``datasets.Dataset`` (or ``DatasetDict``
@@ -735,7 +741,9 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     ``cache``: default ``VideoCache()`` (``$VIDCACHE_DIR`` + ``$VIDCACHE_SHARED``); ``options``: default
     ``VideoOptions()``.  Returns a :class:`PrewarmSummary`; ``summary.failures`` lists every failed row
     (``row``, ``line`` for a JSONL, ``source``, ``kind``, ``error``), also written to ``failures_path``
-    when given and only when a row failed.  A bad row costs that row only.
+    when given and only when a row failed.  A bad row costs that row only.  ``media_roots``: the directories
+    local images and videos may be read from (``--media-root``); without them a relative path must stay under
+    the dataset's directory, and a row whose path leaves it fails (``outside_media_root``).
     """
     t0 = time.monotonic()
     check_failures_path(failures_path)
@@ -745,7 +753,8 @@ def prewarm(dataset, cache: VideoCache | None = None, options: VideoOptions | No
     options = options if options is not None else VideoOptions()
     cache.identity          # a new shared tier gets its identity before any work (race-safe: config.py)
     summary = PrewarmSummary()
-    tasks, bad_rows = plan(dataset, options, input_key, video_key, image_key, split, progress=progress)
+    tasks, bad_rows = plan(dataset, options, input_key, video_key, image_key, split, progress=progress,
+                           media_roots=media_roots)
     failures = list(bad_rows)
     sweep_stale(cache.tmp_dir)       # temp files of killed workers from earlier runs
     _sweep_shared_partials(cache)
@@ -808,11 +817,13 @@ def _pull_key(cache: VideoCache, src, opts: VideoOptions) -> tuple[str | None, b
 
 def pull(dataset, cache: VideoCache, options: VideoOptions, *, input_key: str = INPUT_KEY,
          video_key: str = VIDEO_KEY, image_key: str | None = None, split: str | None = None,
-         depth: int = 64, max_bytes: int = 2 << 30, progress: bool = False) -> PullSummary:
+         depth: int = 64, max_bytes: int = 2 << 30, progress: bool = False, media_roots=None) -> PullSummary:
     """Bring the entries ``dataset``'s rows name from the shared tier into ``cache``'s local tier, in row order,
     with at most ``depth`` pulls and ``max_bytes`` of frames in flight.  Every row is its own fate (a malformed
     row, an unreachable source or a corrupt copy is one record in ``failures``, with its reason); a video no
-    tier holds yet is counted ``not_cached``.  Never builds, never fetches a video (one stat or HEAD a source)."""
+    tier holds yet is counted ``not_cached``.  Never builds, never fetches a video (one stat or HEAD a source).
+    ``media_roots``: as for ``prewarm``."""
+    media_roots = check_media_roots(media_roots)
     if depth < 1 or max_bytes < 1:
         raise ConfigError(f"depth and max_bytes must be positive, got {depth} and {max_bytes}")
     reader = _check_keys(dataset, input_key, video_key, image_key, split)
@@ -850,7 +861,7 @@ def pull(dataset, cache: VideoCache, options: VideoOptions, *, input_key: str = 
         for i, row, where in _placed_rows(reader, split, progress, carried, desc="pull"):
             n_rows += 1
             try:
-                media = _row_media(row, options, input_key, video_key, image_key, base)
+                media = _row_media(row, options, input_key, video_key, image_key, base, media_roots)
             except BadRowError as e:
                 s.failed += 1
                 s.failures.append({**where, "source": None, "kind": e.kind, "error": str(e)})

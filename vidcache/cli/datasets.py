@@ -52,6 +52,7 @@ def _add_prewarm(sub) -> None:
                         '\'{"video": "clips", "image": "pictures"}\' (default: {"video": "videos", "image": "images"}, '
                         'a default without a column in a parquet/HF dataset dropped; images are checked as Miles '
                         'reads them, not cached)')
+    _add_media_root(p)
     p.add_argument("--no-progress", action="store_true", help="neither a bar nor progress lines")
     p.add_argument("--progress", action="store_true", help="draw the bar even when stderr is not a terminal")
     p.add_argument("--log-interval", type=float, default=30.0, metavar="S",
@@ -67,6 +68,8 @@ def cmd_prewarm(args) -> int:
 
     # Every mistake the user can make is refused before any work is done, and creates nothing.
     check_local_budget(args.max_local_bytes)
+    from ..dataset import check_media_roots
+    check_media_roots(args.media_root)
     if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
         raise ConfigError(f"dataset not found: {args.dataset}" if not os.path.exists(args.dataset)
                           else f"dataset is not a file or a dataset directory: {args.dataset}")
@@ -107,7 +110,7 @@ def cmd_prewarm(args) -> int:
                 log_every_s=None if (bar or args.no_progress) else args.log_interval,
                 video_key=keys.get("video", VIDEO_KEY), image_key=keys.get("image"), split=args.split,
                 ray=args.ray, ray_address=args.ray_address,
-                ray_logs=args.ray_logs)
+                ray_logs=args.ray_logs, media_roots=args.media_root)
     print(s.line())
     if s.failed:
         print(f"failures: {failures}")
@@ -117,6 +120,13 @@ def cmd_prewarm(args) -> int:
     if s.new or s.hit or s.published:
         print(_next_steps(args), file=sys.stderr)
     return 0 if (s.failed == 0 or args.allow_failures) else 1
+
+
+def _add_media_root(p) -> None:
+    p.add_argument("--media-root", action="append", metavar="DIR",
+                   help="a directory the dataset's local images and videos may be read from (repeatable). Without "
+                        "it a relative path must stay under the dataset's directory (.. and symlinks followed); "
+                        "with it every local path, absolute and file:// too, must lie under one of these")
 
 
 def _next_steps(args) -> str:
@@ -202,6 +212,7 @@ def _add_pull(sub) -> None:
     add_option_flags(p)
     p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
     p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
+    _add_media_root(p)
     p.add_argument("--depth", type=_positive, default=readahead.DEPTH, help="entries pulled at once, at most")
     p.add_argument("--max-bytes", type=_positive_size, default=readahead.MAX_BYTES, metavar="SIZE",
                    help="frames in flight at once, at most (e.g. 2GiB)")
@@ -220,6 +231,8 @@ def cmd_pull(args) -> int:
     if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
         raise ConfigError(f"dataset not found: {args.dataset}")
     _check_format(args.dataset)
+    from ..dataset import check_media_roots
+    check_media_roots(args.media_root)
     keys = _multimodal_keys(args.multimodal_keys, args.dataset)
     cache = cache_of(args)
     if cache.shared is None:
@@ -227,7 +240,7 @@ def cmd_pull(args) -> int:
     print(f"pull: {args.dataset} from {cache.config.shared} into {cache.path}", file=sys.stderr)
     s = pull(args.dataset, cache, options_of(args), input_key=args.input_key, video_key=keys.get("video", VIDEO_KEY),
              image_key=keys.get("image"), split=args.split, depth=args.depth, max_bytes=args.max_bytes,
-             progress=sys.stderr.isatty())
+             progress=sys.stderr.isatty(), media_roots=args.media_root)
     cache.sync()
     print(s.line())
     if s.failures:
