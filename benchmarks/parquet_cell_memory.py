@@ -47,7 +47,7 @@ if what == "row":
     assert row.inline, "the row holds no inline video"
     size = max(len(b.data) for b in row.inline.values())
 else:
-    from vidcache.prewarming import plan
+    from vidcache.planning import plan
     tasks, bad = plan(path, VideoOptions())
     assert not bad, bad
     size = max(t.source.size for t in tasks)

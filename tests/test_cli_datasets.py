@@ -278,7 +278,7 @@ def test_bytes_in_a_parquet_are_planned_by_digest_and_read_one_row_at_a_time(tmp
     import tracemalloc
 
     from vidcache import VideoOptions
-    from vidcache.prewarming import InlineRef, plan
+    from vidcache.planning import InlineRef, plan
     n, size = 48, 4 << 20
     rows = [{"prompt": "<video>", "videos": [os.urandom(size)]} for _ in range(n)]
     ds = tmp_path / "bytes.parquet"

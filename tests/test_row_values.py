@@ -14,7 +14,7 @@ from vidcache import VideoOptions
 from vidcache.dataset import ITEM_KEYS, video_items
 from vidcache.errors import BadRowError, OptionsError
 from vidcache.options import CONTENT_ITEM_KEYS
-from vidcache.prewarming import plan
+from vidcache.planning import plan
 
 from support.cli import SHELL, run_cli
 

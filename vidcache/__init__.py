@@ -16,7 +16,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
   handle, dataset, readahead, pullworker, positions, embeddings/   references above the cache; read-ahead, its pull worker; positions; the frozen-vision embedding tier
   sglang/, vllm/, rollout/        the rollout side: SGLang's and vLLM's adapters (neither imports the other) on rollout/, the engine-neutral core
-  prewarming, embeddings.jobs, cli/, doctor   the jobs
+  planning, prewarming, pulling, embeddings.jobs, cli/, doctor   the jobs
 """
 from importlib import import_module
 from typing import TYPE_CHECKING

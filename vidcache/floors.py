@@ -33,7 +33,7 @@ FLOORS: list[tuple[str, list[str], str]] = [
     ("rollout", ["sglang", "vllm", "rollout"],
      "the rollout side: frozen files, transports, prepare, serve, plugin; vLLM's loader; references, server checks "
      "and prompts"),
-    ("jobs", ["prewarming", "embeddings.jobs", "cli", "doctor", "floors", "contact_sheet", "testing", ""],
+    ("jobs", ["planning", "prewarming", "pulling", "embeddings.jobs", "cli", "doctor", "floors", "contact_sheet", "testing", ""],
      "the jobs"),                                      # "": the lazy facade, vidcache/__init__
 ]
 # Modules on a floor that the docstring and the README leave out (helpers, not parts of the house).

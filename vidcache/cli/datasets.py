@@ -224,10 +224,10 @@ def _add_pull(sub) -> None:
 
 def cmd_pull(args) -> int:
     """Bring the entries a dataset's rows name from the shared tier into this node's local tier, in row order
-    (``vidcache.prewarming.pull``); every video that is not pulled is listed with its reason."""
+    (``vidcache.pulling.pull``); every video that is not pulled is listed with its reason."""
     from ..errors import ConfigError
     from ..options import VIDEO_KEY
-    from ..prewarming import pull
+    from ..pulling import pull
     if not (os.path.isfile(args.dataset) or os.path.isdir(args.dataset)):
         raise ConfigError(f"dataset not found: {args.dataset}")
     _check_format(args.dataset)

@@ -17,20 +17,21 @@ def dataset_entries(dataset, cache: "VideoCache", options, *, input_key: str, vi
                     split: str | None = None) -> tuple[list[str], int, list]:
     """The cached entries a dataset's rows name (as ``vidcache pull`` finds them: no fetch, no build), the count
     of videos no tier caches yet, and the rows that failed."""
-    from .. import prewarming as pw
+    from .. import planning as pw
+    from ..pulling import pull_key
     from ..errors import BadRowError, VidcacheError
-    reader = pw._check_keys(dataset, input_key, video_key, None, split)
-    base = pw._dataset_dir(dataset)
+    reader = pw.check_keys(dataset, input_key, video_key, None, split)
+    base = pw.dataset_dir(dataset)
     found, missing, failures = [], 0, []
-    for _, row, where in pw._placed_rows(reader, split, False, set(), desc="embed"):
+    for _, row, where in pw.placed_rows(reader, split, False, set(), desc="embed"):
         try:
-            media = pw._row_media(row, options, input_key, video_key, None, base)
+            media = pw.row_media(row, options, input_key, video_key, None, base)
         except BadRowError as e:
             failures.append({**where, "kind": e.kind, "error": str(e)})
             continue
         for src, opts in media.videos:
             try:
-                key, _, why = pw._pull_key(cache, src, opts)
+                key, _, why = pull_key(cache, src, opts)
             except VidcacheError as e:
                 failures.append({**where, "source": str(src), "kind": e.kind, "error": str(e)})
                 continue
