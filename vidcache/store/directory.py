@@ -59,6 +59,7 @@ def _own_dirs(root: str, path: str) -> None:
 
 
 class DirectoryStore(FsspecStore):
+    protocols = ("file", "local")
     supports_urls = True
     supports_partial_sweep = True
     exclusive_create = True          # publish's link() refuses an existing name

@@ -163,16 +163,14 @@ def _detail(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200]}" if text else type(e).__name__
 
 
+# protocol -> the store class of that medium: each medium's class names its protocols (``protocols``) and is
+# entered here when it is defined (``vidcache.store`` imports them all, so every importer of this module has them).
+_MEDIA: dict[str, type] = {}
+
+
 def store_class(url: str) -> type["FsspecStore"]:
     """The store class of ``url``'s medium: a directory (a plain path, ``file://``), S3, or any other fsspec URL."""
-    protocol = fsspec.core.split_protocol(url)[0]
-    if protocol in (None, "file", "local"):
-        from .directory import DirectoryStore
-        return DirectoryStore
-    if protocol in ("s3", "s3a"):
-        from .s3 import S3Store
-        return S3Store
-    return FsspecStore
+    return _MEDIA.get(fsspec.core.split_protocol(url)[0] or "file", FsspecStore)
 
 
 class FsspecStore(Store):
@@ -181,7 +179,12 @@ class FsspecStore(Store):
     supports_urls = False             # a URL another machine can read (a directory: file://; S3: presigned)
     supports_partial_sweep = False    # only a directory's publish leaves temporary files behind a killed writer
     exclusive_create = False          # whether ``set_if_not_exists`` is decided by the medium (else a look first)
+    protocols: tuple[str, ...] = ()   # the URL protocols whose medium this class is (``store_class``)
     # timeout_s: set per store (``__init__``)
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        _MEDIA.update(dict.fromkeys(cls.__dict__.get("protocols", ()), cls))
 
     def __new__(cls, url: str | None = None, *args, **kwargs):
         # ``FsspecStore(url)`` is the store of url's medium; a subclass named, or unpickled, is itself.

@@ -33,6 +33,7 @@ def s3_storage_options(user: Mapping) -> dict:
 
 
 class S3Store(FsspecStore):
+    protocols = ("s3", "s3a")
     supports_urls = True             # presigned
     exclusive_create = True          # a conditional PUT
     _busy_is_unavailable = True      # s3fs reports S3's SlowDown/503 as EBUSY
