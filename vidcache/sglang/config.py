@@ -325,4 +325,4 @@ def _embeddings(out: dict, mode: str, lookup: str) -> None:
     out["notes"].append("precomputed embeddings (frozen vision tower only): requests built with "
                         "prepare(..., embeddings=...) are served from the records this lookup returns, checked against "
                         "the requested key, grid and attested digest; SGLang's vision tower is not run for them "
-                        "(docs/embeddings-engines.md).")
+                        "(docs/embeddings.md).")
