@@ -64,7 +64,8 @@ def cmd_prewarm(args) -> int:
     from ..errors import BackendUnavailableError, ConfigError
     from ..loader.fetch import FetchLimits
     from ..options import VIDEO_KEY
-    from ..prewarming import check_failures_path, default_failures_path, default_worker_memory, prewarm
+    from ..planning import check_failures_path, default_failures_path
+    from ..prewarming import default_worker_memory, prewarm
 
     # Every mistake the user can make is refused before any work is done, and creates nothing.
     check_local_budget(args.max_local_bytes)
