@@ -225,8 +225,8 @@ def qvu_trainer(processor, handle, backend: str) -> Side:
 
 
 def _patch(family: str) -> int:
-    from vidcache.options import PATCH_SIZE
-    return PATCH_SIZE[family]
+    from vidcache.families import FAMILIES
+    return FAMILIES[family].patch
 
 
 def _element(manifest) -> dict:
