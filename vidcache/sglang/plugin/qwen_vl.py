@@ -154,10 +154,11 @@ def enforce_layout(processor, refs: list[VidcacheVideo], ret) -> None:
                         "transformers expands in %r)", layout, layout_of(processor, refs[0].family))
 
 
-def embedding_rows(refs: list[VidcacheVideo], ret, images, width: int) -> list | None:
+def embedding_rows(refs: list[VidcacheVideo], ret, images, width) -> list | None:
     """Each reference's precomputed rows for the decoder (``rollout.embeddings.decoder_rows``), read through this
-    server's lookup and checked against the processor output ``ret`` and the model's row ``width``; None when no
-    reference asks for them.  Raises ``ValueError`` (a 400) for anything SGLang could not be handed exactly: rows of
+    server's lookup and checked against the processor output ``ret`` and the model's row width (``width()``, asked
+    only then); None when no reference asks for them.  Raises ``ValueError`` (a 400) for anything SGLang could not
+    be handed exactly: rows of
     another width would fail inside the scheduler (``srt/managers/mm_utils.py:429-444``), not as a refusal."""
     towers = [v.tower for v in refs]
     if all(t is None for t in towers):
@@ -166,6 +167,7 @@ def embedding_rows(refs: list[VidcacheVideo], ret, images, width: int) -> list |
         raise ValueError("vidcache references of one request must all ask for precomputed embeddings, or none: "
                          "SGLang 0.5.23 embeds a request's videos either all from precomputed rows or all through "
                          "its tower (srt/managers/mm_schedule.py:120-123)")
+    width = width()
     if images:
         raise ValueError("vidcache cannot serve precomputed video embeddings beside images in one request: the plugin "
                          "hands SGLang one video item for the request's processor output")
@@ -297,7 +299,7 @@ class VidcachePluginMixin:
         finally:
             _CALL_VIDEO_CONFIG.reset(token)
         enforce_layout(self._processor, refs, ret)
-        rows = embedding_rows(refs, ret, images, decoder_width(self.hf_config))
+        rows = embedding_rows(refs, ret, images, lambda: decoder_width(self.hf_config))
         check_attestations(refs, ret, rows)
         return ret if rows is None else serve_embeddings(ret, rows)
 
