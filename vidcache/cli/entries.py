@@ -20,23 +20,39 @@ def _add_ls(sub) -> None:
 
 
 def cmd_ls(args) -> int:
-    rows, names = _ThisNodeIfTierDown(cache_of(args, read_only=True), "listing")(
-        lambda c: (c.listing(), entry_keys(c)))
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    from .. import catalog
+    from .. import keys as k
+    from ..errors import InvalidKeyError
+    run = _ThisNodeIfTierDown(cache_of(args, read_only=True), "listing")
+    names = run(catalog.entry_names)                    # each tier listed once; manifests not read yet
+    # Rows are printed as their manifests are read (issue 50: at 10^5 entries nothing came before all were read).
+    rows = run(lambda c: catalog.iter_listing(c, names))
+    if args.json:                                       # the same text as json.dumps(list, indent=2)
+        first = True
+        for r in rows:
+            body = json.dumps(r, indent=2).replace("\n", "\n  ")
+            print(("[\n  " if first else ",\n  ") + body, end="")
+            first = False
+        print("[]" if first else "\n]")
         return 0
     # KEY: the shortest prefix unique among every key `inspect` / `evict` complete over (one clip under two option
-    # sets shares its first 32 digits: 16 alone could not tell them apart)
-    short = unique_prefixes(names + [r["key"] for r in rows])
-    width = max([16] + [len(short[r["key"]]) for r in rows]) + 2
+    # sets shares its first 32 digits: 16 alone could not tell them apart): from the names, before any row.
+    keys_of = set()
+    for n in names[0] | names[1]:
+        with contextlib.suppress(InvalidKeyError):
+            keys_of.add(k.entry_key(n))
+    short = unique_prefixes(sorted(keys_of))
+    width = max([16] + [len(v) for v in short.values()]) + 2
     print(f"{'KEY':<{width}} {'FAMILY':<10} {'T x H x W':>16} {'FPS':>5} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} "
-          "SOURCE")
+          "SOURCE", flush=True)
+    count = total = 0
     for r in rows:
         src = ", ".join(r["sources"]) or "-"
         fps = f"{r['fps']:.3g}" if r.get("fps") is not None else "-"
         print(f"{short[r['key']] + '..':<{width}} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x "
               f"{r['width']:>4} {fps:>5} {r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
-    print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_human(sum(r['bytes'] for r in rows))}")
+        count, total = count + 1, total + r["bytes"]
+    print(f"{count} entr{'y' if count == 1 else 'ies'}, {_human(total)}")
     return 0
 
 
