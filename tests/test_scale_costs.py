@@ -75,3 +75,22 @@ def test_cli_ls_on_a_fresh_node_lists_the_tiers_entries_whole(node_a, tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().splitlines()
     assert lines[0].startswith("KEY") and len(lines) == len(ks) + 2 and lines[-1].startswith(f"{len(ks)} entries")
+
+
+def test_cli_verify_sample_checks_that_many_entries_drawn_from_the_tier(node_a, tmp_path):
+    """``verify --sample N``: N entries of the tier's listing checked, not all of them; a bad count or a sample
+    with named keys is a clear error."""
+    ks = node_a.build(*CLIPS)
+    node_a.cache.close()
+    node = tmp_path / "a"
+    r = run_cli(["verify", "--sample", "2"], node)
+    assert r.returncode == 0, r.stderr
+    checked = [ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")]
+    assert f"checking 2 of {len(ks)} entries" in r.stdout and len(checked) == 2 and set(checked) <= set(ks)
+    assert "verify: 2 ok, 0 bad" in r.stdout
+    r = run_cli(["verify", "--sample", "9"], node)            # more than there are: every entry, once
+    assert sorted(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("OK ")) == sorted(ks)
+    r = run_cli(["verify", "--sample", "0"], node)
+    assert r.returncode == 2 and "at least 1" in r.stderr, r.stderr
+    r = run_cli(["verify", "--sample", "2", ks[0]], node)
+    assert r.returncode != 0 and "vidcache: error: [config]" in r.stderr and "--sample" in r.stderr, r.stderr

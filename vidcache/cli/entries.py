@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import sys
 
 from .common import (add_cache_flags, add_option_flags, cache_of, check_local_budget, command, has_local, node_dir,
                      options_of, parse_size)
+from .datasets import _positive
 from .prefixes import entry_keys, full_key, key_stem, unique_prefixes
 
 
@@ -144,6 +146,9 @@ def _add_verify(sub) -> None:
     p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
     p.add_argument("--shared", nargs="?", const=True, metavar="URL",
                    help="check every entry of the shared tier (URL, or the configured $VIDCACHE_SHARED)")
+    p.add_argument("--sample", type=_positive, metavar="N",
+                   help="check N entries drawn at random from the tier instead of every one (a spot check whose "
+                        "cost does not grow with the tier's size beyond its listing)")
     p.add_argument("--repair", action="store_true", help="quarantine bad copies; restore from a sound tier or "
                                                          "rebuild from the source")
     p.add_argument("--upgrade", action="store_true",
@@ -158,6 +163,9 @@ def cmd_verify(args) -> int:
     whole_shared = args.shared is not None
     if args.shared is True:
         args.shared = None              # bare --shared: the configured tier
+    if args.sample is not None and (args.keys or args.upgrade):
+        from ..errors import ConfigError
+        raise ConfigError("--sample draws from every entry of a tier: give it without KEYs and without --upgrade")
     if args.upgrade and not whole_shared:
         from ..errors import ConfigError
         raise ConfigError("--upgrade converts the shared tier: give it with --shared (and VIDCACHE_SHARED or a URL)")
@@ -174,12 +182,23 @@ def cmd_verify(args) -> int:
             if cache.shared_unreachable is not None:
                 raise cache.shared_unreachable     # ... an empty listing of it would verify nothing
         from .. import keys as k
-        todo = []
+        todo, listed = [], 0
+        draw = random.Random()
         for sk in tier.keys(k.AC):
             try:
-                todo.append(k.entry_key(sk))
+                key = k.entry_key(sk)
             except VidcacheError:
                 print(f"BAD {sk!r}: not a key of the cache's format")
+                continue
+            listed += 1
+            if args.sample is None:
+                todo.append(key)
+            elif len(todo) < args.sample:          # reservoir sampling: N keys in memory, each equally likely
+                todo.append(key)
+            elif (j := draw.randrange(listed)) < args.sample:
+                todo[j] = key
+        if args.sample is not None:
+            print(f"verify: checking {len(todo)} of {listed} entries, drawn at random")
     bad, run = 0, (lambda fn: fn(cache)) if whole_shared else _ThisNodeIfTierDown(cache, "checking")
     for key in todo:
         try:       # during a tier outage this node's copies are still checked; `verify --shared` fails
