@@ -94,3 +94,19 @@ def test_cli_verify_sample_checks_that_many_entries_drawn_from_the_tier(node_a, 
     assert r.returncode == 2 and "at least 1" in r.stderr, r.stderr
     r = run_cli(["verify", "--sample", "2", ks[0]], node)
     assert r.returncode != 0 and "vidcache: error: [config]" in r.stderr and "--sample" in r.stderr, r.stderr
+
+
+def test_verify_shared_lists_the_tiers_frozen_files_once_not_once_per_entry(node_a, monkeypatch, capsys):
+    """Every entry has a compact object among the shared tier's frozen files: a listing of them per entry made
+    ``verify --shared`` O(n^2) in requests and names.  Counted: one listing of the namespace for the walk."""
+    from vidcache.store.fsspec import FsspecStore
+    ks = node_a.build(*CLIPS)
+    node_a.cache.close()
+    frozen_listings = []
+    real = FsspecStore.keys
+    monkeypatch.setattr(FsspecStore, "keys", lambda self, prefix="": (
+        frozen_listings.append(prefix) if prefix.startswith(K.FROZEN) else None) or real(self, prefix))
+    assert main(["verify", "--cache", str(node_a.tmp_path / "a"), "--shared", node_a.shared]) == 0
+    out = capsys.readouterr().out
+    assert f"verify: {len(ks)} ok, 0 bad" in out and all(f"OK  {k}" in out for k in ks)
+    assert len(frozen_listings) == 1, frozen_listings

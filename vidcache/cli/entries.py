@@ -200,21 +200,9 @@ def cmd_verify(args) -> int:
         if args.sample is not None:
             print(f"verify: checking {len(todo)} of {listed} entries, drawn at random")
     bad, run = 0, (lambda fn: fn(cache)) if whole_shared else _ThisNodeIfTierDown(cache, "checking")
-    for key in todo:
-        try:       # during a tier outage this node's copies are still checked; `verify --shared` fails
-            problems = run(lambda c: c.verify(key, repair=args.repair))
-        except VidcacheError as e:
-            problems = [f"[{e.kind}] {e}"]
-        if problems and args.repair and any("frozen file" in p for p in problems):
-            from ..sglang.frozen import repair_frozen      # remakes frozen files from the frames (imports torch)
-            with contextlib.suppress(VidcacheError):
-                repair_frozen(cache, key)
-        if problems:
-            bad += 1
-            after = (" -> repaired" if not cache.verify(key) else " -> still bad") if args.repair else ""
-            print(f"BAD {key}: {'; '.join(problems)}{after}")
-        else:
-            print(f"OK  {key}")
+    # one listing of the frozen files for the walk, not one per entry (a repair changes them: listed per entry)
+    with contextlib.nullcontext() if args.repair else cache.frozen.listed():
+        bad = _verify_each(cache, todo, run, args.repair)
     print(f"verify: {len(todo) - bad} ok, {bad} bad" + (" (repair attempted)" if args.repair and bad else ""))
     if args.upgrade:
         from ..prewarming import Interrupt
@@ -230,6 +218,28 @@ def cmd_verify(args) -> int:
         if up["interrupted"]:
             return 130
     return 1 if bad else 0
+
+
+def _verify_each(cache, todo: list[str], run, repair: bool) -> int:
+    """``OK``/``BAD`` per key, as each is checked; the number bad."""
+    from ..errors import VidcacheError
+    bad = 0
+    for key in todo:
+        try:       # during a tier outage this node's copies are still checked; `verify --shared` fails
+            problems = run(lambda c: c.verify(key, repair=repair))
+        except VidcacheError as e:
+            problems = [f"[{e.kind}] {e}"]
+        if problems and repair and any("frozen file" in p for p in problems):
+            from ..sglang.frozen import repair_frozen      # remakes frozen files from the frames (imports torch)
+            with contextlib.suppress(VidcacheError):
+                repair_frozen(cache, key)
+        if problems:
+            bad += 1
+            after = (" -> repaired" if not cache.verify(key) else " -> still bad") if repair else ""
+            print(f"BAD {key}: {'; '.join(problems)}{after}")
+        else:
+            print(f"OK  {key}")
+    return bad
 
 
 def _add_evict(sub) -> None:
