@@ -5,7 +5,7 @@ entries.
     nice .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] [--tiers local,dir,s3] [--limit 900]
         [--json out.json]
 
-Entries are small (2 frames of 28x28) but written through the cache's write path: one real clip is decoded once
+Entries are small (2 frames of 28x28, ``OPTION_FLAGS``) but written through the cache's write path: one real clip is decoded once
 (``decode_sample_resize``, for its ``Built`` record), then each entry is the ``ensure`` write of that clip's
 frames with its first bytes changed per entry, under the key of a source file of its own (``build_manifest``;
 manifest, blob and source record set through the stores as ``ensure`` sets them: the shared tier first, in its
@@ -39,6 +39,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Entries of 2 frames of 28x28 (4.7 kB of frames each): the options' defaults would resize them to 1.35 MB each,
+# 135 GB at 10^5.  ``prewarm`` and ``pull`` are given the same options (``OPTION_FLAGS``) to find them.
+OPTION_FLAGS = ["--resized-height", "28", "--resized-width", "28"]
+
+
+def _options():
+    from vidcache import VideoOptions
+    return VideoOptions(resized_height=28, resized_width=28)
 
 
 def fill(node: str, shared: str | None, src_dir: str, n: int, data: str) -> tuple[float, int]:
@@ -55,7 +63,7 @@ def fill(node: str, shared: str | None, src_dir: str, n: int, data: str) -> tupl
     from vidcache.testing.videos import make_video
 
     t0 = time.perf_counter()
-    opts = VideoOptions()
+    opts = _options()
     os.makedirs(src_dir, exist_ok=True)
     clip = make_video(os.path.join(src_dir, "template.mp4"), width=28, height=28, fps=2, n_frames=4, seed=0)
     frames, built = decode_sample_resize(clip, opts)
@@ -124,9 +132,9 @@ def run(args: list[str], env: dict, limit: float) -> dict:
     err = []
     reader = threading.Thread(target=lambda: err.append(p.stderr.read()))
     reader.start()
-    first = None
+    first = last = None
     lines = 0
-    for _ in p.stdout:
+    for last in p.stdout:
         lines += 1
         if first is None and lines == (2 if args[0] == "ls" else 1):
             first = time.perf_counter() - t0
@@ -136,11 +144,12 @@ def run(args: list[str], env: dict, limit: float) -> dict:
     wall = time.perf_counter() - t0
     err = err[0].decode()
     if p.returncode == -9:
-        return {"s": wall, "rss_mb": float("nan"), "first_s": first, "lines": lines, "ended": True}
+        return {"s": wall, "rss_mb": float("nan"), "first_s": first, "lines": lines, "ended": True, "last": None}
     if p.returncode not in (0,) and not (args[0] == "verify" and p.returncode == 1):
         raise SystemExit(f"scale.py: vidcache {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
     hwm = int(err.rsplit("scale-hwm-kb", 1)[1].split()[0])
-    return {"s": wall, "rss_mb": hwm / 1024, "first_s": first, "lines": lines}
+    return {"s": wall, "rss_mb": hwm / 1024, "first_s": first, "lines": lines,
+            "last": last.decode(errors="replace").strip()[:200] if last else None}   # its summary line
 
 
 DATASET_CHILD = r"""
@@ -176,14 +185,14 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float) -> dic
     out["stats"] = run(["stats", "--json"], env, limit)
     out["verify"] = run(["verify", *whole], env, limit)
     out["verify --sample 100"] = run(["verify", *whole, "--sample", "100"], env, limit)
-    out["prewarm re-run"] = run(["prewarm", data, "--no-progress"], env, limit)
+    out["prewarm re-run"] = run(["prewarm", data, "--no-progress", *OPTION_FLAGS], env, limit)
     if shared is not None:
         head = os.path.join(d, "rows-1pct.jsonl")
         with open(data) as f, open(head, "w") as g:
             for _, line in zip(range(max(1, n // 100)), f):
                 g.write(line)
-        out["pull 1%"] = run(["pull", head], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh1")}, limit)
-        out["pull all"] = run(["pull", data], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh2")}, limit)
+        out["pull 1%"] = run(["pull", head, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh1")}, limit)
+        out["pull all"] = run(["pull", data, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh2")}, limit)
     out["gc to half"] = run(["gc", "--max-local-bytes", str(max(1, frame_bytes // 2))], env, limit)
     if tier == "local":
         r = subprocess.run([sys.executable, "-c", DATASET_CHILD, data, os.path.join(d, "ds-node")], env=env,
