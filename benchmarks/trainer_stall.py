@@ -83,7 +83,7 @@ class Trainer:
     """A real training step on ``device``: a small Qwen2.5-VL (transformers' classes), AdamW, and the batch's
     tensors from ``train_inputs_batch``.  ``micro``: forward/backward passes per update (gradient accumulation)."""
 
-    def __init__(self, device: str, seed: int = 0) -> None:
+    def __init__(self, device: str, seed: int = 0, decoder: str = "tiny") -> None:
         import torch
 
         from vidcache.testing.kl import tiny_model
@@ -91,7 +91,10 @@ class Trainer:
         self.torch = torch
         self.device = torch.device(device)
         self.proc = toy_processor("qwen2_5_vl")
-        self.model = tiny_model("qwen2_5_vl", self.proc, seed=seed).to(self.device).train()
+        if decoder == "tiny":
+            self.model = tiny_model("qwen2_5_vl", self.proc, seed=seed).to(self.device).train()
+        else:
+            self.model = decoder_model(self.proc, DECODERS[decoder], seed).to(self.device).train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         tok = self.proc.tokenizer
         cfg = self.model.config
@@ -148,6 +151,38 @@ class Trainer:
         dt = time.perf_counter() - t
         self.step_times.append(dt)
         return dt
+
+
+# Production-size steps (issue 50): Qwen2.5-VL with its text decoder at these sizes, bf16, random weights (nothing
+# to download; the step's cost is the shapes', not the weights').  "1.2b": 16 layers of Qwen2.5-VL-3B's width
+# class (hidden 2048, MLP 11008, 16 heads, 2 KV heads): 1.24B decoder parameters.  "small": the same code path at a
+# size a CPU runs (a check of the option, not a figure).
+DECODERS = {"1.2b": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 16,
+                     "num_attention_heads": 16, "num_key_value_heads": 2},
+            "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                      "num_attention_heads": 4, "num_key_value_heads": 2}}
+
+
+def decoder_model(proc, text: dict, seed: int):
+    """transformers' Qwen2.5-VL with its text decoder of ``text``'s shape, bf16; the vision tower stays the tiny
+    one (its output projected to the decoder's width), so the step's time is the decoder's."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from vidcache.testing.kl import tiny_config
+    cfg = tiny_config("qwen2_5_vl", proc)
+    tc = cfg.text_config
+    for k, v in text.items():
+        setattr(tc, k, v)
+    if getattr(tc, "layer_types", None) is not None:     # one per layer, made at the config's init
+        tc.layer_types = [tc.layer_types[0]] * text["num_hidden_layers"]
+    tc.initializer_range = cfg.vision_config.initializer_range = 0.02
+    half = text["hidden_size"] // text["num_attention_heads"] // 2       # M-RoPE sections sum to head_dim / 2
+    tc.rope_parameters = {**tc.rope_parameters, "mrope_section": [half // 4, half * 3 // 8, half - half // 4 - half * 3 // 8]}
+    cfg.vision_config.out_hidden_size = text["hidden_size"]
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return Qwen2_5_VLForConditionalGeneration(cfg).to(torch.bfloat16)
 
 
 def busy(seconds: float) -> None:
@@ -238,6 +273,9 @@ def main() -> None:
                     help="a real step (hydrate with train_inputs on DEVICE, forward/backward/update of a small "
                          "Qwen2.5-VL) instead of the sleep")
     ap.add_argument("--gpu", action="store_const", const="cuda", dest="device", help="the same as --device cuda")
+    ap.add_argument("--decoder", choices=("tiny", *DECODERS), default="tiny",
+                    help="with --device: the model of the step: the tiny Qwen2.5-VL (fp32, launch-bound), or one "
+                         "whose text decoder has 1.24B parameters (bf16, GPU-bound; '1.2b')")
     ap.add_argument("--step", choices=("sleep", "busy"), default="sleep",
                     help="the simulated step: asleep (the GPU's time, the host free) or a pure-Python busy loop "
                          "holding the GIL for the step time (the worst case for threads)")
@@ -258,7 +296,7 @@ def main() -> None:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("trainer_stall.py --gpu: torch sees no CUDA device (torch "
                              f"{torch.__version__}); run it on a GPU machine or use --device cpu")
-        trainer = Trainer(args.device)
+        trainer = Trainer(args.device, decoder=args.decoder)
     work = args.work or tempfile.mkdtemp(prefix="vidcache-stall-")
     try:
         cams = camera_clips(os.path.join(work, "camera"))[:args.camera_clips] if args.camera_clips > 0 else []
@@ -307,8 +345,8 @@ def main() -> None:
             dev = (torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda"
                    else f"cpu, {torch.get_num_threads()} threads")
             steps = out["without"]["step_times"] + out["with"]["step_times"]
-            rows += [("training step", f"tiny Qwen2.5-VL ({sum(p.numel() for p in trainer.model.parameters())} "
-                      f"parameters, fp32) on {dev}; torch {torch.__version__}"),
+            rows += [("training step", f"{args.decoder} Qwen2.5-VL ({sum(p.numel() for p in trainer.model.parameters())} "
+                      f"parameters, {next(trainer.model.parameters()).dtype}) on {dev}; torch {torch.__version__}"),
                      ("a batch's first read + hydration (calibration)",
                       f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
                      ("hydrating local entries (per batch)", f"{tcal['hydrate'] * 1e3:.0f} ms"),
