@@ -107,16 +107,19 @@ def fill(node: str, shared: str | None, src_dir: str, n: int, data: str) -> tupl
     return time.perf_counter() - t0, n * base.nbytes
 
 
-# ``vidcache ARGS`` as ``python -m vidcache.cli`` runs it, then the process's peak RSS (VmHWM: per address space,
-# so not the parent's, which ``ru_maxrss`` carries over exec) on stderr's last line.
+# ``vidcache ARGS`` as ``python -m vidcache.cli`` runs it, then the process's peak RSS on stderr: its own (VmHWM:
+# per address space, so not the parent's, which ``ru_maxrss`` carries over exec) or its children's, whichever is
+# larger (``ls``, ``stats``, ``verify`` and ``gc`` walk LMDB in a forked child: ``vidcache.cli.WALKS``).  A forked
+# child that returns writes a line too: ``run`` takes the largest.
 CLI_CHILD = r"""
-import runpy, sys
+import resource, runpy, sys
 sys.argv = ["vidcache"] + sys.argv[1:]
 try:
     runpy.run_module("vidcache.cli", run_name="__main__")
 finally:
-    hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-    sys.stderr.write("\nscale-hwm-kb %s\n" % hwm)
+    hwm = int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    sys.stderr.write("\nscale-hwm-kb %d\n" % max(hwm, kids))
 """
 
 
@@ -147,7 +150,7 @@ def run(args: list[str], env: dict, limit: float) -> dict:
         return {"s": wall, "rss_mb": float("nan"), "first_s": first, "lines": lines, "ended": True, "last": None}
     if p.returncode not in (0,) and not (args[0] == "verify" and p.returncode == 1):
         raise SystemExit(f"scale.py: vidcache {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
-    hwm = int(err.rsplit("scale-hwm-kb", 1)[1].split()[0])
+    hwm = max(int(part.split()[0]) for part in err.split("scale-hwm-kb")[1:])
     return {"s": wall, "rss_mb": hwm / 1024, "first_s": first, "lines": lines,
             "last": last.decode(errors="replace").strip()[:200] if last else None}   # its summary line
 
