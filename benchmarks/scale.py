@@ -107,19 +107,23 @@ def fill(node: str, shared: str | None, src_dir: str, n: int, data: str) -> tupl
     return time.perf_counter() - t0, n * base.nbytes
 
 
-# ``vidcache ARGS`` as ``python -m vidcache.cli`` runs it, then the process's peak RSS on stderr: its own (VmHWM:
+# ``vidcache ARGS`` as ``python -m vidcache.cli`` runs it, then on stderr the process's private memory at exit
+# (RssAnon: Python's heap, which seldom shrinks, so about its peak) and its peak RSS: its own (VmHWM:
 # per address space, so not the parent's, which ``ru_maxrss`` carries over exec) or its children's, whichever is
 # larger (``ls``, ``stats``, ``verify`` and ``gc`` walk LMDB in a forked child: ``vidcache.cli.WALKS``).  A forked
-# child that returns writes a line too: ``run`` takes the largest.
+# child that returns writes a line too: ``run`` takes the largest.  The peak RSS counts the LMDB file's pages the
+# process mapped (file-backed page cache, shared and reclaimable; the kernel maps up to 64 kB around each page a
+# read touches, so a walk of a file in the page cache shows most of the file): the private figure is what grows
+# with what a command holds.
 CLI_CHILD = r"""
 import resource, runpy, sys
 sys.argv = ["vidcache"] + sys.argv[1:]
 try:
     runpy.run_module("vidcache.cli", run_name="__main__")
 finally:
-    hwm = int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
+    st = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(("VmHWM", "RssAnon"))}
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    sys.stderr.write("\nscale-hwm-kb %d\n" % max(hwm, kids))
+    sys.stderr.write("\nscale-hwm-kb %d %d\n" % (max(st["VmHWM"], kids), st["RssAnon"]))
 """
 
 
@@ -147,11 +151,12 @@ def run(args: list[str], env: dict, limit: float) -> dict:
     wall = time.perf_counter() - t0
     err = err[0].decode()
     if p.returncode == -9:
-        return {"s": wall, "rss_mb": float("nan"), "first_s": first, "lines": lines, "ended": True, "last": None}
+        return {"s": wall, "rss_mb": float("nan"), "anon_mb": float("nan"), "first_s": first, "lines": lines, "ended": True, "last": None}
     if p.returncode not in (0,) and not (args[0] == "verify" and p.returncode == 1):
         raise SystemExit(f"scale.py: vidcache {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
-    hwm = max(int(part.split()[0]) for part in err.split("scale-hwm-kb")[1:])
-    return {"s": wall, "rss_mb": hwm / 1024, "first_s": first, "lines": lines,
+    parts = [part.split() for part in err.split("scale-hwm-kb")[1:]]
+    hwm, anon = max(int(p[0]) for p in parts), max(int(p[1]) for p in parts)
+    return {"s": wall, "rss_mb": hwm / 1024, "anon_mb": anon / 1024, "first_s": first, "lines": lines,
             "last": last.decode(errors="replace").strip()[:200] if last else None}   # its summary line
 
 
@@ -163,8 +168,8 @@ from vidcache.identity import local_identity
 t = time.perf_counter()
 ds = LazyVideoDataset(sys.argv[1], local_identity(sys.argv[2], create=True), VideoOptions())
 n = len(ds); ds[n - 1]
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(json.dumps({"s": time.perf_counter() - t, "rss_mb": int(hwm) / 1024}))
+st = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(("VmHWM", "RssAnon"))}
+print(json.dumps({"s": time.perf_counter() - t, "rss_mb": st["VmHWM"] / 1024, "anon_mb": st["RssAnon"] / 1024}))
 """
 
 
@@ -183,7 +188,7 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float) -> dic
     whole = ["--shared"] if shared is not None else []
     ls = run(["ls"], env, limit)
     out["ls first entry"] = {"s": ls["first_s"] if ls["first_s"] is not None else float("nan"),
-                             "rss_mb": ls["rss_mb"]}
+                             "rss_mb": ls["rss_mb"], "anon_mb": ls["anon_mb"]}
     out["ls"] = ls
     out["stats"] = run(["stats", "--json"], env, limit)
     out["verify"] = run(["verify", *whole], env, limit)
@@ -250,14 +255,14 @@ def main() -> None:
             rows = []
             for cmd in [k for k in res[tier][sizes[0]] if k not in ("fill_s", "disk_mb")]:
                 cells = [f"{'>' if res[tier][n][cmd].get('ended') else ''}{res[tier][n][cmd]['s']:.2f} s / "
-                         f"{res[tier][n][cmd]['rss_mb']:.0f} MB" for n in sizes]
+                         f"{res[tier][n][cmd]['anon_mb']:.0f} / {res[tier][n][cmd]['rss_mb']:.0f} MB" for n in sizes]
                 ks = [math.log(max(res[tier][b][cmd]["s"], 1e-3) / max(res[tier][a][cmd]["s"], 1e-3)) / math.log(b / a)
                       for a, b in zip(sizes, sizes[1:])]
                 rows.append((cmd, " | ".join(cells) + ("   k=" + ", ".join(f"{k:.2f}" for k in ks) + " "
                                                        + growth(ks) if ks else "")))
             rows.append(("writing the entries / disk", " | ".join(f"{res[tier][n]['fill_s']:.0f} s / "
                                                                   f"{res[tier][n]['disk_mb']} MB" for n in sizes)))
-            report(f"scale, {tier}: time / peak RSS at n = {', '.join(map(str, sizes))} ({os.cpu_count()} cores)",
+            report(f"scale, {tier}: time / private / peak RSS at n = {', '.join(map(str, sizes))} ({os.cpu_count()} cores)",
                    rows)
     finally:
         stack.close()
