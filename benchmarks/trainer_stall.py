@@ -56,6 +56,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# this checkout's vidcache, before an installed one (the venv may hold another checkout's, editable)
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import clips as test_clips, report  # noqa: E402
 from camera_clips import make as camera_clips  # noqa: E402
 from shared_tier_read import moto_s3  # noqa: E402
