@@ -11,7 +11,7 @@ import sys
 from .common import (add_cache_flags, add_option_flags, cache_of, check_local_budget, command, has_local, node_dir,
                      options_of, parse_size)
 from .datasets import _positive
-from .prefixes import entry_keys, full_key, key_stem, unique_prefixes
+from .prefixes import full_key, key_stem, unique_prefixes
 
 
 def _add_ls(sub) -> None:
