@@ -5,7 +5,8 @@ entries.
     nice .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] [--tiers local,dir,s3] [--limit 900]
         [--json out.json]
 
-Entries are small (2 frames of 28x28, ``OPTION_FLAGS``) but written through the cache's write path: one real clip is decoded once
+Entries are small (8 frames of 28x28, 37.6 kB; ``OPTION_FLAGS``) but written through the cache's write path: one
+real clip is decoded once
 (``decode_sample_resize``, for its ``Built`` record), then each entry is the ``ensure`` write of that clip's
 frames with its first bytes changed per entry, under the key of a source file of its own (``build_manifest``;
 manifest, blob and source record set through the stores as ``ensure`` sets them: the shared tier first, in its
@@ -41,7 +42,7 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Entries of 2 frames of 28x28 (4.7 kB of frames each): the options' defaults would resize them to 1.35 MB each,
+# Entries of 8 frames of 28x28 (37.6 kB of frames each): the options' defaults would resize them to 1.35 MB each,
 # 135 GB at 10^5.  ``prewarm`` and ``pull`` are given the same options (``OPTION_FLAGS``) to find them.
 OPTION_FLAGS = ["--resized-height", "28", "--resized-width", "28"]
 
@@ -153,7 +154,8 @@ def run(args: list[str], env: dict, limit: float) -> dict:
     wall = time.perf_counter() - t0
     err = err[0].decode()
     if p.returncode == -9:
-        return {"s": wall, "rss_mb": float("nan"), "anon_mb": float("nan"), "first_s": first, "lines": lines, "ended": True, "last": None}
+        return {"s": wall, "rss_mb": float("nan"), "anon_mb": float("nan"), "first_s": first, "lines": lines,
+                "ended": True, "last": None}
     if p.returncode not in (0,) and not (args[0] == "verify" and p.returncode == 1):
         raise SystemExit(f"scale.py: vidcache {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
     parts = [part.split() for part in err.split("scale-hwm-kb")[1:]]
@@ -264,7 +266,8 @@ def main() -> None:
                                                        + growth(ks) if ks else "")))
             rows.append(("writing the entries / disk", " | ".join(f"{res[tier][n]['fill_s']:.0f} s / "
                                                                   f"{res[tier][n]['disk_mb']} MB" for n in sizes)))
-            report(f"scale, {tier}: time / private / peak RSS at n = {', '.join(map(str, sizes))} ({os.cpu_count()} cores)",
+            report(f"scale, {tier}: time / private / peak RSS at n = {', '.join(map(str, sizes))} "
+                   f"({os.cpu_count()} cores)",
                    rows)
     finally:
         stack.close()

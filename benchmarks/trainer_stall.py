@@ -21,7 +21,8 @@ Prints, per loop, the wait per step (p50 / p99) and the fraction of the wall tim
 (the headline: the first step is counted) and over the steps after the first (the steady state).  Read-ahead is
 built ``--head-start`` seconds before the first step (default 2 s), as a trainer builds its data
 source before it loads its model (Miles' data source starts reading ahead when it is built, before the first
-rollout; ``LazyVideoDataset.read_ahead`` when it is called); that setup is not in the wall time.  The last line reads ``stall: X% with read-ahead, Y% without``.
+rollout; ``LazyVideoDataset.read_ahead`` when it is called); that setup is not in the wall time.  The last line
+reads ``stall: X% with read-ahead, Y% without``.
 Never asserts on time.
 
 ``--step busy`` (issue 50): the step is a pure-Python loop holding the GIL for ``step_s`` (the worst case for a
@@ -180,7 +181,8 @@ def decoder_model(proc, text: dict, seed: int):
         tc.layer_types = [tc.layer_types[0]] * text["num_hidden_layers"]
     tc.initializer_range = cfg.vision_config.initializer_range = 0.02
     half = text["hidden_size"] // text["num_attention_heads"] // 2       # M-RoPE sections sum to head_dim / 2
-    tc.rope_parameters = {**tc.rope_parameters, "mrope_section": [half // 4, half * 3 // 8, half - half // 4 - half * 3 // 8]}
+    section = [half // 4, half * 3 // 8, half - half // 4 - half * 3 // 8]     # 16/24/24 at head_dim 128, as 7B
+    tc.rope_parameters = {**tc.rope_parameters, "mrope_section": section}
     cfg.vision_config.out_hidden_size = text["hidden_size"]
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)

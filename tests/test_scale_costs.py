@@ -33,7 +33,8 @@ def test_ls_prints_its_first_entry_before_it_has_read_every_manifest(node_a, mon
     node_a.cache.close()
     reads = []
     real = VideoCache.manifest
-    monkeypatch.setattr(VideoCache, "manifest", lambda self, key, *a, **k: reads.append(key) or real(self, key, *a, **k))
+    monkeypatch.setattr(VideoCache, "manifest",
+                        lambda self, key, *a, **k: reads.append(key) or real(self, key, *a, **k))
     out = _Counting(reads)
     monkeypatch.setattr(sys, "stdout", out)
     assert main(["ls", "--cache", str(node_a.tmp_path / "a"), "--shared", node_a.shared]

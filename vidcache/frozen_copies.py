@@ -53,7 +53,7 @@ class FrozenCopies:
         return names[i:j]
 
     def _list(self, tier: str, key: str) -> list[str]:
-        if tier == "shared":       # the shared tier hashes names into shards: a key's objects need the namespace's listing
+        if tier == "shared":       # names are hashed into shards: a key's objects need the namespace's listing
             return [k[len(keys.FROZEN):] for k in self.shared.keys(keys.FROZEN + key)]
         with contextlib.suppress(FileNotFoundError):
             return sorted(n for n in os.listdir(self.dir) if n.startswith(key))
