@@ -1,25 +1,32 @@
-"""How each command's cost grows with the number of entries (issue 50), on a node-local tier behind a directory
-shared tier, both holding ``n`` entries.
+"""How each command's cost grows with the number of entries (issue 50): a node-local tier alone, and behind a
+shared tier as a directory and as S3 (moto's server on loopback, in a process of its own), each holding ``n``
+entries.
 
-    nice .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] [--work DIR]
+    nice .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] [--tiers local,dir,s3] [--limit 900]
+        [--json out.json]
 
-Entries are small (2 frames of 28x28) but written through the cache's write path: one real clip is decoded once
+Entries are small (8 frames of 28x28, 37.6 kB; ``OPTION_FLAGS``) but written through the cache's write path: one
+real clip is decoded once
 (``decode_sample_resize``, for its ``Built`` record), then each entry is the ``ensure`` write of that clip's
 frames with its first bytes changed per entry, under the key of a source file of its own (``build_manifest``;
-manifest, blob and source record set through the tiered store as ``ensure`` sets them, in the shared tier's raw
-layout: see ``fill``).  So each entry has a distinct blob, a distinct source and a sealed manifest,
-and ``prewarm`` / ``pull`` find the entries by their sources as they would after a real prewarm.
+manifest, blob and source record set through the stores as ``ensure`` sets them: the shared tier first, in its
+raw layout, then LMDB: see ``fill``).  So each entry has a distinct blob, a distinct source and a sealed
+manifest, and ``prewarm`` / ``pull`` find the entries by their sources as they would after a real prewarm.
 
 Each command runs as a user runs it, ``python -m vidcache.cli`` in a process of its own; its wall time and the
-process's peak RSS (``VmHWM``) are recorded, and for ``ls`` the time to its first line too.  In order, per size:
-``ls`` (first line, whole), ``stats``, ``verify`` (every entry of both tiers), ``prewarm`` re-run with every entry
-cached (its planning only: no decode), ``pull`` of 1% of the rows and of all of them on fresh nodes, ``gc`` to
-half the local tier's bytes, and ``LazyVideoDataset`` init on the rows.  The growth from one size to the next is
-printed as the exponent k of time ~ n^k (k near 1: O(n); near 2: O(n^2)).  Never asserts on time.
+process's peak RSS (``VmHWM``, which counts the LMDB pages it touched: file-backed, reclaimable) are recorded,
+and for ``ls`` the time to its first entry's line too.  Per tier and size: ``ls`` (first entry, whole),
+``stats``, ``verify`` (every entry; with a shared tier, ``verify --shared``: every entry of the shared tier) and
+``verify --sample 100``, ``prewarm`` re-run with every entry cached (its planning only: no decode), ``pull`` of
+1% of the rows and of all of them on fresh nodes (shared tiers), ``gc`` to half the local tier's bytes, and
+(local) ``LazyVideoDataset`` init on the rows.  A command still running after ``--limit`` seconds is ended and
+recorded as a lower bound.  The growth from one size to the next is printed as the exponent k of time ~ n^k
+(k near 1: O(n); near 2: O(n^2)).  Never asserts on time.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -30,15 +37,26 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# this checkout's vidcache, before an installed one (the venv may hold another checkout's, editable)
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Entries of 8 frames of 28x28 (37.6 kB of frames each): the options' defaults would resize them to 1.35 MB each,
+# 135 GB at 10^5.  ``prewarm`` and ``pull`` are given the same options (``OPTION_FLAGS``) to find them.
+OPTION_FLAGS = ["--resized-height", "28", "--resized-width", "28"]
 
 
-def fill(node: str, shared: str, src_dir: str, n: int, data: str) -> tuple[float, int]:
-    """``n`` entries in both tiers and a JSONL of one row per source; the seconds it took, the frame bytes."""
+def _options():
+    from vidcache import VideoOptions
+    return VideoOptions(resized_height=28, resized_width=28)
+
+
+def fill(node: str, shared: str | None, src_dir: str, n: int, data: str) -> tuple[float, int]:
+    """``n`` entries in the tiers and a JSONL of one row per source; the seconds it took, the frame bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import numpy as np
-    import torch
 
     from vidcache import VideoCache, VideoOptions, keys
     from vidcache.digest import Digest
@@ -48,7 +66,7 @@ def fill(node: str, shared: str, src_dir: str, n: int, data: str) -> tuple[float
     from vidcache.testing.videos import make_video
 
     t0 = time.perf_counter()
-    opts = VideoOptions()
+    opts = _options()
     os.makedirs(src_dir, exist_ok=True)
     clip = make_video(os.path.join(src_dir, "template.mp4"), width=28, height=28, fps=2, n_frames=4, seed=0)
     frames, built = decode_sample_resize(clip, opts)
@@ -57,7 +75,14 @@ def fill(node: str, shared: str, src_dir: str, n: int, data: str) -> tuple[float
     # that would make 10^5 entries take hours on two cores; the commands measured read both layouts alike but
     # for verify, which decodes each compact object (its per-entry cost is measured at small n in verify_cost.py).
     c = VideoCache(node, shared=shared, shared_layout="raw")
-    batch: dict = {}
+    pool = ThreadPoolExecutor(8)         # the shared tier's writes of many entries at once, as prewarm's workers
+
+    def commit(batch: list[dict]) -> None:
+        if c.shared is not None:           # the shared tier first (TieredStore.set_many's order), then LMDB
+            list(pool.map(c.shared.set_many, batch))
+        c.local.set_many({k: v for items in batch for k, v in items.items()})   # one transaction
+
+    batch: list = []
     with open(data, "w") as rows:
         for i in range(n):
             src = os.path.join(src_dir, f"s{i:07d}.mp4")
@@ -73,49 +98,70 @@ def fill(node: str, shared: str, src_dir: str, n: int, data: str) -> tuple[float
             man = build_manifest(key, digest, opts, blob, tuple(fr.shape), c.config.encoding, built,
                                  {"created_unix": round(time.time(), 3)})
             record = {keys.src(src): SourceRecord.of(src, fingerprint(src, c.config.limits), digest).to_json()}
-            items = {keys.cas(str(blob)): man.frames.encode(raw), keys.ac(key): man.to_json(), **record}
-            batch.update(items)
-            if len(batch) >= 3000:                    # a few transactions, as prewarm's workers commit
-                c.store.set_many(batch)               # both tiers: the shared one first, LMDB in one transaction
-                batch = {}
+            batch.append({keys.cas(str(blob)): man.frames.encode(raw), keys.ac(key): man.to_json(), **record})
+            if len(batch) >= 1000:
+                commit(batch)
+                batch = []
             rows.write(json.dumps({"prompt": "<video>", "videos": [src]}) + "\n")
     if batch:
-        c.store.set_many(batch)
+        commit(batch)
+    pool.shutdown()
     c.close()
     return time.perf_counter() - t0, n * base.nbytes
 
 
-# ``vidcache ARGS`` as ``python -m vidcache.cli`` runs it, then the process's peak RSS (VmHWM: per address space,
-# so not the parent's, which ``ru_maxrss`` carries over exec) on stderr's last line.
+# ``vidcache ARGS`` as ``python -m vidcache.cli`` runs it, then on stderr the process's private memory at exit
+# (RssAnon: Python's heap, which seldom shrinks, so about its peak) and its peak RSS: its own (VmHWM:
+# per address space, so not the parent's, which ``ru_maxrss`` carries over exec) or its children's, whichever is
+# larger (``ls``, ``stats``, ``verify`` and ``gc`` walk LMDB in a forked child: ``vidcache.cli.WALKS``).  A forked
+# child that returns writes a line too: ``run`` takes the largest.  The peak RSS counts the LMDB file's pages the
+# process mapped (file-backed page cache, shared and reclaimable; the kernel maps up to 64 kB around each page a
+# read touches, so a walk of a file in the page cache shows most of the file): the private figure is what grows
+# with what a command holds.
 CLI_CHILD = r"""
-import runpy, sys
+import resource, runpy, sys
 sys.argv = ["vidcache"] + sys.argv[1:]
 try:
     runpy.run_module("vidcache.cli", run_name="__main__")
 finally:
-    hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-    sys.stderr.write("\nscale-hwm-kb %s\n" % hwm)
+    st = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(("VmHWM", "RssAnon"))}
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    sys.stderr.write("\nscale-hwm-kb %d %d\n" % (max(st["VmHWM"], kids), st["RssAnon"]))
 """
 
 
-def run(args: list[str], env: dict) -> dict:
-    """``vidcache ARGS`` in a process of its own: wall seconds, peak RSS (MB), seconds to its first line of output."""
+def run(args: list[str], env: dict, limit: float) -> dict:
+    """``vidcache ARGS`` in a process of its own: wall seconds, peak RSS (MB), seconds to its first entry's line
+    (``ls``: the line after the header).  Past ``limit`` seconds it is ended: ``"ended": True``, the time a bound."""
+    import threading
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-c", CLI_CHILD, *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env, cwd=ROOT)
-    first = None
+    timer = threading.Timer(limit, p.kill)
+    timer.start()
+    err = []
+    reader = threading.Thread(target=lambda: err.append(p.stderr.read()))
+    reader.start()
+    first = last = None
     lines = 0
-    for _ in p.stdout:
+    for last in p.stdout:
         lines += 1
-        if first is None:
+        if first is None and lines == (2 if args[0] == "ls" else 1):
             first = time.perf_counter() - t0
-    err = p.stderr.read()
     p.wait()
+    timer.cancel()
+    reader.join()
     wall = time.perf_counter() - t0
+    err = err[0].decode()
+    if p.returncode == -9:
+        return {"s": wall, "rss_mb": float("nan"), "anon_mb": float("nan"), "first_s": first, "lines": lines,
+                "ended": True, "last": None}
     if p.returncode not in (0,) and not (args[0] == "verify" and p.returncode == 1):
-        raise SystemExit(f"scale.py: vidcache {' '.join(args)} failed ({p.returncode}): {err.decode()[-2000:]}")
-    hwm = int(err.decode().rsplit("scale-hwm-kb", 1)[1].split()[0])
-    return {"s": wall, "rss_mb": hwm / 1024, "first_s": first, "lines": lines}
+        raise SystemExit(f"scale.py: vidcache {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
+    parts = [part.split() for part in err.split("scale-hwm-kb")[1:]]
+    hwm, anon = max(int(p[0]) for p in parts), max(int(p[1]) for p in parts)
+    return {"s": wall, "rss_mb": hwm / 1024, "anon_mb": anon / 1024, "first_s": first, "lines": lines,
+            "last": last.decode(errors="replace").strip()[:200] if last else None}   # its summary line
 
 
 DATASET_CHILD = r"""
@@ -126,65 +172,105 @@ from vidcache.identity import local_identity
 t = time.perf_counter()
 ds = LazyVideoDataset(sys.argv[1], local_identity(sys.argv[2], create=True), VideoOptions())
 n = len(ds); ds[n - 1]
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
-print(json.dumps({"s": time.perf_counter() - t, "rss_mb": int(hwm) / 1024}))
+st = {l.split(":")[0]: int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(("VmHWM", "RssAnon"))}
+print(json.dumps({"s": time.perf_counter() - t, "rss_mb": st["VmHWM"] / 1024, "anon_mb": st["RssAnon"] / 1024}))
 """
 
 
-def one_size(work: str, n: int) -> dict:
-    d = os.path.join(work, f"n{n}")
+def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float) -> dict:
+    """The commands against ``n`` entries on a node alone (``tier="local"``) or behind a shared tier."""
+    d = os.path.join(work, f"{tier}-n{n}")
     shutil.rmtree(d, ignore_errors=True)
-    node, shared, data = os.path.join(d, "node"), os.path.join(d, "tier"), os.path.join(d, "rows.jsonl")
+    node, data = os.path.join(d, "node"), os.path.join(d, "rows.jsonl")
+    shared = {"local": None, "dir": os.path.join(d, "tier"), "s3": f"s3://scale/{tier}-n{n}"}[tier]
     out = {}
     out["fill_s"], frame_bytes = fill(node, shared, os.path.join(d, "src"), n, data)
-    env = {**os.environ, "PYTHONPATH": ROOT, "VIDCACHE_DIR": node, "VIDCACHE_SHARED": shared}
-    ls = run(["ls"], env)
-    out["ls first line"] = {"s": ls["first_s"], "rss_mb": ls["rss_mb"]}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDCACHE_")}
+    env.update({"PYTHONPATH": ROOT, "VIDCACHE_DIR": node, **(s3 or {})})
+    if shared is not None:
+        env["VIDCACHE_SHARED"] = shared
+    whole = ["--shared"] if shared is not None else []
+    ls = run(["ls"], env, limit)
+    out["ls first entry"] = {"s": ls["first_s"] if ls["first_s"] is not None else float("nan"),
+                             "rss_mb": ls["rss_mb"], "anon_mb": ls["anon_mb"]}
     out["ls"] = ls
-    out["stats"] = run(["stats", "--json"], env)
-    out["verify"] = run(["verify"], env)
-    out["prewarm re-run"] = run(["prewarm", data, "--no-progress"], env)
-    head = os.path.join(d, "rows-1pct.jsonl")
-    with open(data) as f, open(head, "w") as g:
-        for i, line in zip(range(max(1, n // 100)), f):
-            g.write(line)
-    out["pull 1%"] = run(["pull", head], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh1")})
-    out["pull all"] = run(["pull", data], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh2")})
-    out["gc to half"] = run(["gc", "--max-local-bytes", str(max(1, frame_bytes // 2))], env)
-    r = subprocess.run([sys.executable, "-c", DATASET_CHILD, data, os.path.join(d, "ds-node")], env=env, cwd=ROOT,
-                       capture_output=True, text=True, check=True)
-    out["LazyVideoDataset init"] = json.loads(r.stdout)
+    out["stats"] = run(["stats", "--json"], env, limit)
+    out["verify"] = run(["verify", *whole], env, limit)
+    out["verify --sample 100"] = run(["verify", *whole, "--sample", "100"], env, limit)
+    out["prewarm re-run"] = run(["prewarm", data, "--no-progress", *OPTION_FLAGS], env, limit)
+    if shared is not None:
+        head = os.path.join(d, "rows-1pct.jsonl")
+        with open(data) as f, open(head, "w") as g:
+            for _, line in zip(range(max(1, n // 100)), f):
+                g.write(line)
+        out["pull 1%"] = run(["pull", head, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh1")}, limit)
+        out["pull all"] = run(["pull", data, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh2")}, limit)
+    out["gc to half"] = run(["gc", "--max-local-bytes", str(max(1, frame_bytes // 2))], env, limit)
+    if tier == "local":
+        r = subprocess.run([sys.executable, "-c", DATASET_CHILD, data, os.path.join(d, "ds-node")], env=env,
+                           cwd=ROOT, capture_output=True, text=True, check=True)
+        out["LazyVideoDataset init"] = json.loads(r.stdout)
+    out["disk_mb"] = int(subprocess.run(["du", "-sm", d], capture_output=True, text=True).stdout.split()[0])
     shutil.rmtree(d, ignore_errors=True)
     return out
+
+
+def growth(ks: list[float]) -> str:
+    """A reading of the exponents: start-up bound, about linear, or worse."""
+    if not ks:
+        return ""
+    k = ks[-1]
+    return ("flat (start-up bound)" if k < 0.3 else "sub-linear (start-up + O(n))" if k < 0.8 else
+            "~O(n)" if k < 1.25 else "O(n log n)?" if k < 1.5 else "worse than O(n log n)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1000,10000", help="entry counts, comma-separated")
+    ap.add_argument("--tiers", default="local,dir,s3", help="of local (no shared tier), dir, s3")
+    ap.add_argument("--limit", type=float, default=900, help="seconds a command may run before it is ended")
     ap.add_argument("--work", help="working directory (default: a temporary one, removed)")
-    ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--json", help="write the figures here too (after each size)")
     args = ap.parse_args()
     sizes = [int(x) for x in args.sizes.split(",")]
+    tiers = args.tiers.split(",")
     work = args.work or tempfile.mkdtemp(prefix="vidcache-scale-")
+    s3env = None
+    stack = contextlib.ExitStack()
     try:
-        res = {}
-        for n in sizes:
-            res[n] = one_size(work, n)
-            print(f"n={n}: " + json.dumps({k: (round(v, 2) if isinstance(v, float) else
-                                               {a: round(b, 2) for a, b in v.items() if isinstance(b, float)})
-                                           for k, v in res[n].items()}), flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=1)
-        rows = []
-        for cmd in [k for k in res[sizes[0]] if k != "fill_s"]:
-            cells = [f"{res[n][cmd]['s']:.2f} s / {res[n][cmd]['rss_mb']:.0f} MB" for n in sizes]
-            ks = [math.log(max(res[b][cmd]["s"], 1e-3) / max(res[a][cmd]["s"], 1e-3)) / math.log(b / a)
-                  for a, b in zip(sizes, sizes[1:])]
-            rows.append((cmd, " | ".join(cells) + ("   k=" + ", ".join(f"{k:.2f}" for k in ks) if ks else "")))
-        rows.append(("writing the entries", " | ".join(f"{res[n]['fill_s']:.0f} s" for n in sizes)))
-        report(f"scale: time / peak RSS at n = {', '.join(map(str, sizes))} ({os.cpu_count()} cores)", rows)
+        if "s3" in tiers:
+            from shared_tier_read import moto_s3
+            url, opts = stack.enter_context(moto_s3(bucket="scale", process=True))
+            s3env = {"AWS_ENDPOINT_URL": opts["endpoint_url"], "AWS_DEFAULT_REGION": "us-east-1",
+                     "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+            os.environ.update(s3env)          # fill's own writes
+        res: dict = {}
+        for tier in tiers:
+            for n in sizes:
+                res.setdefault(tier, {})[n] = one_size(work, n, tier, s3env if tier == "s3" else None, args.limit)
+                print(f"{tier} n={n}: " + json.dumps({k: (round(v, 2) if isinstance(v, (int, float)) else
+                                                          {a: round(b, 2) for a, b in v.items()
+                                                           if isinstance(b, (int, float))})
+                                                      for k, v in res[tier][n].items()}), flush=True)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(res, f, indent=1)
+        for tier in tiers:
+            rows = []
+            for cmd in [k for k in res[tier][sizes[0]] if k not in ("fill_s", "disk_mb")]:
+                cells = [f"{'>' if res[tier][n][cmd].get('ended') else ''}{res[tier][n][cmd]['s']:.2f} s / "
+                         f"{res[tier][n][cmd]['anon_mb']:.0f} / {res[tier][n][cmd]['rss_mb']:.0f} MB" for n in sizes]
+                ks = [math.log(max(res[tier][b][cmd]["s"], 1e-3) / max(res[tier][a][cmd]["s"], 1e-3)) / math.log(b / a)
+                      for a, b in zip(sizes, sizes[1:])]
+                rows.append((cmd, " | ".join(cells) + ("   k=" + ", ".join(f"{k:.2f}" for k in ks) + " "
+                                                       + growth(ks) if ks else "")))
+            rows.append(("writing the entries / disk", " | ".join(f"{res[tier][n]['fill_s']:.0f} s / "
+                                                                  f"{res[tier][n]['disk_mb']} MB" for n in sizes)))
+            report(f"scale, {tier}: time / private / peak RSS at n = {', '.join(map(str, sizes))} "
+                   f"({os.cpu_count()} cores)",
+                   rows)
     finally:
+        stack.close()
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
 

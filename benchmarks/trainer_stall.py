@@ -19,9 +19,10 @@ first reads take on a fresh node (measured first, on a node of its own), so that
 
 Prints, per loop, the wait per step (p50 / p99) and the fraction of the wall time spent waiting, over every step
 (the headline: the first step is counted) and over the steps after the first (the steady state).  Read-ahead is
-built ``--head-start`` seconds before the first step (default: one step's time), as a trainer builds its data
+built ``--head-start`` seconds before the first step (default 2 s), as a trainer builds its data
 source before it loads its model (Miles' data source starts reading ahead when it is built, before the first
-rollout); that setup is not in the wall time.  The last line reads ``stall: X% with read-ahead, Y% without``.
+rollout; ``LazyVideoDataset.read_ahead`` when it is called); that setup is not in the wall time.  The last line
+reads ``stall: X% with read-ahead, Y% without``.
 Never asserts on time.
 
 ``--step busy`` (issue 50): the step is a pure-Python loop holding the GIL for ``step_s`` (the worst case for a
@@ -56,6 +57,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# this checkout's vidcache, before an installed one (the venv may hold another checkout's, editable)
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _common import clips as test_clips, report  # noqa: E402
 from camera_clips import make as camera_clips  # noqa: E402
 from shared_tier_read import moto_s3  # noqa: E402
@@ -65,6 +68,11 @@ import vidcache.readahead  # noqa: E402
 from vidcache import VideoCache, VideoOptions  # noqa: E402
 
 OPTS = VideoOptions(family="qwen2_5_vl", fps=2.0)
+# Seconds between building read-ahead and step 1: a trainer's setup after its data source is built.  Loading the
+# model alone is longer than this for any real one (a 1B-parameter bf16 checkpoint is 2 GB read and copied to the
+# device; Miles' first rollout comes before the first training step).  Issue 50: with read-ahead built with the
+# loop (0) the first step waits for the pull worker's start and the first window's pulls, most of a run's wait.
+HEAD_START = 2.0
 PROMPT = "Describe what the camera sees: "
 ANSWER = " A slow pan over a textured scene with coloured discs."
 
@@ -78,7 +86,7 @@ class Trainer:
     """A real training step on ``device``: a small Qwen2.5-VL (transformers' classes), AdamW, and the batch's
     tensors from ``train_inputs_batch``.  ``micro``: forward/backward passes per update (gradient accumulation)."""
 
-    def __init__(self, device: str, seed: int = 0) -> None:
+    def __init__(self, device: str, seed: int = 0, decoder: str = "tiny") -> None:
         import torch
 
         from vidcache.testing.kl import tiny_model
@@ -86,7 +94,10 @@ class Trainer:
         self.torch = torch
         self.device = torch.device(device)
         self.proc = toy_processor("qwen2_5_vl")
-        self.model = tiny_model("qwen2_5_vl", self.proc, seed=seed).to(self.device).train()
+        if decoder == "tiny":
+            self.model = tiny_model("qwen2_5_vl", self.proc, seed=seed).to(self.device).train()
+        else:
+            self.model = decoder_model(self.proc, DECODERS[decoder], seed).to(self.device).train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         tok = self.proc.tokenizer
         cfg = self.model.config
@@ -143,6 +154,39 @@ class Trainer:
         dt = time.perf_counter() - t
         self.step_times.append(dt)
         return dt
+
+
+# Production-size steps (issue 50): Qwen2.5-VL with its text decoder at these sizes, bf16, random weights (nothing
+# to download; the step's cost is the shapes', not the weights').  "1.2b": 16 layers of Qwen2.5-VL-3B's width
+# class (hidden 2048, MLP 11008, 16 heads, 2 KV heads): 1.24B decoder parameters.  "small": the same code path at a
+# size a CPU runs (a check of the option, not a figure).
+DECODERS = {"1.2b": {"hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 16,
+                     "num_attention_heads": 16, "num_key_value_heads": 2},
+            "small": {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+                      "num_attention_heads": 4, "num_key_value_heads": 2}}
+
+
+def decoder_model(proc, text: dict, seed: int):
+    """transformers' Qwen2.5-VL with its text decoder of ``text``'s shape, bf16; the vision tower stays the tiny
+    one (its output projected to the decoder's width), so the step's time is the decoder's."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from vidcache.testing.kl import tiny_config
+    cfg = tiny_config("qwen2_5_vl", proc)
+    tc = cfg.text_config
+    for k, v in text.items():
+        setattr(tc, k, v)
+    if getattr(tc, "layer_types", None) is not None:     # one per layer, made at the config's init
+        tc.layer_types = [tc.layer_types[0]] * text["num_hidden_layers"]
+    tc.initializer_range = cfg.vision_config.initializer_range = 0.02
+    half = text["hidden_size"] // text["num_attention_heads"] // 2       # M-RoPE sections sum to head_dim / 2
+    section = [half // 4, half * 3 // 8, half - half // 4 - half * 3 // 8]     # 16/24/24 at head_dim 128, as 7B
+    tc.rope_parameters = {**tc.rope_parameters, "mrope_section": section}
+    cfg.vision_config.out_hidden_size = text["hidden_size"]
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return Qwen2_5_VLForConditionalGeneration(cfg).to(torch.bfloat16)
 
 
 def busy(seconds: float) -> None:
@@ -233,12 +277,15 @@ def main() -> None:
                     help="a real step (hydrate with train_inputs on DEVICE, forward/backward/update of a small "
                          "Qwen2.5-VL) instead of the sleep")
     ap.add_argument("--gpu", action="store_const", const="cuda", dest="device", help="the same as --device cuda")
+    ap.add_argument("--decoder", choices=("tiny", *DECODERS), default="tiny",
+                    help="with --device: the model of the step: the tiny Qwen2.5-VL (fp32, launch-bound), or one "
+                         "whose text decoder has 1.24B parameters (bf16, GPU-bound; '1.2b')")
     ap.add_argument("--step", choices=("sleep", "busy"), default="sleep",
                     help="the simulated step: asleep (the GPU's time, the host free) or a pure-Python busy loop "
                          "holding the GIL for the step time (the worst case for threads)")
-    ap.add_argument("--head-start", type=float,
+    ap.add_argument("--head-start", type=float, default=HEAD_START,
                     help="seconds read-ahead runs before the first step (a trainer's setup: the data source is "
-                         "built before the model is loaded); default: one step's time")
+                         f"built before the model is loaded); default {HEAD_START:g}; 0: built with the loop")
     ap.add_argument("--in-process", action="store_true",
                     help="read-ahead's pulls in threads of this process (before issue 50) instead of its worker")
     ap.add_argument("--also-in-process", action="store_true",
@@ -253,7 +300,7 @@ def main() -> None:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("trainer_stall.py --gpu: torch sees no CUDA device (torch "
                              f"{torch.__version__}); run it on a GPU machine or use --device cpu")
-        trainer = Trainer(args.device)
+        trainer = Trainer(args.device, decoder=args.decoder)
     work = args.work or tempfile.mkdtemp(prefix="vidcache-stall-")
     try:
         cams = camera_clips(os.path.join(work, "camera"))[:args.camera_clips] if args.camera_clips > 0 else []
@@ -285,7 +332,7 @@ def main() -> None:
                 vidcache.readahead.IN_WORKER = not args.in_process and name != "in-process"
                 if trainer is not None:
                     trainer.step_times.clear()
-                head = step_s if args.head_start is None else args.head_start
+                head = args.head_start
                 out[name] = run_loop(os.path.join(work, f"node-{name}"), shared, s3, ekeys, args.batch, step_s, ahead,
                                      args.depth, trainer=trainer, step=args.step, head_start=head)
                 if trainer is not None:
@@ -302,8 +349,8 @@ def main() -> None:
             dev = (torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda"
                    else f"cpu, {torch.get_num_threads()} threads")
             steps = out["without"]["step_times"] + out["with"]["step_times"]
-            rows += [("training step", f"tiny Qwen2.5-VL ({sum(p.numel() for p in trainer.model.parameters())} "
-                      f"parameters, fp32) on {dev}; torch {torch.__version__}"),
+            rows += [("training step", f"{args.decoder} Qwen2.5-VL ({sum(p.numel() for p in trainer.model.parameters())} "
+                      f"parameters, {next(trainer.model.parameters()).dtype}) on {dev}; torch {torch.__version__}"),
                      ("a batch's first read + hydration (calibration)",
                       f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
                      ("hydrating local entries (per batch)", f"{tcal['hydrate'] * 1e3:.0f} ms"),

@@ -343,6 +343,32 @@ def test_kill_mid_read_ahead_leaves_the_local_tier_sound(tmp_path, tier):
         assert torch.equal(b.frames(k), frames[k])
 
 
+def test_a_datasets_read_ahead_pulls_before_its_first_row_is_asked_for(tmp_path, tier, videos):
+    """Issue 50: ``LazyVideoDataset.read_ahead`` starts pulling when it is built (a trainer builds it before its
+    model loads), so the first rows' entries are local before the loop asks for row 1; then it yields the rows in
+    the order given, each a local hit with node A's frames."""
+    from vidcache.dataset import LazyVideoDataset
+    shared, ks, frames = tier
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "<video>", "videos": [videos[n]]}) + "\n" for n in CLIPS))
+    b = VideoCache(tmp_path / "node_b", shared=shared)
+    ds = LazyVideoDataset(str(data), b, VideoOptions())
+    order = [2, 0, 3, 1]
+    ahead = ds.read_ahead(order, depth=2)
+    try:
+        until(lambda: all(local_blobs(b, [ks[2], ks[0]])))     # the first two rows' entries; no row asked for yet
+        rows = list(ahead)
+        assert [r.index for r in rows] == order
+        assert all(local_blobs(b, ks))
+        for r in rows:
+            (h,) = r.handles
+            assert torch.equal(h.frames(), frames[ks[r.index]])
+        assert ahead.counts["failed"] == 0 and ahead.counts["pulled"] == 4
+    finally:
+        ahead.close()
+        b.close()
+
+
 # --- the CLI, as a user runs it on a fresh node --------------------------------------------------------------
 
 

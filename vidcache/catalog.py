@@ -59,10 +59,23 @@ def sources_by_digest(store: "Store") -> dict[str, list[str]]:
 
 def listing(cache: Cache) -> list[dict]:
     """One record per entry: sources, family, T x H x W, fps, tokens, bytes, and the tiers that hold it."""
+    return list(iter_listing(cache))
+
+
+def entry_names(cache: Cache) -> tuple[set, set]:
+    """The ``ac/`` names of the local tier and of the shared tier (empty without one): one listing of each."""
     local = set(cache.local.keys(keys.AC))
     shared = set(cache.shared.keys(keys.AC)) if cache.shared is not None else set()
+    return local, shared
+
+
+def iter_listing(cache: Cache, names: "tuple[set, set] | None" = None):
+    """``listing``'s records one at a time, in key order, each manifest read as its record is made and not kept
+    (issue 50: ``ls`` held every manifest and printed nothing until it had read them all).  What stays in memory
+    is the entries' names and the sources map, not their manifests.  ``names``: ``entry_names``, if listed
+    already."""
+    local, shared = names if names is not None else entry_names(cache)
     srcs = sources_by_digest(cache.store)
-    out = []
     for sk in sorted(local | shared):
         key = m = None
         with contextlib.suppress(VidcacheError):       # a stray name or a damaged manifest: not an entry to list
@@ -71,11 +84,10 @@ def listing(cache: Cache) -> list[dict]:
         if m is None:
             continue
         t, _, h, w = m.frames.shape
-        out.append({"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
-                    "frames": t, "height": h, "width": w, "fps": m.sampling.sample_fps,
-                    "tokens": m.tokens.video_pad_tokens, "bytes": m.frames.nbytes,
-                    "tiers": [n for n, ks in (("local", local), ("shared", shared)) if sk in ks]})
-    return out
+        yield {"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
+               "frames": t, "height": h, "width": w, "fps": m.sampling.sample_fps,
+               "tokens": m.tokens.video_pad_tokens, "bytes": m.frames.nbytes,
+               "tiers": [n for n, ks in (("local", local), ("shared", shared)) if sk in ks]}
 
 
 def options_under(cache: Cache, digest: Digest) -> list[dict]:

@@ -29,7 +29,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 from .digest import Digest
 from .errors import BadRowError, DatasetFormatError, OptionsError, OutsideMediaRootError, UnknownColumnError
@@ -40,6 +40,7 @@ from .options import CONTENT_ITEM_KEYS, INPUT_KEY, VIDEO_KEY, VideoOptions
 
 if TYPE_CHECKING:
     from .cache import VideoCache
+    from .readahead import ReadAhead
 
 VIDEO_TOKEN = "<video>"
 IMAGE_TOKEN = "<image>"
@@ -858,6 +859,21 @@ class LazyVideoDataset(Sequence[Row]):
             raise type(e)(f"row {i}: {e}") from None
         return Row(i, row.get(self.input_key), [self._handle(s, o) for s, o in media.videos], row, media.images,
                    {s.key(o): s for s, o in media.videos if isinstance(s, InlineBytes)})
+
+    def read_ahead(self, order: "Iterable[int] | None" = None, **kw) -> "ReadAhead":
+        """The rows in ``order`` (indices, a sampler's; default: the file's order), with their videos pulled into
+        this node's local tier ahead of the reader (``vidcache.read_ahead``; ``depth``, ``max_bytes``,
+        ``workers`` as there).  Pulling starts now, before the first row is asked for: call it when the dataset
+        is built, before the model loads, and the first steps' entries are local by step 1 (issue 50: the
+        first step's wait was most of a run's)::
+
+            ahead = ds.read_ahead(sampler_order)       # before the model's load
+            model = load_model(...)
+            for row in ahead: ...                       # the same rows, in order, each a local hit
+        """
+        from .readahead import read_ahead
+        indices = range(len(self)) if order is None else order
+        return read_ahead((self[i] for i in indices), **kw)
 
 
 def ensure_inline(cache: "VideoCache", blob: InlineBytes, options: VideoOptions):

@@ -7,6 +7,7 @@ sound is ``integrity.frozen_problem``'s answer (its bytes against its record).
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 from typing import Callable
@@ -24,6 +25,7 @@ class FrozenCopies:
 
     def __init__(self, layout: NodeLayout, local: Store, shared: Store | None, read_only: bool) -> None:
         self.layout, self.local, self.shared, self.read_only = layout, local, shared, read_only
+        self._listing: dict | None = None       # tier name -> its frozen names, sorted (``listed``)
 
     @property
     def dir(self) -> str:
@@ -32,12 +34,42 @@ class FrozenCopies:
     def copies(self, key: str) -> list[tuple[str, str]]:
         """(tier name, suffix) of every frozen file of ``key``: this node's files, the shared tier's objects."""
         keys.check_key(key)
-        out = []
-        with contextlib.suppress(FileNotFoundError):
-            out += [("local", n[len(key):]) for n in sorted(os.listdir(self.dir)) if n.startswith(key)]
+        out = [("local", n[len(key):]) for n in self._names("local", key)]
         if self.shared is not None:
-            out += [("shared", k[len(keys.FROZEN) + len(key):]) for k in self.shared.keys(keys.FROZEN + key)]
+            out += [("shared", n[len(key):]) for n in self._names("shared", key)]
         return out
+
+    def _names(self, tier: str, key: str) -> list[str]:
+        """The frozen names in ``tier`` that start with ``key``: from the listing ``listed`` took, or listed now."""
+        if self._listing is None:
+            return self._list(tier, key)
+        if tier not in self._listing:
+            self._listing[tier] = self._list(tier, "")
+        names = self._listing[tier]
+        i = bisect.bisect_left(names, key)
+        j = i
+        while j < len(names) and names[j].startswith(key):
+            j += 1
+        return names[i:j]
+
+    def _list(self, tier: str, key: str) -> list[str]:
+        if tier == "shared":       # names are hashed into shards: a key's objects need the namespace's listing
+            return [k[len(keys.FROZEN):] for k in self.shared.keys(keys.FROZEN + key)]
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(n for n in os.listdir(self.dir) if n.startswith(key))
+        return []
+
+    @contextlib.contextmanager
+    def listed(self):
+        """Within it, ``copies`` reads one listing of each tier's frozen files (taken when first needed) instead of
+        one per entry: for a walk over many entries that changes no frozen file (``verify`` without ``--repair``).
+        Issue 50: ``verify --shared`` listed the tier's whole frozen namespace for every entry, and every entry
+        has an object there (its compact object): O(n^2) requests and names."""
+        self._listing = {}
+        try:
+            yield
+        finally:
+            self._listing = None
 
     def read(self, tier: str, key: str, suffix: str, limit: int | None = None):
         """(bytes, recorded digest) of one frozen copy; bytes None when absent.  ``limit``: of a shared object,

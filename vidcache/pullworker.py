@@ -360,6 +360,7 @@ def main(argv: list[str]) -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     logging.basicConfig(level=logging.WARNING, format="vidcache pull worker: %(message)s")
+    from . import cache  # noqa: F401 -- imported before the first request: this start overlaps the trainer's setup
     serve = _Serve(int(argv[0]) if argv else 2, out)
     try:
         for line in sys.stdin.buffer:

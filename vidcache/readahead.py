@@ -11,6 +11,11 @@ a local hit::
 
 or, where another loop does the reading, ``ahead.advance(n)`` after each ``n`` samples are taken.
 
+Pulling starts when read-ahead is built, not at the first ``next``: build it (or the dataset's,
+``LazyVideoDataset.read_ahead``; Miles' data source builds its own when it is built) before the model loads, and
+the first step's entries are local by step 1.  The first step is otherwise most of a run's wait: nothing is local
+when it starts, and the pull worker's own start (an interpreter, its imports) is on its path (issue 50).
+
 What stays true:
   * bounded: at most ``depth`` samples ahead of the reader and ``max_bytes`` of frames pulled ahead of it and not
     yet passed.  With a local budget (``max_local_bytes``), at most half of it: LRU eviction takes the least
@@ -318,6 +323,8 @@ def _handles(item) -> list[VideoHandle]:
     the background thread and the reader waited for ever; a dict pulled nothing)."""
     if isinstance(item, VideoHandle):
         return [item]
+    if isinstance(getattr(item, "handles", None), list):     # a dataset's Row (``LazyVideoDataset.read_ahead``)
+        return [h for h in item.handles if isinstance(h, VideoHandle)]
     if isinstance(item, Mapping):
         item = list(item.values())
     elif item is None or isinstance(item, (str, bytes)):

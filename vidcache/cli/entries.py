@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import sys
 
 from .common import (add_cache_flags, add_option_flags, cache_of, check_local_budget, command, has_local, node_dir,
                      options_of, parse_size)
-from .prefixes import entry_keys, full_key, key_stem, unique_prefixes
+from .datasets import _positive
+from .prefixes import full_key, key_stem, unique_prefixes
 
 
 def _add_ls(sub) -> None:
@@ -20,23 +22,39 @@ def _add_ls(sub) -> None:
 
 
 def cmd_ls(args) -> int:
-    rows, names = _ThisNodeIfTierDown(cache_of(args, read_only=True), "listing")(
-        lambda c: (c.listing(), entry_keys(c)))
-    if args.json:
-        print(json.dumps(rows, indent=2))
+    from .. import catalog
+    from .. import keys as k
+    from ..errors import InvalidKeyError
+    run = _ThisNodeIfTierDown(cache_of(args, read_only=True), "listing")
+    names = run(catalog.entry_names)                    # each tier listed once; manifests not read yet
+    # Rows are printed as their manifests are read (issue 50: at 10^5 entries nothing came before all were read).
+    rows = run(lambda c: catalog.iter_listing(c, names))
+    if args.json:                                       # the same text as json.dumps(list, indent=2)
+        first = True
+        for r in rows:
+            body = json.dumps(r, indent=2).replace("\n", "\n  ")
+            print(("[\n  " if first else ",\n  ") + body, end="")
+            first = False
+        print("[]" if first else "\n]")
         return 0
     # KEY: the shortest prefix unique among every key `inspect` / `evict` complete over (one clip under two option
-    # sets shares its first 32 digits: 16 alone could not tell them apart)
-    short = unique_prefixes(names + [r["key"] for r in rows])
-    width = max([16] + [len(short[r["key"]]) for r in rows]) + 2
+    # sets shares its first 32 digits: 16 alone could not tell them apart): from the names, before any row.
+    keys_of = set()
+    for n in names[0] | names[1]:
+        with contextlib.suppress(InvalidKeyError):
+            keys_of.add(k.entry_key(n))
+    short = unique_prefixes(sorted(keys_of))
+    width = max([16] + [len(v) for v in short.values()]) + 2
     print(f"{'KEY':<{width}} {'FAMILY':<10} {'T x H x W':>16} {'FPS':>5} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} "
-          "SOURCE")
+          "SOURCE", flush=True)
+    count = total = 0
     for r in rows:
         src = ", ".join(r["sources"]) or "-"
         fps = f"{r['fps']:.3g}" if r.get("fps") is not None else "-"
         print(f"{short[r['key']] + '..':<{width}} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x "
               f"{r['width']:>4} {fps:>5} {r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
-    print(f"{len(rows)} entr{'y' if len(rows) == 1 else 'ies'}, {_human(sum(r['bytes'] for r in rows))}")
+        count, total = count + 1, total + r["bytes"]
+    print(f"{count} entr{'y' if count == 1 else 'ies'}, {_human(total)}")
     return 0
 
 
@@ -128,6 +146,9 @@ def _add_verify(sub) -> None:
     p.add_argument("--cache", metavar="DIR", help="node-local cache directory (default: $VIDCACHE_DIR)")
     p.add_argument("--shared", nargs="?", const=True, metavar="URL",
                    help="check every entry of the shared tier (URL, or the configured $VIDCACHE_SHARED)")
+    p.add_argument("--sample", type=_positive, metavar="N",
+                   help="check N entries drawn at random from the tier instead of every one (a spot check whose "
+                        "cost does not grow with the tier's size beyond its listing)")
     p.add_argument("--repair", action="store_true", help="quarantine bad copies; restore from a sound tier or "
                                                          "rebuild from the source")
     p.add_argument("--upgrade", action="store_true",
@@ -145,6 +166,9 @@ def cmd_verify(args) -> int:
     whole_shared = args.shared is not None
     if args.shared is True:
         args.shared = None              # bare --shared: the configured tier
+    if args.sample is not None and (args.keys or args.upgrade):
+        from ..errors import ConfigError
+        raise ConfigError("--sample draws from every entry of a tier: give it without KEYs and without --upgrade")
     if args.upgrade and not whole_shared:
         from ..errors import ConfigError
         raise ConfigError("--upgrade converts the shared tier: give it with --shared (and VIDCACHE_SHARED or a URL)")
@@ -161,28 +185,27 @@ def cmd_verify(args) -> int:
             if cache.shared_unreachable is not None:
                 raise cache.shared_unreachable     # ... an empty listing of it would verify nothing
         from .. import keys as k
-        todo = []
+        todo, listed = [], 0
+        draw = random.Random()
         for sk in tier.keys(k.AC):
             try:
-                todo.append(k.entry_key(sk))
+                key = k.entry_key(sk)
             except VidcacheError:
                 print(f"BAD {sk!r}: not a key of the cache's format")
+                continue
+            listed += 1
+            if args.sample is None:
+                todo.append(key)
+            elif len(todo) < args.sample:          # reservoir sampling: N keys in memory, each equally likely
+                todo.append(key)
+            elif (j := draw.randrange(listed)) < args.sample:
+                todo[j] = key
+        if args.sample is not None:
+            print(f"verify: checking {len(todo)} of {listed} entries, drawn at random")
     bad, run = 0, (lambda fn: fn(cache)) if whole_shared else _ThisNodeIfTierDown(cache, "checking")
-    for key in todo:
-        try:       # during a tier outage this node's copies are still checked; `verify --shared` fails
-            problems = run(lambda c: c.verify(key, repair=args.repair))
-        except VidcacheError as e:
-            problems = [f"[{e.kind}] {e}"]
-        if problems and args.repair and any("frozen file" in p for p in problems):
-            from ..sglang.frozen import repair_frozen      # remakes frozen files from the frames (imports torch)
-            with contextlib.suppress(VidcacheError):
-                repair_frozen(cache, key)
-        if problems:
-            bad += 1
-            after = (" -> repaired" if not cache.verify(key) else " -> still bad") if args.repair else ""
-            print(f"BAD {key}: {'; '.join(problems)}{after}")
-        else:
-            print(f"OK  {key}")
+    # one listing of the frozen files for the walk, not one per entry (a repair changes them: listed per entry)
+    with contextlib.nullcontext() if args.repair else cache.frozen.listed():
+        bad = _verify_each(cache, todo, run, args.repair)
     print(f"verify: {len(todo) - bad} ok, {bad} bad" + (" (repair attempted)" if args.repair and bad else ""))
     if args.embeddings:
         bad += _verify_embeddings(cache, args.repair, whole_shared)
@@ -216,6 +239,28 @@ def _verify_embeddings(cache, repair: bool, shared: bool) -> int:
         else:
             print(f"OK  emb {emb_id}")
     print(f"verify embeddings: {len(found) - bad} ok, {bad} bad")
+    return bad
+
+
+def _verify_each(cache, todo: list[str], run, repair: bool) -> int:
+    """``OK``/``BAD`` per key, as each is checked; the number bad."""
+    from ..errors import VidcacheError
+    bad = 0
+    for key in todo:
+        try:       # during a tier outage this node's copies are still checked; `verify --shared` fails
+            problems = run(lambda c: c.verify(key, repair=repair))
+        except VidcacheError as e:
+            problems = [f"[{e.kind}] {e}"]
+        if problems and repair and any("frozen file" in p for p in problems):
+            from ..sglang.frozen import repair_frozen      # remakes frozen files from the frames (imports torch)
+            with contextlib.suppress(VidcacheError):
+                repair_frozen(cache, key)
+        if problems:
+            bad += 1
+            after = (" -> repaired" if not cache.verify(key) else " -> still bad") if repair else ""
+            print(f"BAD {key}: {'; '.join(problems)}{after}")
+        else:
+            print(f"OK  {key}")
     return bad
 
 

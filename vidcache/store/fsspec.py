@@ -367,16 +367,21 @@ class FsspecStore(Store):
         except FileNotFoundError:
             pass
 
-    def _find(self, detail: bool = False):
+    def _find(self, detail: bool = False, ns: str = ""):
+        """Every object under the root, or under its namespace ``ns`` only."""
         try:
-            return self._call("list", self.fs.find, self.root, detail=detail, limit=LIST_TIMEOUT_S)
+            return self._call("list", self.fs.find, f"{self.root}/{ns}" if ns else self.root, detail=detail,
+                              limit=LIST_TIMEOUT_S)
         except FileNotFoundError:
             return {} if detail else []
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         root = self.root
         out = []
-        found = self._find()
+        # A prefix that names a namespace (``ac/``) lists that namespace only (issue 50: ``ls`` listed every blob,
+        # source record and frozen file of the tier to find its entries, three listings of the whole tier).
+        ns, sep, _ = prefix.partition("/")
+        found = self._find(ns=ns if sep and ns else "")
         for p in found:
             rel = p[len(root):].lstrip("/") if p.startswith(root) else p
             parts = rel.split("/")
