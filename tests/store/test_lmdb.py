@@ -252,3 +252,27 @@ def test_gc_of_a_store_reopened_past_its_initial_map_size_evicts(tmp_path):
     assert out["evicted"] > 0 and out["used_bytes"] <= again.used_bytes() + 1
     assert sum(again.get(f"cas/{i:04d}") is not None for i in range(600)) == 600 - out["evicted"]
     again.close()
+
+
+def test_gc_holds_no_key_per_entry_and_evicts_the_oldest(tmp_path):
+    """Issue 50: ``gc`` held every key's age and size (280 MB of private memory at 10^5 entries).  Now its memory is
+    a histogram and a batch, whatever the store holds (traced Python allocations, 30,000 keys: the old code's
+    dict and list of them took several MB), and what it evicts is still the least recently used."""
+    import tracemalloc
+    s = LMDBStore(tmp_path / "db")
+    n = 30_000
+    for start in range(0, n, 5_000):                 # written in order: key i is older than key i + 1
+        s.set_many({f"cas/{i:06d}": b"x" * 1024 for i in range(start, start + 5_000)})
+    s.get("cas/000000")                              # read now: the most recently used
+    before = s.used_bytes()
+    tracemalloc.start()
+    try:
+        out = s.gc(before // 2)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert out["evicted"] > n // 4 and s.used_bytes() <= before // 2
+    assert peak < 1 << 20, f"gc traced {peak} bytes for {n} keys"
+    left = list(s.keys("cas/"))
+    assert "cas/000000" in left                      # read last: kept
+    assert "cas/000001" not in left and f"cas/{n - 1:06d}" in left    # the oldest went, the newest stayed
