@@ -23,7 +23,7 @@ import tempfile
 
 CHILD = r"""
 import json, sys
-import vidcache.dataset as dataset
+import vidcache.prompt_files as dataset
 from vidcache import VideoOptions
 from vidcache.dataset import LazyVideoDataset
 path, mode, what = sys.argv[1:4]

@@ -6,7 +6,8 @@ import resource
 import pytest
 
 from vidcache import VideoCache, VideoOptions
-from vidcache.dataset import LazyVideoDataset, iter_jsonl
+from vidcache.dataset import LazyVideoDataset
+from vidcache.prompt_files import iter_jsonl
 from vidcache.errors import BadRowError, TierMismatchError
 
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import vidcache.dataset as dataset
-from vidcache.dataset import _ParquetRows
+import vidcache.prompt_files as dataset     # the file readers (CELL_BYTES: which columns go a cell at a time)
+from vidcache.prompt_files import _ParquetRows
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 READ_HERE = ("NONE", "SNAPPY", "ZSTD", "GZIP")           # the codecs parquet_cells reads (pyarrow's names)

@@ -14,7 +14,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   cache                           VideoCache: lookup, build, housekeeping
   node                            the caches open in this process, and the lookup by identity
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
-  handle, dataset, parquet_cells, readahead, pullworker, positions, embeddings/   references above the cache; datasets (one parquet cell at a time); read-ahead, its pull worker; positions; the frozen-vision embedding tier
+  handle, dataset, prompt_files, parquet_cells, readahead, pullworker, positions, embeddings/   references above the cache; datasets (one parquet cell at a time); read-ahead, its pull worker; positions; the frozen-vision embedding tier
   sglang/, vllm/, rollout/        the rollout side: SGLang's and vLLM's adapters (neither imports the other) on rollout/, the engine-neutral core
   planning, prewarming, pulling, embeddings.jobs, cli/, doctor   the jobs
 """

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from . import keys
 from .digest import Digest
-from .dataset import (InlineBytes, check_columns, check_format, check_media_roots, is_hf_dataset, is_parquet,
-                      iter_jsonl, media_items, open_rows)
+from .dataset import InlineBytes, check_media_roots, media_items
 from .errors import BadRowError, ConfigError, NoMediaError
 from .options import INPUT_KEY, VIDEO_KEY, VideoOptions
+from .prompt_files import check_columns, check_format, is_hf_dataset, is_parquet, iter_jsonl, open_rows
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from . import keys
 from .cache import VideoCache
 from .config import ENV_DIR
-from .dataset import InlineBytes, is_parquet
+from .dataset import InlineBytes
+from .prompt_files import is_parquet
 from .errors import (INSTALL_RAY, BackendUnavailableError, ConfigError, VidcacheError, WorkerError,
                      WorkerMemoryError, WorkerTimeoutError)
 from .loader.fetch import scheme_of

@@ -140,7 +140,7 @@ def _next_steps(args) -> str:
 
 
 def _check_format(dataset: str) -> None:
-    from ..dataset import check_format, is_parquet
+    from ..prompt_files import check_format, is_parquet
     if os.path.isfile(dataset) and not is_parquet(dataset):
         check_format(dataset)
 
@@ -180,7 +180,7 @@ def _multimodal_keys(text: str | None, dataset: str | None = None) -> dict:
 
 def _columns(dataset: str) -> list | None:
     """The columns of a parquet file or dataset directory (None for JSON Lines, whose rows name their own)."""
-    from ..dataset import is_parquet, open_rows
+    from ..prompt_files import is_parquet, open_rows
     if not (os.path.isdir(dataset) or is_parquet(dataset)):
         return None
     return list(getattr(open_rows(dataset), "columns", None) or [])
