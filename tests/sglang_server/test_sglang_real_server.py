@@ -67,6 +67,9 @@ FAR = 1e-2
 PROMPT = f"<|im_start|>user\n{VIDEO_PLACEHOLDER}Describe.<|im_end|>\n<|im_start|>assistant\n"
 
 # (family, mode, vision): sglang-config's defaults per family and mode, and Qwen2.5-VL as SGLang ships it.
+# sglang-config's default Qwen2.5-VL plugin server (a test marked with it runs there only)
+DEFAULT_QWEN2_5_PLUGIN = pytest.mark.servers(lambda family, mode, vision: (family, mode, vision) ==
+                                             ("qwen2_5_vl", "plugin", None))
 SERVERS = [("qwen2_5_vl", "plugin", None), ("qwen2_5_vl", "stock", None), ("qwen2_5_vl", "plugin", ss.SHIPPED),
            ("qwen3_vl", "plugin", None), ("qwen3_vl", "stock", None)]
 
@@ -314,8 +317,6 @@ def _dry_run(server, *flags, startup_only=False):
     itself does not run here: miles/utils/arguments.py imports miles.dashboard (polars, not installed) and needs
     Megatron's parser."""
     from support.miles_compat import SKIP_REASON, miles_src
-    if server.family != "qwen2_5_vl" or server.mode != "plugin" or server.vision is not None:
-        pytest.skip("the Miles startup check is exercised against sglang-config's default Qwen2.5-VL plugin server")
     if miles_src(ss.ROOT) is None:
         pytest.skip(SKIP_REASON)
     argv = [sys.executable, str(DRY_RUN), "--mode", "plugin", "--server", server.url, "--server-model", server.ckpt,
@@ -333,6 +334,7 @@ def _table(out: str) -> dict[str, str]:
 
 
 @pytest.mark.miles
+@DEFAULT_QWEN2_5_PLUGIN          # the Miles startup check runs against sglang-config's default server
 def test_miles_dry_run_checks_computation_at_startup(server):
     """The dry run with ``--vidcache-check-computation fail`` against a server computing the trainer's model: the
     startup check logs the six canaries' table, passes, and the rollout runs."""
@@ -344,6 +346,7 @@ def test_miles_dry_run_checks_computation_at_startup(server):
 
 
 @pytest.mark.miles
+@DEFAULT_QWEN2_5_PLUGIN          # the Miles startup check runs against sglang-config's default server
 def test_miles_startup_fails_when_the_trainer_computes_otherwise(server):
     """``--vidcache-positions transformers`` (the trainer keeps transformers' own M-RoPE rule: check-server only
     warns, the operator chose it): the computation check fails the job at startup, naming the position rule."""
@@ -358,6 +361,7 @@ def test_miles_startup_fails_when_the_trainer_computes_otherwise(server):
 
 
 @pytest.mark.miles
+@DEFAULT_QWEN2_5_PLUGIN          # the Miles startup check runs against sglang-config's default server
 def test_miles_startup_warns_and_goes_on_with_warn(server):
     """The same trainer with ``--vidcache-check-computation warn``: the table and the failure are logged (WARNING),
     and the job goes on: the rollout runs."""
@@ -368,10 +372,10 @@ def test_miles_startup_warns_and_goes_on_with_warn(server):
 
 
 # --- precomputed vision embeddings (vidcache.rollout.embeddings) --------------------------------------------------
-def _needs_plugin(server):
-    if server.mode != "plugin":
-        pytest.skip("stock mode carries no embeddings: /generate takes JSON, only the plugin hands SGLang the rows "
-                    "(prepare refuses it: tests/test_embeddings_requests.py)")
+# Which servers a test runs on (``tests/sglang_server/conftest.py`` deselects the others, rather than skipping them
+# with the servers running): precomputed embeddings need the plugin (stock /generate takes JSON, no rows).
+PLUGIN = pytest.mark.servers(lambda family, mode, vision: mode == "plugin")
+PLUGIN_AS_CONFIGURED = pytest.mark.servers(lambda family, mode, vision: mode == "plugin" and vision is None)
 
 
 def _records(server, model, proc, handles, env):
@@ -412,10 +416,10 @@ def _embeds_kl(server, model, proc, req, out, recs):
     return kl, bool((eng.argmax(-1) == hf.argmax(-1)).all())
 
 
+@PLUGIN
 def test_generate_from_precomputed_embeddings(server, checkpoints, clips, env):
     """Several temporal patches, the rows from a record: at the floor on every plugin server, SGLang's shipped
     Qwen2.5-VL too (its tower, which attends across the video, is not run)."""
-    _needs_plugin(server)
     _, model = checkpoints(server.family)
     proc = vidcache_processor(server.ckpt)
     h = vidcache.get(clips[4], options(server.family, server.mode, 4), VideoCache())
@@ -430,10 +434,8 @@ def test_generate_from_precomputed_embeddings(server, checkpoints, clips, env):
     assert kl.mean() < FLOOR_MEAN_KL and kl.max() < FLOOR_MAX_KL and argmax_equal
 
 
+@PLUGIN_AS_CONFIGURED   # one plugin server per family suffices; the shipped model differs only in its unused tower
 def test_generate_two_videos_from_precomputed_embeddings(server, checkpoints, clips, env):
-    _needs_plugin(server)
-    if server.vision == ss.SHIPPED:
-        pytest.skip("one plugin server suffices for two videos; the shipped model differs only in its (unused) tower")
     _, model = checkpoints(server.family)
     proc = vidcache_processor(server.ckpt)
     hs = [vidcache.get(clips[t], options(server.family, server.mode, t), VideoCache()) for t in (4, 1)]
@@ -447,6 +449,7 @@ def test_generate_two_videos_from_precomputed_embeddings(server, checkpoints, cl
     assert kl.mean() < FLOOR_MEAN_KL and kl.max() < FLOOR_MAX_KL and argmax_equal
 
 
+@PLUGIN_AS_CONFIGURED   # the refusals are the plugin's, the same on every plugin server
 def test_embeddings_of_another_tower_or_other_rows_are_refused(server, checkpoints, clips, env):
     """A request for another tower's embeddings (another weights digest) finds none; a record of another key
     stored under this one is refused by its key; rows of another width, or other rows, under the right key are
@@ -454,9 +457,6 @@ def test_embeddings_of_another_tower_or_other_rows_are_refused(server, checkpoin
     import dataclasses
 
     from vidcache.errors import ParityError
-    _needs_plugin(server)
-    if server.vision == ss.SHIPPED:
-        pytest.skip("the refusals are the plugin's, the same on every plugin server")
     _, model = checkpoints(server.family)
     proc = vidcache_processor(server.ckpt)
     h = vidcache.get(clips[1], options(server.family, server.mode, 1), VideoCache())
