@@ -137,13 +137,12 @@ def test_vllm_item_takes_the_towers_layout(setup):
         assert item["timestamps"].shape == (1, s["recs"][0].grid_thw[0])
 
 
+@pytest.mark.parametrize("setup", ["qwen2_5_vl"], indirect=True)     # only Qwen2.5-VL's M-RoPE reads the seconds
 def test_vllm_refuses_qwen2_5_embeddings_off_one_second_per_grid(setup, tmp_path):
     """vLLM 0.34 drops second_per_grid_ts from an embeddings item: at 1 fps (2 s per grid) the positions would
     differ."""
     from vidcache.vllm.request import prepare_vllm
     s = setup
-    if s["family"] != "qwen2_5_vl":
-        pytest.skip("only Qwen2.5-VL's M-RoPE reads second_per_grid_ts")
     h = vidcache.get(s["clip"], VideoOptions(family="qwen2_5_vl", fps=1.0, min_pixels=3136, max_pixels=20000))
     ti = vidcache.train_inputs(s["proc"], [h], mode="plugin")
     assert float(ti["second_per_grid_ts"][0]) == 2.0
