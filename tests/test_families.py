@@ -151,3 +151,5 @@ def test_the_cli_offers_the_engines_of_the_records():
     assert out.returncode == 2
     for name in ENGINES:
         assert name in out.stderr
+    for e in ENGINES.values():                      # each record's config command is one the CLI has
+        assert run_cli([e.config_command, "--help"]).returncode == 0, e.config_command

@@ -92,14 +92,6 @@ def unknown_family(name: object) -> str:
     return f"unknown family {shown}; expected one of {', '.join(FAMILIES)}{hint}"
 
 
-def family(name: str) -> Family:
-    """The record of family ``name``; ``ModelTypeError`` (a ``ConfigError``) naming the families otherwise."""
-    try:
-        return FAMILIES[name]
-    except (KeyError, TypeError):
-        raise ModelTypeError(unknown_family(name)) from None
-
-
 @dataclass(frozen=True)
 class ModelType:
     """One model type (a checkpoint's ``config.json`` ``model_type``) and the facts vidcache relies on."""
