@@ -363,10 +363,10 @@ class LMDBStore(Store):
             return struct.unpack(">d", a)[0] if a is not None else None
 
         with self._begin(buffers=True) as txn:
-            lo = hi = None                      # the stamped ages' range (a first walk: nothing is held)
-            for k in txn.cursor().iternext(values=False):
-                if bytes(k) != LRU_DB and (a := age(txn, k)) is not None:
-                    lo, hi = (a, a) if lo is None else (min(lo, a), max(hi, a))
+            lo = hi = None                      # the stamped ages' range, from the LRU table (nothing is held)
+            for v in txn.cursor(db=e.lru).iternext(keys=False):
+                a = struct.unpack(">d", v)[0]
+                lo, hi = (a, a) if lo is None else (min(lo, a), max(hi, a))
             width = ((hi - lo) / GC_BUCKETS or 1.0) if lo is not None else 1.0
 
             def bucket(a: float | None) -> int:
