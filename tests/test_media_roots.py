@@ -156,3 +156,18 @@ def test_the_rule_in_python(tmp_path, tree):
     assert lazy[4].handles[0].source == os.path.join(base, "link.mkv")
     with pytest.raises(ConfigError, match="not a directory"):
         LazyVideoDataset(str(tree / "ds" / "rows.jsonl"), VideoCache(tmp_path / "c"), OPTS, media_roots=["/nope"])
+
+
+def test_embed_reads_the_rows_by_the_same_rule(tmp_path, tree):
+    """``vidcache embed`` finds a dataset's entries as ``pull`` does, under the same source rule and ``--media-root``
+    (it had no such flag: a dataset prewarmed with ``--media-root`` could not be embedded)."""
+    from vidcache.embeddings.jobs import dataset_entries
+    cache = VideoCache(tmp_path / "c")
+    kw = dict(input_key="prompt", video_key="videos")
+    _, _, fails = dataset_entries(str(tree / "ds" / "rows.jsonl"), cache, OPTS, **kw)
+    refused = {f["row"] for f in fails if f["kind"] == "outside_media_root"}
+    assert 3 in refused and 4 not in refused, fails          # ../../../../etc/passwd; the link inside is the owner's
+    _, _, fails = dataset_entries(str(tree / "ds" / "rows.jsonl"), cache, OPTS, media_roots=[str(tree / "ds")], **kw)
+    assert 4 in {f["row"] for f in fails if f["kind"] == "outside_media_root"}, fails     # links followed under roots
+    r = run_cli(["embed", tree / "ds" / "rows.jsonl", "--help"], tmp_path / "node")
+    assert r.returncode == 0 and "--media-root" in r.stdout

@@ -13,7 +13,6 @@ from .common import (add_cache_flags, add_option_flags, cache_of, check_local_bu
 
 
 def _add_prewarm(sub) -> None:
-    from ..options import INPUT_KEY
     p = command(sub, "prewarm",
                 help="decode, sample and resize every video of a dataset into the cache (images: checked)")
     p.add_argument("dataset", help="Miles' prompt file (.jsonl, or .parquet) or a Hugging Face dataset directory "
@@ -46,13 +45,10 @@ def _add_prewarm(sub) -> None:
                                                       "(default: <dataset>.failures.jsonl, or in the current directory when the "
                         "dataset's is read-only)")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even when rows failed")
-    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
-    p.add_argument("--multimodal-keys", metavar="JSON",
-                   help='Miles\' --multimodal-keys: which row fields hold the videos and images, e.g. '
-                        '\'{"video": "clips", "image": "pictures"}\' (default: {"video": "videos", "image": "images"}, '
-                        'a default without a column in a parquet/HF dataset dropped; images are checked as Miles '
-                        'reads them, not cached)')
-    _add_media_root(p)
+    _add_row_flags(p, 'Miles\' --multimodal-keys: which row fields hold the videos and images, e.g. '
+                      '\'{"video": "clips", "image": "pictures"}\' (default: {"video": "videos", "image": "images"}, '
+                      'a default without a column in a parquet/HF dataset dropped; images are checked as Miles '
+                      'reads them, not cached)')
     p.add_argument("--no-progress", action="store_true", help="neither a bar nor progress lines")
     p.add_argument("--progress", action="store_true", help="draw the bar even when stderr is not a terminal")
     p.add_argument("--log-interval", type=float, default=30.0, metavar="S",
@@ -123,11 +119,17 @@ def cmd_prewarm(args) -> int:
     return 0 if (s.failed == 0 or args.allow_failures) else 1
 
 
-def _add_media_root(p) -> None:
+def _add_row_flags(p, multimodal_help: str = "as for prewarm") -> None:
+    """How a job reads a dataset's rows, the same for prewarm, pull and embed: the prompt and media fields, and
+    where local media may come from (the source rule, ``dataset._resolve``)."""
+    from ..options import INPUT_KEY
+    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
+    p.add_argument("--multimodal-keys", metavar="JSON", help=multimodal_help)
     p.add_argument("--media-root", action="append", metavar="DIR",
                    help="a directory the dataset's local images and videos may be read from (repeatable). Without "
-                        "it a relative path must stay under the dataset's directory (.. and symlinks followed); "
-                        "with it every local path, absolute and file:// too, must lie under one of these")
+                        "it a relative path must stay under the dataset's directory by name (.. resolved; links in "
+                        "it are followed); with it every local path, absolute and file:// too, must really lie "
+                        "under one of these (links followed)")
 
 
 def _next_steps(args) -> str:
@@ -204,16 +206,13 @@ def _print_failures(failures: list, report: str | None = None) -> None:
 
 def _add_pull(sub) -> None:
     from .. import readahead
-    from ..options import INPUT_KEY
     p = command(sub, "pull", help="bring the entries of a dataset's rows from the shared tier into this node's local "
                                   "tier (before a job starts on a fresh node)")
     p.add_argument("dataset", help="the prompt file or dataset directory prewarm was given")
     p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
     add_cache_flags(p)
     add_option_flags(p)
-    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
-    p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
-    _add_media_root(p)
+    _add_row_flags(p)
     p.add_argument("--depth", type=_positive, default=readahead.DEPTH, help="entries pulled at once, at most")
     p.add_argument("--max-bytes", type=_positive_size, default=readahead.MAX_BYTES, metavar="SIZE",
                    help="frames in flight at once, at most (e.g. 2GiB)")
@@ -285,7 +284,6 @@ def cmd_demo(args) -> int:
 
 
 def _add_embed(sub) -> None:
-    from ..options import INPUT_KEY
     p = command(sub, "embed", help="run a checkpoint's frozen vision tower over a dataset's cached entries into the "
                                    "embedding tier (docs/embeddings.md; prewarm first)")
     p.add_argument("dataset", help="the prompt file or dataset directory prewarm was given")
@@ -298,8 +296,7 @@ def _add_embed(sub) -> None:
     p.add_argument("--max-embedding-bytes", type=parse_size, metavar="SIZE",
                    help="budget of this node's embedding tier, its own LMDB (LRU eviction; frames are never "
                         "evicted for embeddings, nor the shared tier's; default: unlimited)")
-    p.add_argument("--input-key", default=INPUT_KEY, help="the row's prompt field (Miles' --input-key)")
-    p.add_argument("--multimodal-keys", metavar="JSON", help="as for prewarm")
+    _add_row_flags(p)
     p.add_argument("--ray", action="store_true", help="spread the entries over a Ray cluster: one task per GPU (per "
                                                       "CPU without GPUs), each node on its own VIDCACHE_DIR, all "
                                                       f"writing the shared tier (needs Ray: {INSTALL_RAY})")
@@ -326,7 +323,8 @@ def cmd_embed(args) -> int:
     from ..embeddings.tier import EmbeddingTier
     cache = cache_of(args)
     entries, missing, failures = dataset_entries(args.dataset, cache, options_of(args), input_key=args.input_key,
-                                                 video_key=keys.get("video", VIDEO_KEY), split=args.split)
+                                                 video_key=keys.get("video", VIDEO_KEY), split=args.split,
+                                                 media_roots=args.media_root)
     bar = not args.no_progress and sys.stderr.isatty()
     if args.ray:
         from ..embeddings.jobs import embed_over_ray

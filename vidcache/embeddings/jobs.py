@@ -14,18 +14,20 @@ if TYPE_CHECKING:
 
 
 def dataset_entries(dataset, cache: "VideoCache", options, *, input_key: str, video_key: str,
-                    split: str | None = None) -> tuple[list[str], int, list]:
+                    split: str | None = None, media_roots=None) -> tuple[list[str], int, list]:
     """The cached entries a dataset's rows name (as ``vidcache pull`` finds them: no fetch, no build), the count
-    of videos no tier caches yet, and the rows that failed."""
+    of videos no tier caches yet, and the rows that failed.  ``media_roots``: as for ``prewarm``."""
     from .. import planning as pw
     from ..pulling import pull_key
     from ..errors import BadRowError, VidcacheError
+    from ..dataset import check_media_roots
+    media_roots = check_media_roots(media_roots)
     reader = pw.check_keys(dataset, input_key, video_key, None, split)
     base = pw.dataset_dir(dataset)
     found, missing, failures = [], 0, []
     for _, row, where in pw.placed_rows(reader, split, False, set(), desc="embed"):
         try:
-            media = pw.row_media(row, options, input_key, video_key, None, base)
+            media = pw.row_media(row, options, input_key, video_key, None, base, media_roots)
         except BadRowError as e:
             failures.append({**where, "kind": e.kind, "error": str(e)})
             continue
