@@ -12,6 +12,8 @@ if "MILES_SRC" not in os.environ and os.path.isfile(os.path.join(_MILES, "miles"
     os.environ["MILES_SRC"] = os.path.abspath(_MILES)
 
 from vidcache.testing.videos import make_video, suffix_for  # noqa: E402
+from support.net import free_port  # noqa: E402
+from support.shapes import ASPECT_SHAPES  # noqa: E402
 
 # name -> (codec, width, height, fps, n_frames)
 VIDEOS = {
@@ -23,11 +25,6 @@ VIDEOS = {
     "ffv1_10_small": ("ffv1", 96, 64, 10, 30),
     "h264_long": ("h264", 64, 48, 10, 1600),     # 160 s: hits the 768... cap only with fps; see tests
 }
-
-
-# (width, height): 4:3, 16:9, 21:9, 9:16, 1:1, then issue 10's QCIF, 2.35:1 and 720p.  The small ones are
-# upscaled to qwen-vl-utils' min_pixels; 1280x720 is scaled down to its per-frame cap: both branches.
-ASPECT_SHAPES = [(160, 120), (320, 180), (336, 144), (180, 320), (200, 200), (176, 144), (640, 272), (1280, 720)]
 
 
 @pytest.fixture(scope="session")
@@ -88,13 +85,6 @@ class NodeA:
 def node_a(tmp_path, request):
     """A fresh node A and its shared tier (``NodeA``); nothing built yet."""
     return NodeA(tmp_path, request)
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

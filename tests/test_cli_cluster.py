@@ -250,7 +250,7 @@ def test_a_node_whose_first_command_was_a_prewarm_serves_its_entries_while_the_t
     and `verify` and `ls` check and list its own copies; a read of the node opened without any tier says
     which tier it belongs to.  It used to record nothing (the directory did not exist yet when the identity
     was read), and every read failed; `verify` called every sound entry BAD, and `ls` listed nothing."""
-    from conftest import free_port
+    from support.net import free_port
 
     from vidcache.errors import ConfigError
     env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",

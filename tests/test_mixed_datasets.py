@@ -194,7 +194,7 @@ def test_image_errors_are_classified_and_images_get_the_scheme_allowlist(tmp_pat
     """D54: a refused connection was reported as ``decode`` ("not readable"), and an image could name any scheme
     qwen-vl-utils opens.  Now a refused connection is ``unavailable``, a scheme outside the images' allowlist is
     ``scheme_not_allowed`` (nothing opened), and a broken file is still ``decode``; the good rows land."""
-    from conftest import free_port
+    from support.net import free_port
     port = free_port()                                   # nothing listens there: the connection is refused
     rows = _rows(media)[:1] + [
         {"prompt": "<image> refused", "images": [f"http://127.0.0.1:{port}/a.png"], "videos": []},

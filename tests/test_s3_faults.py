@@ -19,7 +19,7 @@ import torch
 
 from vidcache import VideoCache, VideoOptions
 
-from conftest import free_port
+from support.net import free_port
 from support.cli import run_cli
 
 PROXY = os.path.join(os.path.dirname(__file__), "support", "faulty_proxy.py")

@@ -29,7 +29,7 @@ from vidcache.store.lmdb import LMDBStore
 from vidcache.store.memory import MemoryStore
 from vidcache.store.tiered import TieredStore, out_of_space
 
-from conftest import free_port
+from support.net import free_port
 from support.cli import run_cli
 
 S3_OPTS = {"client_kwargs": {"region_name": "us-east-1"}}

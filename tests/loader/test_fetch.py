@@ -17,7 +17,7 @@ import torch
 import xxhash
 
 import vidcache.cache as cache_mod
-from conftest import free_port
+from support.net import free_port
 from vidcache import VideoCache, VideoOptions
 from vidcache.digest import Digest
 from vidcache.errors import (FetchTimeoutError, InvalidSourceError, SchemeNotAllowedError, SourceNotFoundError,

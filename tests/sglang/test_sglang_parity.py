@@ -24,7 +24,7 @@ if not sp.peer_installed():
     pytest.skip("SGLang peer not installed: run scripts/setup_peer_env.sh", allow_module_level=True)
 sp.require_peer()     # installed: an import failure or a version mismatch is an error here, never a skip
 
-from conftest import ASPECT_SHAPES  # noqa: E402
+from support.shapes import ASPECT_SHAPES  # noqa: E402
 from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402

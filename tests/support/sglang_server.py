@@ -25,8 +25,10 @@ import urllib.request
 from pathlib import Path
 
 try:
+    from support.net import free_port
     from support.server_process import ServerProcess
 except ImportError:       # run as a script (write-checkpoint): this folder is on sys.path, tests/ is not
+    from net import free_port
     from server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,13 +127,6 @@ def server_env(mode: str, node_dir, shared_dir=None, family: str = FAMILY, visio
 
 def server_args(mode: str, family: str = FAMILY, vision: str | None = None) -> list[str]:
     return list(_config(family, mode, vision)["server_args"])
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server(ServerProcess):
