@@ -86,6 +86,10 @@ def main() -> int:
           f"{transformers.__version__}; bf16, SDPA, random weights")
     work = tempfile.mkdtemp(prefix="vidcache-emb-gpu-")
     rows = []
+    # each row as it is measured (flushed): a run cut short by a time limit keeps what it measured
+    print("| tower | video (448x448, 2 fps) | grid | tokens | tower | local read | first read (shared) | "
+          "tower / local | tower / first | record | exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|", flush=True)
     try:
         shared = os.path.join(work, "tier")
         a = VideoCache(os.path.join(work, "a"), shared=shared)
@@ -117,19 +121,19 @@ def main() -> int:
                 exact = torch.equal(embeds, emb.embeds) and all(torch.equal(x, y) for x, y in zip(deep, emb.deepstack))
                 rows.append((name, params, f"{s} s", tuple(grid[0].tolist()), emb.embeds.shape[0], tower_s, local_s,
                              first_s, nbytes, exact))
+                print(row(*rows[-1]), flush=True)
             del model
             torch.cuda.empty_cache()
         a.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("| tower | video (448x448, 2 fps) | grid | tokens | tower | local read | first read (shared) | "
-          "tower / local | tower / first | record | exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, params, vid, grid, tokens, tw, lr, fr, nb, ex in rows:
-        print(f"| {name} ({params / 1e6:.1f} M) | {vid} | {'x'.join(map(str, grid))} | {tokens:,} | "
-              f"{tw * 1e3:.0f} ms | {lr * 1e3:.1f} ms | {fr * 1e3:.1f} ms | {tw / lr:.0f}x | {tw / fr:.1f}x | "
-              f"{nb / 1e6:.1f} MB | {ex} |")
     return 0 if all(r[-1] for r in rows) else 1
+
+
+def row(name, params, vid, grid, tokens, tw, lr, fr, nb, ex) -> str:
+    return (f"| {name} ({params / 1e6:.1f} M) | {vid} | {'x'.join(map(str, grid))} | {tokens:,} | "
+            f"{tw * 1e3:.0f} ms | {lr * 1e3:.1f} ms | {fr * 1e3:.1f} ms | {tw / lr:.0f}x | {tw / fr:.1f}x | "
+            f"{nb / 1e6:.1f} MB | {ex} |")
 
 
 if __name__ == "__main__":
