@@ -152,7 +152,7 @@ def test_a_record_claiming_another_key_is_refused(node_a, tmp_path):
     # a read-only node cannot move it aside: refused, never served
     tier.local.set_many({K.emb(other.id): seal(emb.to_bytes())})
     ro = EmbeddingTier(node_a.cache.with_settings(read_only=True))
-    with pytest.raises(CorruptEntryError, match="holds the record of"):
+    with pytest.raises(CorruptEntryError, match="computed for"):
         ro.get(other)
 
 

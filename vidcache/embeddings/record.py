@@ -10,6 +10,7 @@ the network are never executed.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import xxhash
@@ -79,33 +80,62 @@ class VisionEmbeddings:
         return save(tensors, metadata=meta)
 
     @classmethod
-    def from_bytes(cls, raw: bytes, expect: EmbeddingKey | None = None) -> "VisionEmbeddings":
-        """Parse; refuse bytes that are not ours or that another key computed (``CorruptEntryError``)."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load
-
+    def from_bytes(cls, raw, expect: EmbeddingKey | None = None) -> "VisionEmbeddings":
+        """Parse ``raw`` (bytes, or a view valid only for this call: a memory map's); refuse bytes that are not
+        ours or that another key computed (``CorruptEntryError``).  Each tensor is copied once, from ``raw`` into
+        memory of its own; safetensors' ``load`` takes ``bytes`` and copies twice more (a 64 MB Qwen3-VL record:
+        74 -> 8 ms on the dev VM, warm, benchmarks/embeddings.py)."""
         try:
-            tensors = load(bytes(raw))
-            meta = _metadata(raw)
+            header, body = _header(raw)
+            meta = header.pop("__metadata__", None) or {}
             if meta.get("format") != FORMAT:
                 raise ValueError(f"format {meta.get('format')!r}")
             key = EmbeddingKey(**json.loads(meta["key"]))
             grid = tuple(int(v) for v in json.loads(meta["grid_thw"]))
             n = int(meta["deepstack"])
+            tensors = {name: _tensor(name, header[name], body) for name in ["embeds", *(f"deepstack.{i}" for i in range(n))]}
             out = cls(key, grid, tensors["embeds"], tuple(tensors[f"deepstack.{i}"] for i in range(n)))
-        except (SafetensorError, ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(f"embeddings record is not readable: {exc}") from None
         if expect is not None and key != expect:
             raise CorruptEntryError(f"embeddings record was computed for {key.as_dict()}, not {expect.as_dict()}")
         return out
 
 
-def _metadata(raw: bytes) -> dict:
-    # safetensors: 8-byte little-endian header length, then a JSON header whose "__metadata__" holds our strings.
-    n = int.from_bytes(bytes(raw[:8]), "little")
-    if n <= 0 or n > len(raw) - 8:
+# safetensors' dtype names for the dtypes a tower runs in (what ``to_bytes`` writes); any other is refused.
+_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def _header(raw) -> tuple[dict, memoryview]:
+    # safetensors: 8-byte little-endian header length, a JSON header ({name: {dtype, shape, data_offsets}} and
+    # "__metadata__": our strings), then the tensors' bytes, which the offsets index.
+    mv = memoryview(raw).cast("B")
+    n = int.from_bytes(bytes(mv[:8]), "little")
+    if len(mv) < 8 or n <= 0 or n > len(mv) - 8:
         raise ValueError("header length out of range")
-    return json.loads(bytes(raw[8:8 + n])).get("__metadata__") or {}
+    header = json.loads(bytes(mv[8:8 + n]))
+    if not isinstance(header, dict):
+        raise ValueError("header is not an object")
+    return header, mv[8 + n:]
+
+
+def _tensor(name: str, info: dict, body: memoryview):
+    import numpy as np
+    import torch
+
+    dtype = getattr(torch, _DTYPES[info["dtype"]])
+    shape = [int(d) for d in info["shape"]]
+    start, end = (int(o) for o in info["data_offsets"])
+    size = math.prod(shape) * dtype.itemsize
+    if not 0 <= start <= end <= len(body) or end - start != size or any(d < 0 for d in shape):
+        raise ValueError(f"tensor {name}: offsets {start}..{end} do not hold {shape} {dtype} in {len(body)} bytes")
+    out = torch.empty(size, dtype=torch.uint8)
+    out.numpy()[:] = np.frombuffer(body[start:end], np.uint8)       # the one copy
+    return out.view(dtype).reshape(shape)
+
+
+def _metadata(raw) -> dict:
+    return _header(raw)[0].get("__metadata__") or {}
 
 
 # --- the stored form: the record's bytes behind their own digest -----------------------------------------------

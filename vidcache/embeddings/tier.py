@@ -56,11 +56,12 @@ class EmbeddingTier:
         sk = keys.emb(key.id)
         for attempt in range(2):
             try:
-                value = self.store.get(sk)
-                if value is None:
-                    return None
-                check_object(sk, value)            # the digest on every read (a pull was checked before its copy)
-                return VisionEmbeddings.from_bytes(unseal(value), expect=key)
+                # A view of the local copy (LMDB's memory map; a pull is checked before its copy is kept): the
+                # digest is checked over it and each tensor copied out of it once, inside the read.
+                with self.store.read(sk) as view:
+                    if view is None:
+                        return None
+                    return VisionEmbeddings.from_bytes(unseal(view), expect=key)   # the digest, then the key
             except CorruptEntryError:
                 if attempt or self.read_only:
                     raise
