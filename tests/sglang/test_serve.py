@@ -301,6 +301,30 @@ def test_one_address_past_its_cap_is_refused(cache):
                 s.close()
 
 
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_a_sequential_client_at_its_cap_is_not_refused_while_a_worker_closes(cache, monkeypatch, method):
+    """A client one connection under its cap that fetches files one after another must never get a 503, however
+    late the worker that served the last one gets round to closing it: the slot is given back before the client
+    can see the end of the response (its last byte, or its headers for HEAD).  The close is delayed on purpose
+    here; with the slot given back only at the close, every request after the first got a 503."""
+    local_frozen_path(cache, cache.key1, "ffv1")
+    real_close = server.FrozenFileServer._close
+
+    def late_close(self, conn, addr):
+        if threading.current_thread().name.startswith("vidcache-serve"):
+            time.sleep(0.3)                   # a worker descheduled between its last write and its close
+        real_close(self, conn, addr)
+    monkeypatch.setattr(server.FrozenFileServer, "_close", late_close)
+    cap = 2
+    with serving(cache, workers=2, timeout_s=30, header_timeout_s=30, max_per_client=cap) as (srv, _):
+        held = socket.create_connection(srv.server_address[:2])        # one of the two slots, held throughout
+        try:
+            statuses = [request(srv, method, f"/frozen/{cache.key1}.mkv", timeout=10)[0] for _ in range(4)]
+        finally:
+            held.close()
+    assert statuses == [200] * 4
+
+
 def test_slow_reader_is_cut_off_at_the_response_deadline(cache, monkeypatch):
     """A client that reads a trickle makes progress within every per-write timeout; the response's total
     deadline (timeout_s + size / min_rate) still frees the worker."""

@@ -151,6 +151,7 @@ class FrozenFileServer(http.server.HTTPServer):
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="vidcache-serve")
         self._stop, self._stopped = threading.Event(), threading.Event()
         self._per_client: dict[str, int] = {}     # client host -> its open connections (arriving or in a worker)
+        self._given_back: set[int] = set()        # id() of connections whose slot was given back before the close
         self._per_client_guard = threading.Lock()  # workers release theirs; it also guards the two below
         self._in_workers: dict[str, int] = {}     # client host -> its requests submitted to the pool
         self._held: dict[str, collections.deque] = {}   # client host -> its complete heads past its worker share
@@ -228,12 +229,29 @@ class FrozenFileServer(http.server.HTTPServer):
             _reply(conn, status)
         self._close(conn, addr)
 
-    def _close(self, conn, addr) -> None:
-        # The slot first: a client that sees this connection end may open the next one at once.
+    def give_back_slot(self, conn, addr) -> None:
+        """``conn``'s place under its address's cap, given back before the last byte of its response is sent: a
+        client that reads the end of one response may open its next connection at once, before this worker is
+        scheduled again to close the old one (on 2 loaded cores that window was long enough to give a sequential
+        client a 503).  Once per connection; ``_close`` gives back only what is still held."""
         with self._per_client_guard:
-            self._per_client[addr[0]] -= 1
-            if self._per_client[addr[0]] == 0:
-                del self._per_client[addr[0]]
+            if id(conn) not in self._given_back:
+                self._given_back.add(id(conn))
+                self._release(addr)
+
+    def _release(self, addr) -> None:        # under _per_client_guard
+        self._per_client[addr[0]] -= 1
+        if self._per_client[addr[0]] == 0:
+            del self._per_client[addr[0]]
+
+    def _close(self, conn, addr) -> None:
+        # The slot first (unless given back already): a client that sees this connection end may open the next
+        # one at once.
+        with self._per_client_guard:
+            if id(conn) in self._given_back:
+                self._given_back.discard(id(conn))
+            else:
+                self._release(addr)
         self.shutdown_request(conn)
 
     def _dispatch(self, conn, addr, head: bytes) -> None:
@@ -302,8 +320,9 @@ class FrozenFileServer(http.server.HTTPServer):
         self._pool.shutdown(wait=False)
 
 
-def _send_file(conn, fd: int, size: int, deadline: float) -> None:
-    """All ``size`` bytes of ``fd`` to ``conn`` by ``deadline`` (monotonic), else TimeoutError.
+def _send_file(conn, fd: int, size: int, deadline: float, before_last=None) -> None:
+    """All ``size`` bytes of ``fd`` to ``conn`` by ``deadline`` (monotonic), else TimeoutError; ``before_last()``
+    is called once all but the last byte are sent (the client cannot have seen the end yet).
     socket.sendfile would time out only a single wait, and a trickling reader never makes one that long."""
     offset = 0
     with selectors.DefaultSelector() as sel:
@@ -312,13 +331,17 @@ def _send_file(conn, fd: int, size: int, deadline: float) -> None:
             left = deadline - time.monotonic()
             if left <= 0 or not sel.select(left):
                 raise TimeoutError(f"response not sent by its deadline ({offset} of {size} bytes)")
+            end = size - 1 if before_last is not None else size
             try:                  # conn has a timeout, so it is non-blocking: sendfile sends what fits
-                sent = os.sendfile(conn.fileno(), fd, offset, size - offset)
+                sent = os.sendfile(conn.fileno(), fd, offset, end - offset) if end > offset else 0
             except BlockingIOError:
                 continue
-            if sent == 0:
+            if end > offset and sent == 0:
                 raise ConnectionError(f"file ended at {offset} of {size} bytes")
             offset += sent
+            if offset == end and before_last is not None:
+                before_last()
+                before_last = None
 
 
 class FrozenFileHandler(HeadReadHandler):
@@ -332,6 +355,13 @@ class FrozenFileHandler(HeadReadHandler):
 
     def log_message(self, *args) -> None:
         pass
+
+    def give_back_slot(self) -> None:
+        self.server.give_back_slot(self.connection, self.client_address)
+
+    def send_error(self, *args, **kwargs) -> None:
+        self.give_back_slot()           # an error is this connection's last response (small: given back first)
+        super().send_error(*args, **kwargs)
 
     def _open(self):
         """(fd, stat, key, format) of the file to serve, or None after an error response."""
@@ -376,11 +406,15 @@ class FrozenFileHandler(HeadReadHandler):
             self.send_header("Content-Length", str(st.st_size))
             self.send_header("ETag", f'"{key}"')
             self.send_header("Cache-Control", "public, max-age=31536000, immutable")
+            if not body or st.st_size == 0:
+                self.give_back_slot()     # the headers are the whole response
             self.end_headers()
             if body:
-                # A total deadline, so a client reading a trickle cannot hold this worker for ever.
+                # A total deadline, so a client reading a trickle cannot hold this worker for ever; the slot is
+                # given back before the last byte, so a client that reads the end can connect again at once.
                 _send_file(self.connection, f.fileno(), st.st_size,
-                           time.monotonic() + self.server.timeout_s + st.st_size / self.server.min_rate)
+                           time.monotonic() + self.server.timeout_s + st.st_size / self.server.min_rate,
+                           before_last=self.give_back_slot)
 
     def do_HEAD(self) -> None:
         self._respond(body=False)
