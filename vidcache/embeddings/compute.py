@@ -10,10 +10,13 @@ its MoE); Qwen2.5-VL and the Qwen3.5 line have none.
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable
 
 from .record import EmbeddingKey, VisionEmbeddings, weights_digest
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -140,7 +143,11 @@ def embed_entries(tier: "EmbeddingTier", tower: Tower, processor, entries: Itera
 
 
 def load_checkpoint(path: str, dtype: str, device: str):
-    """The checkpoint's model (transformers' own class, eval) and processor, on ``device`` in ``dtype``."""
+    """The checkpoint's model (transformers' own class, eval) and processor, with its vision tower on ``device`` in
+    ``dtype``.  Only the tower's weights are read (``load_tower``): ``embed`` never runs the decoder, and a 72B
+    checkpoint's decoder would not fit where its 0.7B tower does.  Where the tower cannot be loaded alone, the whole
+    model is, as ``from_pretrained`` loads it; either way the tower's tensors, and so its ``weights`` digest, are
+    the ones a trainer that loads the whole checkpoint gets (tested)."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -150,8 +157,75 @@ def load_checkpoint(path: str, dtype: str, device: str):
         assert isinstance(torch_dtype, torch.dtype)
     except (AttributeError, AssertionError):
         raise ConfigError(f"--dtype {dtype!r}: not a torch dtype (float32, bfloat16, float16)") from None
-    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
-    return model.to(device).eval(), AutoProcessor.from_pretrained(path)
+    processor = AutoProcessor.from_pretrained(path)
+    model, why = load_tower(path, torch_dtype, device)
+    if model is None:
+        log.info("embed: loading the whole checkpoint (%s)", why)
+        model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa")
+        model = model.to(device).eval()
+    return model, processor
+
+
+# The tower's tensors in a checkpoint: ``model.visual.*`` (transformers 5's layout), or ``visual.*`` (the layout the
+# Qwen2-VL / Qwen2.5-VL hub checkpoints were published in, which transformers renames on load).
+_TOWER_PREFIXES = ("model.visual.", "visual.")
+
+
+def load_tower(path: str, torch_dtype, device: str):
+    """``(model, None)``: the checkpoint's model class built on the meta device (no memory, never run) with a real
+    vision tower, whose every parameter and persistent buffer is read from the checkpoint's safetensors (strict:
+    no tensor missing, none left over, every shape equal) and cast to ``torch_dtype`` as ``from_pretrained``
+    casts.  ``(None, why)`` where that is not possible (a single-file or sharded safetensors checkpoint is
+    required; quantized or renamed towers do not load strictly): the caller loads the whole model."""
+    import json
+    import os
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    single = os.path.join(path, "model.safetensors")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+    elif os.path.isfile(single):
+        with safe_open(single, "pt") as f:
+            weight_map = {k: "model.safetensors" for k in f.keys()}
+    else:
+        return None, "no model.safetensors or model.safetensors.index.json in the checkpoint directory"
+    config = AutoConfig.from_pretrained(path)
+    cls = AutoModelForImageTextToText._model_mapping.get(type(config), None)
+    if cls is None:
+        return None, f"no image-text-to-text class for {type(config).__name__}"
+    with torch.device("meta"):
+        model = cls._from_config(config, dtype=torch_dtype, attn_implementation="sdpa")
+    base = base_model(model)
+    tower_cls = type(base.visual)
+    with torch.device(device):
+        tower = tower_cls._from_config(config.vision_config, dtype=torch_dtype, attn_implementation="sdpa")
+    want = tower.state_dict()
+    prefix = next((p for p in _TOWER_PREFIXES if any(k.startswith(p) for k in weight_map)), None)
+    if prefix is None:
+        return None, "no model.visual.* or visual.* tensors in the checkpoint"
+    names = {k[len(prefix):]: (k, weight_map[k]) for k in weight_map if k.startswith(prefix)}
+    if set(names) != set(want):
+        missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
+        return None, f"the checkpoint's tower tensors differ from the class's (missing {missing[:3]}, extra {extra[:3]})"
+    by_file: dict[str, list[str]] = {}
+    for name, (_, file) in names.items():
+        by_file.setdefault(file, []).append(name)
+    loaded = {}
+    for file, group in by_file.items():
+        with safe_open(os.path.join(path, file), "pt") as f:
+            for name in group:
+                t = f.get_tensor(names[name][0])
+                if t.shape != want[name].shape:
+                    return None, f"{names[name][0]}: shape {tuple(t.shape)} in the checkpoint, {tuple(want[name].shape)} in the class"
+                loaded[name] = t.to(want[name].dtype) if t.is_floating_point() else t
+    tower.load_state_dict(loaded, strict=True)
+    base.visual = tower.eval()
+    return model.eval(), None
 
 
 def default_device() -> str:
