@@ -5,7 +5,7 @@
 CPU only, no downloads.  The model is transformers' own ``Qwen2_5_VLForConditionalGeneration`` /
 ``Qwen3VLForConditionalGeneration``, tiny and with fixed random weights (``vidcache.testing.kl``), fp32, eval.  Each
 row builds a rollout side and a trainer side (``tests/support/kl_paths.py`` says how, row by row), scores the same
-fixed K-token response on both, and reports over every clip of the test suite (``tests/conftest.py``'s VIDEOS):
+fixed K-token response on both, and reports over every clip of the test suite (``tests/support/media.py``'s VIDEOS):
 
   mean KL     mean over all response tokens of all clips of KL(rollout || trainer), nats
   max KL      the largest single token's
@@ -57,8 +57,8 @@ NOT_BUILT = [
 
 
 def make_clips(directory: str, names: list[str]) -> dict[str, str]:
-    """conftest.VIDEOS' clips, generated exactly as the suite's ``videos`` fixture does (same seeds)."""
-    from conftest import VIDEOS
+    """support.media.VIDEOS' clips, generated exactly as the suite's ``videos`` fixture does (same seeds)."""
+    from support.media import VIDEOS
 
     from vidcache.testing.videos import make_video, suffix_for
     os.makedirs(directory, exist_ok=True)
@@ -175,7 +175,7 @@ def print_table(family: str, rows: dict, clips: list[str], k: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default="qwen2_5_vl,qwen3_vl")
-    ap.add_argument("--clips", default="all", help="comma-separated conftest.VIDEOS names, or all")
+    ap.add_argument("--clips", default="all", help="comma-separated support.media.VIDEOS names, or all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--per-clip", action="store_true", help="print every clip's figures too")
     ap.add_argument("--codec-clips", action="store_true",
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", help="directory for the clips and the cache (default: a new temporary one)")
     a = ap.parse_args(argv)
 
-    from conftest import VIDEOS
+    from support.media import VIDEOS
     from support import kl_paths as kp
     from support import sglang_peer as sp
     from support.toy_processors import build_processor

@@ -1,6 +1,5 @@
 import os
 import sys
-from fractions import Fraction
 
 import pytest
 
@@ -13,18 +12,8 @@ if "MILES_SRC" not in os.environ and os.path.isfile(os.path.join(_MILES, "miles"
 
 from vidcache.testing.videos import make_video, suffix_for  # noqa: E402
 from support.net import free_port  # noqa: E402
-from support.shapes import ASPECT_SHAPES  # noqa: E402
+from support.media import ASPECT_SHAPES, VIDEOS  # noqa: E402
 
-# name -> (codec, width, height, fps, n_frames)
-VIDEOS = {
-    "h264_30": ("h264", 320, 240, 30, 120),
-    "h264_ntsc": ("h264", 320, 240, Fraction(30000, 1001), 150),
-    "mpeg4_25_odd": ("mpeg4", 426, 238, 25, 75),
-    "mjpeg_24": ("mjpeg", 250, 170, 24, 48),
-    "hevc_25": ("hevc", 352, 288, 25, 50),
-    "ffv1_10_small": ("ffv1", 96, 64, 10, 30),
-    "h264_long": ("h264", 64, 48, 10, 1600),     # 160 s: hits the 768... cap only with fps; see tests
-}
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from vidcache.loader.build import decode_sample_resize
 from vidcache.loader.resize import aspect_distortion
 
 qvu = pytest.importorskip("qwen_vl_utils.vision_process", reason="qwen-vl-utils is the reference; not installed")
-from support.shapes import ASPECT_SHAPES  # noqa: E402
+from support.media import ASPECT_SHAPES  # noqa: E402
 from support.qwen_vl_utils_ref import reference  # noqa: E402
 
 QWEN3_PATCH = 16

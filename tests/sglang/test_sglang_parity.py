@@ -24,7 +24,7 @@ if not sp.peer_installed():
     pytest.skip("SGLang peer not installed: run scripts/setup_peer_env.sh", allow_module_level=True)
 sp.require_peer()     # installed: an import failure or a version mismatch is an error here, never a skip
 
-from support.shapes import ASPECT_SHAPES  # noqa: E402
+from support.media import ASPECT_SHAPES  # noqa: E402
 from support.toy_processors import build_processor  # noqa: E402
 
 import vidcache  # noqa: E402
@@ -64,7 +64,7 @@ def _tight(family, mode):
 
 
 # name -> (video, options kwargs as a function of (family, mode), None where a case does not apply);
-# conftest.VIDEOS describes the clips.
+# support.media.VIDEOS describes the clips.
 CASES = {
     "default-h264-29.97": ("h264_ntsc", lambda f, m: {}),                # the "defaults are parity-safe" bar
     "default-mpeg4-25-426x238": ("mpeg4_25_odd", lambda f, m: {}),
