@@ -19,8 +19,6 @@ from .record import EmbeddingKey, VisionEmbeddings, weights_digest
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    import torch
-
     from ..cache import VideoCache
     from .tier import EmbeddingTier
 
@@ -211,7 +209,8 @@ def load_tower(path: str, torch_dtype, device: str):
     names = {k[len(prefix):]: (k, weight_map[k]) for k in weight_map if k.startswith(prefix)}
     if set(names) != set(want):
         missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
-        return None, f"the checkpoint's tower tensors differ from the class's (missing {missing[:3]}, extra {extra[:3]})"
+        return None, (f"the checkpoint's tower tensors differ from the class's (missing {missing[:3]}, "
+                      f"extra {extra[:3]})")
     by_file: dict[str, list[str]] = {}
     for name, (_, file) in names.items():
         by_file.setdefault(file, []).append(name)
@@ -221,7 +220,8 @@ def load_tower(path: str, torch_dtype, device: str):
             for name in group:
                 t = f.get_tensor(names[name][0])
                 if t.shape != want[name].shape:
-                    return None, f"{names[name][0]}: shape {tuple(t.shape)} in the checkpoint, {tuple(want[name].shape)} in the class"
+                    return None, (f"{names[name][0]}: shape {tuple(t.shape)} in the checkpoint, "
+                                  f"{tuple(want[name].shape)} in the class")
                 loaded[name] = t.to(want[name].dtype) if t.is_floating_point() else t
     tower.load_state_dict(loaded, strict=True)
     base.visual = tower.eval()

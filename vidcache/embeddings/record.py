@@ -93,7 +93,8 @@ class VisionEmbeddings:
             key = EmbeddingKey(**json.loads(meta["key"]))
             grid = tuple(int(v) for v in json.loads(meta["grid_thw"]))
             n = int(meta["deepstack"])
-            tensors = {name: _tensor(name, header[name], body) for name in ["embeds", *(f"deepstack.{i}" for i in range(n))]}
+            names = ["embeds", *(f"deepstack.{i}" for i in range(n))]
+            tensors = {name: _tensor(name, header[name], body) for name in names}
             out = cls(key, grid, tensors["embeds"], tuple(tensors[f"deepstack.{i}"] for i in range(n)))
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptEntryError(f"embeddings record is not readable: {exc}") from None
