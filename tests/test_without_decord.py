@@ -31,3 +31,21 @@ def test_without_decord_pyav_is_the_default_and_gives_decords_frames(tmp_path, v
                   "import platform; platform.machine = lambda: 'aarch64'; sys.exit(main(sys.argv[1:]))")
     assert "decoder decord" in doc.stdout and "PyAV is the default decoder here" in doc.stdout, doc.stdout
     assert "FAIL decoder decord" not in doc.stdout and "FAIL decord" not in doc.stdout, doc.stdout
+
+
+def test_without_decord_a_shared_tier_in_the_compact_layout_is_written_and_read(tmp_path, videos):
+    """The compact layout checks each object it writes by decoding it with every decoder the node has; a node
+    without decord checks with the others instead of failing every write (it raised ModuleNotFoundError)."""
+    ds = tmp_path / "d.jsonl"
+    ds.write_text(json.dumps({"prompt": "<video>", "videos": [videos["h264_30"]]}) + "\n")
+    shared = tmp_path / "shared"
+    code = HIDE + ("from vidcache.frozen_file import available_decoders; print(','.join(available_decoders()))\n"
+                   "from vidcache.cli import main; sys.exit(main(sys.argv[1:]))")
+    r = run_cli(["prewarm", str(ds), "--no-progress"], tmp_path / "arm", shared, code=code, timeout=600)
+    assert r.returncode == 0 and "1 new" in r.stdout, r.stdout + r.stderr
+    assert "decord" not in r.stdout.splitlines()[0] and "pyav" in r.stdout.splitlines()[0]
+    arm = VideoCache(tmp_path / "arm", shared=str(shared), read_only=True)
+    key = arm.find(videos["h264_30"], VideoOptions())
+    assert arm.config.shared_layout == "compact" and any(k.startswith("frozen/") for k in arm.shared.keys())
+    fresh = VideoCache(tmp_path / "x86", shared=str(shared))              # decord here: reads the compact object
+    assert torch.equal(fresh.frames(key), arm.frames(key))

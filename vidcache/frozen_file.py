@@ -93,7 +93,14 @@ def decode_all(path: str, decoder: str) -> tuple["torch.Tensor", float]:
 
 
 def available_decoders() -> list[str]:
-    names = ["decord", "pyav"]
+    """The decoders this node has: a frozen file is checked with each (decord has no aarch64 wheel, so a node
+    without it checks with the others; a reader's frames are checked against their digest wherever they land)."""
+    names = ["pyav"]
+    try:
+        import decord  # noqa: F401
+        names.insert(0, "decord")
+    except ImportError:
+        pass
     try:
         from torchcodec.decoders import VideoDecoder  # noqa: F401
         names.insert(1, "torchcodec")
