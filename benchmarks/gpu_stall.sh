@@ -12,6 +12,8 @@
 #       qwen-vl-utils==0.0.14 pebble pyarrow decord            # decord: x86_64 only
 #
 # (.wheels/ is git-ignored.)  The script installs them with --no-index, so nothing is fetched on the device.
+# Budget device time: on an H100 (2026-12-07), `--decoder 1.2b --clips 32` had not printed its figures after 165 s
+# (most of it node A's prewarm of the camera clips and the calibration), so give the three runs 15 minutes or more.
 set -euo pipefail
 WHEELS=${1:-.wheels}
 PY=${PYTHON:-python3}
