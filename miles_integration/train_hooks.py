@@ -36,6 +36,12 @@ GET_BATCH_MODULES = (
     "miles.backends.megatron_utils.model",
     "miles.backends.fsdp_utils.actor",
 )
+# Modules that hold ``get_data_iterator`` as a global; the defining module first.
+GET_DATA_ITERATOR_MODULES = (
+    "miles.backends.training_utils.data",
+    "miles.backends.megatron_utils.actor",
+    "miles.backends.fsdp_utils.actor",
+)
 # Modules that hold the train side's ``log_rollout_data`` (not miles.ray.rollout.metrics' one of the same name).
 LOG_ROLLOUT_DATA_MODULES = (
     "miles.backends.training_utils.log_utils",
@@ -118,6 +124,27 @@ def read_ahead_step(data_iterator) -> None:
     if (old := _STEP.pop("ahead", None)) is not None:
         old.close()
     _STEP.update(data=id(data), ahead=vidcache.read_ahead(_handle_groups(data_iterator)))
+
+
+def wrap_get_data_iterator(get_data_iterator):
+    """A ``get_data_iterator`` that starts the step's read-ahead as soon as the step's iterators exist.  Miles'
+    actor builds them, then swaps the reference model's weights in (``_switch_model("ref")``, a copy of the whole
+    model from host memory) before the first forward asks ``get_batch`` for a micro-batch: the pulls run during
+    that swap instead of after it.  ``get_batch``'s own ``read_ahead_step`` then finds the step already started."""
+    if getattr(get_data_iterator, "_vidcache_wrapped", False):
+        return get_data_iterator
+
+    @functools.wraps(get_data_iterator)
+    def vidcache_get_data_iterator(*args, **kwargs):
+        iterators, num_microbatches = get_data_iterator(*args, **kwargs)
+        mms = (iterators[0].rollout_data.get("multimodal_train_inputs") or []) if iterators else []
+        if any(mm and HANDLE_KEY in mm for mm in mms):
+            read_ahead_step(iterators[0])
+        return iterators, num_microbatches
+
+    vidcache_get_data_iterator._vidcache_wrapped = True
+    vidcache_get_data_iterator.__wrapped__ = get_data_iterator
+    return vidcache_get_data_iterator
 
 
 def _passed(mms) -> int:
@@ -318,5 +345,6 @@ def install_train_hooks(args) -> list[str]:
         return p
 
     patched = patch_get_batch(processor, engine=None if rule == "transformers" else rule)
+    patched += patch_by_name("get_data_iterator", GET_DATA_ITERATOR_MODULES, wrap_get_data_iterator)
     logger.info("vidcache: train-side tensor rebuild from %r installed in %s", cache, patched)
     return patched_rules + patched

@@ -298,9 +298,12 @@ def test_install_train_hooks_opens_the_configured_cache(tmp_path, monkeypatch, n
 
     factories = []
     monkeypatch.setattr(train_hooks, "patch_get_batch", lambda factory, engine=None: factories.append(factory) or ["fake"])
+    by_name = []                # Miles' modules stay as they are: the wrappers are tested on their own
+    monkeypatch.setattr(train_hooks, "patch_by_name", lambda attr, modules, wrap: by_name.append(attr) or [attr])
     ns = argparse.Namespace(vidcache_train_inputs="handles", vidcache_cache=str(tmp_path / "train"),
                             vidcache_shared=str(tmp_path / "tier"), hf_checkpoint=str(tmp_path / "no-ckpt"))
-    assert install_train_hooks(ns) == restore_rope_index + ["fake"] and len(factories) == 1
+    assert install_train_hooks(ns) == restore_rope_index + ["fake", "get_data_iterator"] and len(factories) == 1
+    assert by_name == ["get_data_iterator"]
     c = VidcacheConfig.from_args(ns).open_cache()
     assert c.path == str(tmp_path / "train") and c.identity.startswith("tier-")
     assert cache_for(c.identity) is c

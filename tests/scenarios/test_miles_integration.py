@@ -739,6 +739,45 @@ def test_train_side_reads_a_steps_later_micro_batches_ahead(env, tmp_path):
     _STEP.pop("ahead").close()
 
 
+def test_train_side_read_ahead_starts_when_the_steps_iterators_are_built(env, tmp_path, monkeypatch):
+    """Miles' actor builds the step's iterators (``get_data_iterator``), then swaps the reference weights in before
+    the first ``get_batch``: the wrapped ``get_data_iterator`` (Miles' own, one VPP stage) starts pulling every
+    entry of the step then, before any micro-batch is asked for, and the first ``get_next`` continues that same
+    read-ahead rather than starting another."""
+    import miles.backends.training_utils.data as miles_data
+    from miles.utils.processing_utils import load_processor
+
+    from miles_integration.train_hooks import _STEP, encode_handles, wrap_get_data_iterator
+
+    monkeypatch.setattr(miles_data, "get_parallel_state", lambda: argparse.Namespace(vpp_size=1))
+    shared = str(tmp_path / "nfs")
+    a = vidcache.VideoCache(tmp_path / "node_a", shared=shared)
+    opts = VideoOptions(family=FAMILY, fps=1.0, min_pixels=3136, max_pixels=50176)
+    hs = [vidcache.get(str(env.root / "videos" / f"{n}.mp4"), opts, a) for n in ("a", "b", "c")]
+    b = vidcache.VideoCache(tmp_path / "node_b", shared=shared)
+    assert b.identity == a.identity            # registered last: the handles resolve to node B in this process
+    rollout_data = {"tokens": [[1], [2], [3]], "multimodal_train_inputs": [{HANDLE_KEY: encode_handles([h], "stock")}
+                                                                          for h in hs],
+                    "micro_batch_indices": [[0], [1], [2]], "num_microbatches": [3]}
+    _STEP.clear()
+    args = argparse.Namespace(qkv_format="thd", use_dynamic_global_batch_size=False)
+    iterators, num = wrap_get_data_iterator(miles_data.get_data_iterator)(args, None, rollout_data)
+    assert num == [3] and len(iterators) == 1
+    ahead = _STEP["ahead"]
+    blobs = [K.cas(h.manifest.frames.blob) for h in hs]
+    until = time.monotonic() + 60
+    while not all(b.local.exists_many(blobs)):          # all three, before any micro-batch was asked for
+        assert time.monotonic() < until, ahead.counts
+        time.sleep(0.05)
+    proc = load_processor(str(env.ckpt), trust_remote_code=True)
+    it = HydratingIterator(iterators[0], proc)
+    got = it.get_next(["tokens", "multimodal_train_inputs"])["multimodal_train_inputs"][0]
+    want = vidcache.train_inputs(proc, [hs[0]], mode="stock")
+    assert all(torch.equal(got[k], want[k]) for k in TRAIN_KEYS)
+    assert _STEP["ahead"] is ahead and ahead.counts["failed"] == 0 and ahead.counts["pulled"] == 3
+    _STEP.pop("ahead").close()
+
+
 # The train actor of "Miles across nodes": its own process, configured by its environment only.
 TRAIN_NODE = textwrap.dedent("""
     import json, os, sys
