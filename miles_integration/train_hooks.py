@@ -138,7 +138,7 @@ def wrap_get_data_iterator(get_data_iterator):
     def vidcache_get_data_iterator(*args, **kwargs):
         iterators, num_microbatches = get_data_iterator(*args, **kwargs)
         mms = (iterators[0].rollout_data.get("multimodal_train_inputs") or []) if iterators else []
-        if any(mm and HANDLE_KEY in mm for mm in mms):
+        if _passed(mms):
             read_ahead_step(iterators[0])
         return iterators, num_microbatches
 

