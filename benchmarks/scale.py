@@ -44,12 +44,14 @@ from _common import report  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Entries of 8 frames of 28x28 (37.6 kB of frames each): the options' defaults would resize them to 1.35 MB each,
 # 135 GB at 10^5.  ``prewarm`` and ``pull`` are given the same options (``OPTION_FLAGS``) to find them.
+# ``--nframes N`` makes them N frames (2: 4.7 kB; what makes 10^6 entries fit this VM's disk, 48 GB at 8 frames).
 OPTION_FLAGS = ["--resized-height", "28", "--resized-width", "28"]
 
 
 def _options():
     from vidcache import VideoOptions
-    return VideoOptions(resized_height=28, resized_width=28)
+    nframes = OPTION_FLAGS[OPTION_FLAGS.index("--nframes") + 1] if "--nframes" in OPTION_FLAGS else None
+    return VideoOptions(resized_height=28, resized_width=28, **({"nframes": int(nframes)} if nframes else {}))
 
 
 def fill(node: str, shared: str | None, src_dir: str, n: int, data: str) -> tuple[float, int]:
@@ -177,14 +179,16 @@ print(json.dumps({"s": time.perf_counter() - t, "rss_mb": st["VmHWM"] / 1024, "a
 """
 
 
-def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float) -> dict:
-    """The commands against ``n`` entries on a node alone (``tier="local"``) or behind a shared tier."""
+def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float, out: dict, save=lambda: None) -> dict:
+    """The commands against ``n`` entries on a node alone (``tier="local"``) or behind a shared tier, into
+    ``out``; ``save()`` after each (a long size's finished commands are kept if the run is stopped)."""
     d = os.path.join(work, f"{tier}-n{n}")
     shutil.rmtree(d, ignore_errors=True)
     node, data = os.path.join(d, "node"), os.path.join(d, "rows.jsonl")
     shared = {"local": None, "dir": os.path.join(d, "tier"), "s3": f"s3://scale/{tier}-n{n}"}[tier]
-    out = {}
     out["fill_s"], frame_bytes = fill(node, shared, os.path.join(d, "src"), n, data)
+    out["disk_mb"] = int(subprocess.run(["du", "-sm", d], capture_output=True, text=True).stdout.split()[0])
+    save()
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIDCACHE_")}
     env.update({"PYTHONPATH": ROOT, "VIDCACHE_DIR": node, **(s3 or {})})
     if shared is not None:
@@ -194,23 +198,33 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float) -> dic
     out["ls first entry"] = {"s": ls["first_s"] if ls["first_s"] is not None else float("nan"),
                              "rss_mb": ls["rss_mb"], "anon_mb": ls["anon_mb"]}
     out["ls"] = ls
+    save()
     out["stats"] = run(["stats", "--json"], env, limit)
-    out["verify"] = run(["verify", *whole], env, limit)
+    save()
+    # The commands that stay near their start-up cost before the O(n)/O(bytes) ones, so that a run stopped at a
+    # large size keeps them (``--json`` is written after each).
     out["verify --sample 100"] = run(["verify", *whole, "--sample", "100"], env, limit)
+    save()
+    if tier == "local":
+        r = subprocess.run([sys.executable, "-c", DATASET_CHILD, data, os.path.join(d, "ds-node")], env=env,
+                           cwd=ROOT, capture_output=True, text=True, check=True)
+        out["LazyVideoDataset init"] = json.loads(r.stdout)
+        save()
+    out["verify"] = run(["verify", *whole], env, limit)
+    save()
     out["prewarm re-run"] = run(["prewarm", data, "--no-progress", *OPTION_FLAGS], env, limit)
+    save()
     if shared is not None:
         head = os.path.join(d, "rows-1pct.jsonl")
         with open(data) as f, open(head, "w") as g:
             for _, line in zip(range(max(1, n // 100)), f):
                 g.write(line)
         out["pull 1%"] = run(["pull", head, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh1")}, limit)
+        save()
         out["pull all"] = run(["pull", data, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh2")}, limit)
+        save()
     out["gc to half"] = run(["gc", "--max-local-bytes", str(max(1, frame_bytes // 2))], env, limit)
-    if tier == "local":
-        r = subprocess.run([sys.executable, "-c", DATASET_CHILD, data, os.path.join(d, "ds-node")], env=env,
-                           cwd=ROOT, capture_output=True, text=True, check=True)
-        out["LazyVideoDataset init"] = json.loads(r.stdout)
-    out["disk_mb"] = int(subprocess.run(["du", "-sm", d], capture_output=True, text=True).stdout.split()[0])
+    save()
     shutil.rmtree(d, ignore_errors=True)
     return out
 
@@ -230,8 +244,11 @@ def main() -> None:
     ap.add_argument("--tiers", default="local,dir,s3", help="of local (no shared tier), dir, s3")
     ap.add_argument("--limit", type=float, default=900, help="seconds a command may run before it is ended")
     ap.add_argument("--work", help="working directory (default: a temporary one, removed)")
-    ap.add_argument("--json", help="write the figures here too (after each size)")
+    ap.add_argument("--json", help="write the figures here too (after each command)")
+    ap.add_argument("--nframes", type=int, help="frames per entry (default: 8, from the 2 s template clip)")
     args = ap.parse_args()
+    if args.nframes:
+        OPTION_FLAGS.extend(["--nframes", str(args.nframes)])
     sizes = [int(x) for x in args.sizes.split(",")]
     tiers = args.tiers.split(",")
     work = args.work or tempfile.mkdtemp(prefix="vidcache-scale-")
@@ -245,23 +262,27 @@ def main() -> None:
                      "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
             os.environ.update(s3env)          # fill's own writes
         res: dict = {}
+        def save() -> None:
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(res, f, indent=1)
+
         for tier in tiers:
             for n in sizes:
-                res.setdefault(tier, {})[n] = one_size(work, n, tier, s3env if tier == "s3" else None, args.limit)
+                one_size(work, n, tier, s3env if tier == "s3" else None, args.limit,
+                         res.setdefault(tier, {}).setdefault(n, {}), save)
                 print(f"{tier} n={n}: " + json.dumps({k: (round(v, 2) if isinstance(v, (int, float)) else
                                                           {a: round(b, 2) for a, b in v.items()
                                                            if isinstance(b, (int, float))})
                                                       for k, v in res[tier][n].items()}), flush=True)
-                if args.json:
-                    with open(args.json, "w") as f:
-                        json.dump(res, f, indent=1)
         for tier in tiers:
             rows = []
             for cmd in [k for k in res[tier][sizes[0]] if k not in ("fill_s", "disk_mb")]:
-                cells = [f"{'>' if res[tier][n][cmd].get('ended') else ''}{res[tier][n][cmd]['s']:.2f} s / "
-                         f"{res[tier][n][cmd]['anon_mb']:.0f} / {res[tier][n][cmd]['rss_mb']:.0f} MB" for n in sizes]
+                cells = [(f"{'>' if res[tier][n][cmd].get('ended') else ''}{res[tier][n][cmd]['s']:.2f} s / "
+                          f"{res[tier][n][cmd]['anon_mb']:.0f} / {res[tier][n][cmd]['rss_mb']:.0f} MB")
+                         if cmd in res[tier][n] else "not run" for n in sizes]
                 ks = [math.log(max(res[tier][b][cmd]["s"], 1e-3) / max(res[tier][a][cmd]["s"], 1e-3)) / math.log(b / a)
-                      for a, b in zip(sizes, sizes[1:])]
+                      for a, b in zip(sizes, sizes[1:]) if cmd in res[tier][b]]
                 rows.append((cmd, " | ".join(cells) + ("   k=" + ", ".join(f"{k:.2f}" for k in ks) + " "
                                                        + growth(ks) if ks else "")))
             rows.append(("writing the entries / disk", " | ".join(f"{res[tier][n]['fill_s']:.0f} s / "

@@ -105,8 +105,11 @@ def stats(cache: Cache) -> dict:
            "entries": count(cache.store, keys.AC), "blobs": count(cache.store, keys.CAS),
            "sources": count(cache.store, keys.SRC), "frozen_files": count(cache.store, keys.FROZEN),
            "quarantined": count(cache.store, keys.QUARANTINE), "tmp_bytes": tmp_bytes(cache.tmp_dir),
-           "local": {"entries": count(cache.local, keys.AC), "blobs": count(cache.local, keys.CAS)},
            "shared": None, "store": cache.store.stats()}
+    # A node alone: its store is its local tier, whose walks were just made (each is O(n) keys; at 10^6 entries,
+    # when the LMDB file outgrows the page cache, each is disk-bound: issue 50's scale run).
+    out["local"] = ({"entries": out["entries"], "blobs": out["blobs"]} if cache.local is cache.store else
+                    {"entries": count(cache.local, keys.AC), "blobs": count(cache.local, keys.CAS)})
     if cache.shared is not None:
         if cache.shared.supports_usage:             # one listing of the tier (S3: one paged LIST)
             u = cache.shared.usage()
