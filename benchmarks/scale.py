@@ -60,7 +60,7 @@ def fill(node: str, shared: str | None, src_dir: str, n: int, data: str) -> tupl
 
     import numpy as np
 
-    from vidcache import VideoCache, VideoOptions, keys
+    from vidcache import VideoCache, keys
     from vidcache.digest import Digest
     from vidcache.loader.build import decode_sample_resize
     from vidcache.loader.fetch import fingerprint
