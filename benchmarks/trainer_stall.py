@@ -308,6 +308,9 @@ def main() -> None:
         sources = (cams + test_clips(os.path.join(work, "clips"), n_small))[:args.clips]
         with moto_s3(process=not args.thread_moto) as (shared, s3):
             a = VideoCache(os.path.join(work, "node-a"), shared=shared, shared_storage_options=s3)
+            # Node A's prewarm on every core (as `vidcache prewarm --workers` runs it), then the keys (hits)
+            vidcache.prewarm([{"prompt": "<video>", "videos": [p]} for p in sources], a, OPTS,
+                             workers=os.cpu_count() or 1, progress=False, media_roots=[work])
             ekeys = [a.ensure(p, OPTS).key for p in sources]
             nbytes = sum(a.manifest(k).frames.nbytes for k in ekeys)
             a.close()
