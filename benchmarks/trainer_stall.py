@@ -22,7 +22,9 @@ Prints, per loop, the wait per step (p50 / p99) and the fraction of the wall tim
 built ``--head-start`` seconds before the first step (default 2 s), as a trainer builds its data
 source before it loads its model (Miles' data source starts reading ahead when it is built, before the first
 rollout; ``LazyVideoDataset.read_ahead`` when it is called); that setup is not in the wall time.  The last line
-reads ``stall: X% with read-ahead, Y% without``.
+reads ``stall: X% with read-ahead, Y% without``.  The row "the floor" is what read-ahead cannot remove: the same
+batches read on a node that holds them (each read copies the frames out of LMDB's map and checks their digest),
+as a share of the run with read-ahead.
 Never asserts on time.
 
 ``--step busy`` (issue 50): the step is a pure-Python loop holding the GIL for ``step_s`` (the worst case for a
@@ -326,6 +328,11 @@ def main() -> None:
             cal = run_loop(os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch, 0.0, ahead=False,
                            trainer=trainer)
             step_s = args.step_factor * statistics.mean(cal["waits"])
+            # The floor read-ahead leaves: a batch's reads once its entries are local (the copy out of LMDB's
+            # map and the digest check of every read; with a trainer, HF's processor too), on the calibration
+            # node, whose entries the loop above made local.
+            floor = run_loop(os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch, 0.0, ahead=False,
+                             trainer=trainer)
             if trainer is not None:
                 tcal = calibrate_trainer(trainer, os.path.join(work, "node-cal"), shared, s3, ekeys, args.batch,
                                          step_s)
@@ -371,6 +378,9 @@ def main() -> None:
                      (f"{name} read-ahead: wall time spent waiting", f"{100 * r['stall']:.1f}% of {r['wall']:.1f} s"),
                      (f"{name} read-ahead: the same after the first step", f"{100 * r['steady']:.1f}%")]
         rows.append(("read-ahead's pulls", str(out["with"]["counts"])))
+        rows.append(("the floor: a batch's reads of local entries, mean (p99)",
+                     f"{statistics.mean(floor['waits']) * 1e3:.1f} ({pct(floor['waits'], .99) * 1e3:.1f}) ms, "
+                     f"{100 * sum(floor['waits']) / out['with']['wall']:.1f}% of the run with read-ahead"))
         kind = "a real step" if trainer is not None else f"a simulated step ({args.step})"
         report(f"trainer stall on a fresh node, {kind} ({os.cpu_count()} cores)", rows)
         if "in-process" in out:
