@@ -13,14 +13,16 @@ manifest, blob and source record set through the stores as ``ensure`` sets them:
 raw layout, then LMDB: see ``fill``).  So each entry has a distinct blob, a distinct source and a sealed
 manifest, and ``prewarm`` / ``pull`` find the entries by their sources as they would after a real prewarm.
 
-Each command runs as a user runs it, ``python -m vidcache.cli`` in a process of its own; its wall time and the
-process's peak RSS (``VmHWM``, which counts the LMDB pages it touched: file-backed, reclaimable) are recorded,
-and for ``ls`` the time to its first entry's line too.  Per tier and size: ``ls`` (first entry, whole),
+Each command runs as a user runs it, ``python -m vidcache.cli`` in a process of its own; its wall time, its
+private memory (RssAnon) at exit and its peak sampled every 20 ms over the process and its forked walk, and its
+peak RSS (``VmHWM``, which counts the LMDB pages it touched: file-backed, reclaimable) are recorded, and for
+``ls`` the time to its first entry's line too.  Per tier and size: ``ls`` (first entry, whole),
 ``stats``, ``verify`` (every entry; with a shared tier, ``verify --shared``: every entry of the shared tier) and
 ``verify --sample 100``, ``prewarm`` re-run with every entry cached (its planning only: no decode), ``pull`` of
 1% of the rows and of all of them on fresh nodes (shared tiers), ``gc`` to half the local tier's bytes, and
-(local) ``LazyVideoDataset`` init on the rows.  A command still running after ``--limit`` seconds is ended and
-recorded as a lower bound.  The growth from one size to the next is printed as the exponent k of time ~ n^k
+(local) ``LazyVideoDataset`` init on the rows.  ``--cold`` (root) runs each read-only command first with the
+page cache dropped, then again, and prints the ratio: what the disk costs it once the LMDB file outgrows memory.
+A command still running after ``--limit`` seconds is ended and recorded as a lower bound.  The growth from one size to the next is printed as the exponent k of time ~ n^k
 (k near 1: O(n); near 2: O(n^2)).  Never asserts on time.
 """
 from __future__ import annotations
@@ -132,10 +134,43 @@ finally:
 """
 
 
-def run(args: list[str], env: dict, limit: float) -> dict:
+# ``--cold``: each read-only command runs twice, first with the page cache dropped (every LMDB page it touches is
+# read from the disk, as when the file is larger than the memory: 10^6 entries on this VM), then again (the file's
+# pages as the first run left them).  The ratio is what the disk costs the command.
+COLD = False
+
+
+def drop_page_cache() -> None:
+    """Write back and drop the kernel's page cache (root only; the whole machine's, not only this run's)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3")
+    except PermissionError as e:
+        raise SystemExit(f"scale.py --cold: dropping the page cache needs root ({e})") from None
+
+
+def tree_anon_kb(pid: int) -> int:
+    """Private memory (RssAnon, kB) of ``pid`` and its descendants now; what is gone counts 0."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            total = next((int(line.split()[1]) for line in f if line.startswith("RssAnon")), 0)
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = [int(k) for k in f.read().split()]
+    except OSError:
+        return total
+    return total + sum(tree_anon_kb(k) for k in kids)
+
+
+def run(args: list[str], env: dict, limit: float, cold: bool = False) -> dict:
     """``vidcache ARGS`` in a process of its own: wall seconds, peak RSS (MB), seconds to its first entry's line
-    (``ls``: the line after the header).  Past ``limit`` seconds it is ended: ``"ended": True``, the time a bound."""
+    (``ls``: the line after the header).  Past ``limit`` seconds it is ended: ``"ended": True``, the time a bound.
+    ``cold``: the page cache is dropped first."""
     import threading
+    # The disk quiet first: what an earlier command left dirty (pull's 10^5 new entries) is written back now,
+    # not during this command's time.
+    drop_page_cache() if cold else os.sync()
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-c", CLI_CHILD, *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env, cwd=ROOT)
@@ -144,6 +179,16 @@ def run(args: list[str], env: dict, limit: float) -> dict:
     err = []
     reader = threading.Thread(target=lambda: err.append(p.stderr.read()))
     reader.start()
+    # The private memory's peak, sampled every 20 ms over the process and its forked walk: RssAnon at exit
+    # misses what a command held and freed before it (a list of every key, say).
+    peak = [0]
+
+    def sample() -> None:
+        while p.poll() is None:
+            peak[0] = max(peak[0], tree_anon_kb(p.pid))
+            time.sleep(0.02)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     first = last = None
     lines = 0
     for last in p.stdout:
@@ -153,16 +198,18 @@ def run(args: list[str], env: dict, limit: float) -> dict:
     p.wait()
     timer.cancel()
     reader.join()
+    sampler.join()
     wall = time.perf_counter() - t0
     err = err[0].decode()
     if p.returncode == -9:
-        return {"s": wall, "rss_mb": float("nan"), "anon_mb": float("nan"), "first_s": first, "lines": lines,
-                "ended": True, "last": None}
+        return {"s": wall, "rss_mb": float("nan"), "anon_mb": float("nan"), "peak_anon_mb": peak[0] / 1024,
+                "first_s": first, "lines": lines, "ended": True, "last": None}
     if p.returncode not in (0,) and not (args[0] == "verify" and p.returncode == 1):
         raise SystemExit(f"scale.py: vidcache {' '.join(args)} failed ({p.returncode}): {err[-2000:]}")
     parts = [part.split() for part in err.split("scale-hwm-kb")[1:]]
     hwm, anon = max(int(p[0]) for p in parts), max(int(p[1]) for p in parts)
-    return {"s": wall, "rss_mb": hwm / 1024, "anon_mb": anon / 1024, "first_s": first, "lines": lines,
+    return {"s": wall, "rss_mb": hwm / 1024, "anon_mb": anon / 1024, "peak_anon_mb": max(peak[0], anon) / 1024,
+            "first_s": first, "lines": lines,
             "last": last.decode(errors="replace").strip()[:200] if last else None}   # its summary line
 
 
@@ -194,26 +241,29 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float, out: d
     if shared is not None:
         env["VIDCACHE_SHARED"] = shared
     whole = ["--shared"] if shared is not None else []
-    ls = run(["ls"], env, limit)
+
+    def read_only(name: str, args: list[str]) -> dict:
+        if COLD:
+            out[f"{name} (cold)"] = run(args, env, limit, cold=True)
+            save()
+        out[name] = run(args, env, limit)
+        save()
+        return out[name]
+
+    ls = read_only("ls", ["ls"])
     out["ls first entry"] = {"s": ls["first_s"] if ls["first_s"] is not None else float("nan"),
-                             "rss_mb": ls["rss_mb"], "anon_mb": ls["anon_mb"]}
-    out["ls"] = ls
-    save()
-    out["stats"] = run(["stats", "--json"], env, limit)
-    save()
+                             "rss_mb": ls["rss_mb"], "anon_mb": ls["anon_mb"], "peak_anon_mb": ls["peak_anon_mb"]}
+    read_only("stats", ["stats", "--json"])
     # The commands that stay near their start-up cost before the O(n)/O(bytes) ones, so that a run stopped at a
     # large size keeps them (``--json`` is written after each).
-    out["verify --sample 100"] = run(["verify", *whole, "--sample", "100"], env, limit)
-    save()
+    read_only("verify --sample 100", ["verify", *whole, "--sample", "100"])
     if tier == "local":
         r = subprocess.run([sys.executable, "-c", DATASET_CHILD, data, os.path.join(d, "ds-node")], env=env,
                            cwd=ROOT, capture_output=True, text=True, check=True)
         out["LazyVideoDataset init"] = json.loads(r.stdout)
         save()
-    out["verify"] = run(["verify", *whole], env, limit)
-    save()
-    out["prewarm re-run"] = run(["prewarm", data, "--no-progress", *OPTION_FLAGS], env, limit)
-    save()
+    read_only("verify", ["verify", *whole])
+    read_only("prewarm re-run", ["prewarm", data, "--no-progress", *OPTION_FLAGS])
     if shared is not None:
         head = os.path.join(d, "rows-1pct.jsonl")
         with open(data) as f, open(head, "w") as g:
@@ -223,7 +273,8 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float, out: d
         save()
         out["pull all"] = run(["pull", data, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh2")}, limit)
         save()
-    out["gc to half"] = run(["gc", "--max-local-bytes", str(max(1, frame_bytes // 2))], env, limit)
+    # gc changes the node: run once (cold under --cold, the case the 10^6 figure is)
+    out["gc to half"] = run(["gc", "--max-local-bytes", str(max(1, frame_bytes // 2))], env, limit, cold=COLD)
     save()
     shutil.rmtree(d, ignore_errors=True)
     return out
@@ -246,7 +297,12 @@ def main() -> None:
     ap.add_argument("--work", help="working directory (default: a temporary one, removed)")
     ap.add_argument("--json", help="write the figures here too (after each command)")
     ap.add_argument("--nframes", type=int, help="frames per entry (default: 8, from the 2 s template clip)")
+    ap.add_argument("--cold", action="store_true",
+                    help="run each read-only command with the page cache dropped, then again (root: drops the "
+                         "whole machine's cache); gc runs cold only")
     args = ap.parse_args()
+    global COLD
+    COLD = args.cold
     if args.nframes:
         OPTION_FLAGS.extend(["--nframes", str(args.nframes)])
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -279,15 +335,20 @@ def main() -> None:
             rows = []
             for cmd in [k for k in res[tier][sizes[0]] if k not in ("fill_s", "disk_mb")]:
                 cells = [(f"{'>' if res[tier][n][cmd].get('ended') else ''}{res[tier][n][cmd]['s']:.2f} s / "
-                          f"{res[tier][n][cmd]['anon_mb']:.0f} / {res[tier][n][cmd]['rss_mb']:.0f} MB")
+                          f"{res[tier][n][cmd]['anon_mb']:.0f} (peak {res[tier][n][cmd].get('peak_anon_mb', math.nan):.0f})"
+                          f" / {res[tier][n][cmd]['rss_mb']:.0f} MB")
                          if cmd in res[tier][n] else "not run" for n in sizes]
                 ks = [math.log(max(res[tier][b][cmd]["s"], 1e-3) / max(res[tier][a][cmd]["s"], 1e-3)) / math.log(b / a)
                       for a, b in zip(sizes, sizes[1:]) if cmd in res[tier][b]]
                 rows.append((cmd, " | ".join(cells) + ("   k=" + ", ".join(f"{k:.2f}" for k in ks) + " "
                                                        + growth(ks) if ks else "")))
+            for cmd in [k[:-len(" (cold)")] for k in res[tier][sizes[0]] if k.endswith(" (cold)")]:
+                rows.append((f"{cmd}: cold / warm", " | ".join(
+                    f"{res[tier][n][cmd + ' (cold)']['s'] / res[tier][n][cmd]['s']:.1f}x"
+                    if cmd in res[tier][n] and cmd + " (cold)" in res[tier][n] else "not run" for n in sizes)))
             rows.append(("writing the entries / disk", " | ".join(f"{res[tier][n]['fill_s']:.0f} s / "
                                                                   f"{res[tier][n]['disk_mb']} MB" for n in sizes)))
-            report(f"scale, {tier}: time / private / peak RSS at n = {', '.join(map(str, sizes))} "
+            report(f"scale, {tier}: time / private at exit (its sampled peak) / peak RSS at n = {', '.join(map(str, sizes))} "
                    f"({os.cpu_count()} cores)",
                    rows)
     finally:

@@ -302,7 +302,7 @@ class VideoCache:
         before = sum(1 for _ in self.local.keys(keys.AC))
         out = self.local.gc(budget)
         if self.shared is None and out.get("evicted"):
-            for k in list(self.local.keys(keys.AC)):
+            for k in self.local.keys(keys.AC):       # paged: deleting the key in hand is safe
                 blob = blob_of(self.local.get(k))
                 if blob is None or not self.local.exists_many([keys.cas(blob)])[0]:
                     self.local.delete(k)

@@ -276,3 +276,39 @@ def test_gc_holds_no_key_per_entry_and_evicts_the_oldest(tmp_path):
     left = list(s.keys("cas/"))
     assert "cas/000000" in left                      # read last: kept
     assert "cas/000001" not in left and f"cas/{n - 1:06d}" in left    # the oldest went, the newest stayed
+
+
+def test_keys_holds_a_page_of_names_not_the_namespace(tmp_path):
+    """Issue 50: ``keys`` read the whole namespace into a list before its first name (10^6 names at 10^6
+    entries, each walk of ``stats`` and ``gc``).  Now it reads ``KEYS_PAGE`` names per read transaction: what the
+    walk holds (traced Python allocations, 30,000 keys: the old list alone took ~2.5 MB) is one page, and the
+    walk is still every key, in order, once."""
+    import tracemalloc
+    s = LMDBStore(tmp_path / "db")
+    n = 30_000
+    s.set_many({f"ac/{i:06d}": b"m" for i in range(n)} | {"cas/0": b"b", "a/0": b"z"})
+    tracemalloc.start()
+    try:
+        it = s.keys("ac/")
+        first = next(it)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert first == "ac/000000"
+    assert peak < 1 << 20, f"the first name of {n} cost {peak} traced bytes"
+    assert [first, *it] == [f"ac/{i:06d}" for i in range(n)]
+
+
+def test_keys_walks_every_page_while_the_walk_deletes(tmp_path, monkeypatch):
+    """A walk that deletes the keys it is given (``Cache.gc``'s orphan manifests) sees every key once, across
+    pages: each page starts at the first key the page before did not read."""
+    from vidcache.store import lmdb as lmdb_store
+    monkeypatch.setattr(lmdb_store, "KEYS_PAGE", 3)
+    s = LMDBStore(tmp_path / "db")
+    s.set_many({f"ac/{i:02d}": b"m" for i in range(10)} | {"b/0": b"x"})
+    seen = []
+    for k in s.keys("ac/"):
+        seen.append(k)
+        s.delete(k)
+    assert seen == [f"ac/{i:02d}" for i in range(10)]
+    assert list(s.keys("")) == ["b/0"]

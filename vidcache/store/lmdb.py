@@ -46,6 +46,7 @@ _WARNED_BUDGET: set[str] = set()     # paths whose below-one-entry budget was al
 # each other, evicted in key order) and the keys deleted per write transaction.
 GC_BUCKETS = 4096
 GC_BATCH = 1024
+KEYS_PAGE = 4096
 
 
 def _disk_full(path: str, err: lmdb.Error) -> bool:
@@ -311,19 +312,27 @@ class LMDBStore(Store):
         return bool(self._write(put))
 
     def keys(self, prefix: str = "") -> Iterator[str]:
+        """The keys under ``prefix`` in key order, read a page of ``KEYS_PAGE`` per read transaction: a walk of
+        10^6 entries holds one page of names, not the namespace (issue 50), and no read transaction stays open
+        between pages (an open one pins the pages writers would reuse).  A page starts at the first key not read
+        by the one before, so each key is seen at most once, in order, also while keys are deleted meanwhile."""
         p = prefix.encode()
-        with self._begin() as txn:
-            cur = txn.cursor()
-            found = cur.set_range(p)
-            out = []
-            while found:
-                k = cur.key()
-                if not k.startswith(p):
-                    break
-                if k != LRU_DB:
-                    out.append(k.decode())
-                found = cur.next()
-        return iter(out)
+        start = p
+        while start is not None:
+            page = []
+            with self._begin() as txn:
+                cur = txn.cursor()
+                found = cur.set_range(start)
+                while found and len(page) < KEYS_PAGE:
+                    k = cur.key()
+                    if not k.startswith(p):
+                        found = False
+                        break
+                    if k != LRU_DB:
+                        page.append(k.decode())
+                    found = cur.next()
+                start = cur.key() if found else None     # the next key, not read yet: the next page's first
+            yield from page
 
     def delete(self, key: str) -> None:
         def rm(txn):
