@@ -175,3 +175,32 @@ def test_one_store_class_per_medium_chosen_by_the_url(tmp_path):
     d = DirectoryStore(str(tmp_path / "d"))
     assert type(d.with_read_only()) is DirectoryStore and type(pickle.loads(pickle.dumps(d))) is DirectoryStore
     assert d == FsspecStore(str(tmp_path / "d")) and d.supports_urls and d.exclusive_create
+
+
+def test_usage_of_a_directory_tier_holds_one_fan_out_directory_not_the_tier(tmp_path, monkeypatch):
+    """Issue 50: ``stats`` behind a directory tier held the tier's whole listing (fsspec's ``find``, one dict of
+    every object: 283 MB at 10^5 entries).  Its usage now lists a fan-out directory at a time: it never calls
+    ``find``, no listing it asks for holds more than a directory, and its counts are every object's (a partial
+    file and a stray file outside the layout counted as before)."""
+    store = FsspecStore(str(tmp_path / "tier"))
+    store.set_many({f"cas/{i:04d}": b"x" * i for i in range(600)} | {f"ac/{i}": b"m" for i in range(50)})
+    fan = os.path.dirname(store._path("cas/0007"))
+    with open(os.path.join(fan, ".0007.partial.x"), "wb") as f:       # a killed writer's leftover
+        f.write(b"pp")
+    with open(os.path.join(str(tmp_path / "tier"), "cas", "stray"), "wb") as f:   # not namespace/fan-out/name
+        f.write(b"s")
+    fs = store.fs
+    sizes = []
+    real_ls = fs.ls
+
+    def ls(path, *a, **k):
+        out = real_ls(path, *a, **k)
+        sizes.append(len(out))
+        return out
+    monkeypatch.setattr(fs, "find", lambda *a, **k: pytest.fail("usage listed the whole tier with find"))
+    monkeypatch.setattr(fs, "ls", ls)
+    u = store.usage()
+    assert u["objects"] == {"cas": 600, "ac": 50}
+    assert u["bytes"] == sum(range(600)) + 50
+    assert (u["partial_files"], u["partial_bytes"]) == (1, 2)
+    assert max(sizes) <= 257, f"a listing of {max(sizes)} entries: more than one directory's"

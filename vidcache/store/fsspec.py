@@ -404,12 +404,17 @@ class FsspecStore(Store):
     def stats(self) -> dict:
         return {"url": self.url}
 
+    def _objects(self) -> Iterable[tuple[str, dict]]:
+        """(path, info) of every object under the root, from one listing (S3: a LIST request per 1,000 keys;
+        fsspec hands the listing back whole)."""
+        return self._find(detail=True).items()
+
     def usage(self) -> dict:
         """Objects and bytes per namespace, and leftover partial uploads, from one listing."""
         objects: dict[str, int] = {}
         nbytes: dict[str, int] = {}
         partial = [0, 0]
-        for p, info in self._find(detail=True).items():
+        for p, info in self._objects():
             parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
             if len(parts) != 3:
                 continue
