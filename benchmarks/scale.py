@@ -14,16 +14,16 @@ raw layout, then LMDB: see ``fill``).  So each entry has a distinct blob, a dist
 manifest, and ``prewarm`` / ``pull`` find the entries by their sources as they would after a real prewarm.
 
 Each command runs as a user runs it, ``python -m vidcache.cli`` in a process of its own; its wall time, its
-private memory (RssAnon) at exit and its peak sampled every 20 ms over the process and its forked walk, and its
-peak RSS (``VmHWM``, which counts the LMDB pages it touched: file-backed, reclaimable) are recorded, and for
-``ls`` the time to its first entry's line too.  Per tier and size: ``ls`` (first entry, whole),
+private memory (RssAnon) at exit and its peak (sampled every 20 ms, summed over its process tree: its forked walk
+and any workers), and its peak RSS (``VmHWM``, which counts the LMDB pages it touched: file-backed, reclaimable)
+are recorded, and for ``ls`` the time to its first entry's line too.  Per tier and size: ``ls`` (first entry, whole),
 ``stats``, ``verify`` (every entry; with a shared tier, ``verify --shared``: every entry of the shared tier) and
 ``verify --sample 100``, ``prewarm`` re-run with every entry cached (its planning only: no decode), ``pull`` of
 1% of the rows and of all of them on fresh nodes (shared tiers), ``gc`` to half the local tier's bytes, and
 (local) ``LazyVideoDataset`` init on the rows.  ``--cold`` (root) runs each read-only command first with the
 page cache dropped, then again, and prints the ratio: what the disk costs it once the LMDB file outgrows memory.
-A command still running after ``--limit`` seconds is ended and recorded as a lower bound.  The growth from one size to the next is printed as the exponent k of time ~ n^k
-(k near 1: O(n); near 2: O(n^2)).  Never asserts on time.
+A command still running after ``--limit`` seconds is ended and recorded as a lower bound.  The growth from one
+size to the next is printed as the exponent k of time ~ n^k (k near 1: O(n); near 2: O(n^2)).  Never asserts on time.
 """
 from __future__ import annotations
 
@@ -170,7 +170,10 @@ def run(args: list[str], env: dict, limit: float, cold: bool = False) -> dict:
     import threading
     # The disk quiet first: what an earlier command left dirty (pull's 10^5 new entries) is written back now,
     # not during this command's time.
-    drop_page_cache() if cold else os.sync()
+    if cold:
+        drop_page_cache()
+    else:
+        os.sync()
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-c", CLI_CHILD, *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env, cwd=ROOT)
@@ -179,7 +182,7 @@ def run(args: list[str], env: dict, limit: float, cold: bool = False) -> dict:
     err = []
     reader = threading.Thread(target=lambda: err.append(p.stderr.read()))
     reader.start()
-    # The private memory's peak, sampled every 20 ms over the process and its forked walk: RssAnon at exit
+    # The private memory's peak, sampled every 20 ms over the process tree (its forked walk, workers): RssAnon at exit
     # misses what a command held and freed before it (a list of every key, say).
     peak = [0]
 
@@ -280,6 +283,12 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float, out: d
     return out
 
 
+def cell(r: dict) -> str:
+    """One command's figures: time ('>': ended at the limit) / private at exit (sampled peak) / peak RSS."""
+    return (f"{'>' if r.get('ended') else ''}{r['s']:.2f} s / {r['anon_mb']:.0f} "
+            f"(peak {r.get('peak_anon_mb', math.nan):.0f}) / {r['rss_mb']:.0f} MB")
+
+
 def growth(ks: list[float]) -> str:
     """A reading of the exponents: start-up bound, about linear, or worse."""
     if not ks:
@@ -334,10 +343,7 @@ def main() -> None:
         for tier in tiers:
             rows = []
             for cmd in [k for k in res[tier][sizes[0]] if k not in ("fill_s", "disk_mb")]:
-                cells = [(f"{'>' if res[tier][n][cmd].get('ended') else ''}{res[tier][n][cmd]['s']:.2f} s / "
-                          f"{res[tier][n][cmd]['anon_mb']:.0f} (peak {res[tier][n][cmd].get('peak_anon_mb', math.nan):.0f})"
-                          f" / {res[tier][n][cmd]['rss_mb']:.0f} MB")
-                         if cmd in res[tier][n] else "not run" for n in sizes]
+                cells = [cell(res[tier][n][cmd]) if cmd in res[tier][n] else "not run" for n in sizes]
                 ks = [math.log(max(res[tier][b][cmd]["s"], 1e-3) / max(res[tier][a][cmd]["s"], 1e-3)) / math.log(b / a)
                       for a, b in zip(sizes, sizes[1:]) if cmd in res[tier][b]]
                 rows.append((cmd, " | ".join(cells) + ("   k=" + ", ".join(f"{k:.2f}" for k in ks) + " "
@@ -348,8 +354,8 @@ def main() -> None:
                     if cmd in res[tier][n] and cmd + " (cold)" in res[tier][n] else "not run" for n in sizes)))
             rows.append(("writing the entries / disk", " | ".join(f"{res[tier][n]['fill_s']:.0f} s / "
                                                                   f"{res[tier][n]['disk_mb']} MB" for n in sizes)))
-            report(f"scale, {tier}: time / private at exit (its sampled peak) / peak RSS at n = {', '.join(map(str, sizes))} "
-                   f"({os.cpu_count()} cores)",
+            report(f"scale, {tier}: time / private at exit (its sampled peak) / peak RSS at "
+                   f"n = {', '.join(map(str, sizes))} ({os.cpu_count()} cores)",
                    rows)
     finally:
         stack.close()

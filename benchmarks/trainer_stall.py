@@ -45,8 +45,8 @@ tensors are on the device.  The step's length is set as the sleep's was: ``--ste
 first read-and-hydrate time on a fresh node, reached with ``k`` forward/backward passes per update (gradient
 accumulation; ``k`` from one pass's measured time), so without read-ahead the same share of the time waits.
 Read-ahead pulls entries, not tensors: what is left with it is at least the processor's time on local entries
-(printed as "hydrating local entries").  On the CPU the step takes the host's cores from read-ahead's pulls;
-on a GPU it leaves them free but for the launch work.
+(printed in the row "the floor").  On the CPU the step takes the host's cores from read-ahead's pulls; on a GPU it
+leaves them free but for the launch work.
 """
 from __future__ import annotations
 
@@ -243,17 +243,14 @@ def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, ste
 
 def calibrate_trainer(trainer: Trainer, node: str, shared: str, s3: dict, ekeys: list[str], batch: int,
                       target_s: float) -> dict:
-    """On the calibration node (its entries now local): a batch's hydration alone, one forward/backward pass,
-    and the passes per update that make a step last ``target_s``."""
+    """On the calibration node (its entries now local): one forward/backward pass, and the passes per update that
+    make a step last ``target_s`` (a batch's hydration alone is the floor's loop, over every batch)."""
     c = VideoCache(node, shared=shared, shared_storage_options=s3)
     trainer.micro = 1
     try:
-        hyd, passes = [], []
+        passes = []
         for i in range(0, min(len(ekeys), 3 * batch), batch):
-            handles = [vidcache.from_key(k, c) for k in ekeys[i:i + batch]]
-            t = time.perf_counter()
-            inputs = trainer.hydrate(handles)
-            hyd.append(time.perf_counter() - t)
+            inputs = trainer.hydrate([vidcache.from_key(k, c) for k in ekeys[i:i + batch]])
             if i == 0:
                 trainer.step(inputs)                # a first pass warms the kernels and the allocator: not timed
             passes.append(trainer.step(inputs))
@@ -263,7 +260,7 @@ def calibrate_trainer(trainer: Trainer, node: str, shared: str, s3: dict, ekeys:
     trainer.micro = max(1, round(target_s / one))
     trainer.losses.clear()
     trainer.step_times.clear()
-    return {"hydrate": statistics.mean(hyd), "pass": one}
+    return {"pass": one}
 
 
 def main() -> None:
@@ -363,7 +360,6 @@ def main() -> None:
                       f"parameters, {next(trainer.model.parameters()).dtype}) on {dev}; torch {torch.__version__}"),
                      ("a batch's first read + hydration (calibration)",
                       f"{statistics.mean(cal['waits']) * 1e3:.0f} ms"),
-                     ("hydrating local entries (per batch)", f"{tcal['hydrate'] * 1e3:.0f} ms"),
                      ("one forward/backward pass / passes per step", f"{tcal['pass'] * 1e3:.0f} ms / {trainer.micro}"
                       + (" (one pass is longer than the target step)" if tcal["pass"] > step_s else "")),
                      ("step time: target / measured p50 (p99)",

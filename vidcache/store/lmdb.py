@@ -46,6 +46,7 @@ _WARNED_BUDGET: set[str] = set()     # paths whose below-one-entry budget was al
 # each other, evicted in key order) and the keys deleted per write transaction.
 GC_BUCKETS = 4096
 GC_BATCH = 1024
+# Keys read per read transaction by ``keys``: what a walk holds (~0.5 MB of names), whatever the store's size.
 KEYS_PAGE = 4096
 
 
