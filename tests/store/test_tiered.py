@@ -49,3 +49,38 @@ class TestTieredStore(StoreContract):
         with pytest.raises(DigestMismatchError):
             t.get("cas/x")
         assert t.local.get("cas/x") is None
+
+
+def test_keys_merge_the_tiers_listings_instead_of_holding_them(tmp_path):
+    """Issue 50: the tiers' union was two sets of names and a sorted copy, built before the first name (``stats``
+    behind a directory tier of 10^5 entries held all three).  Each tier lists in key order, so the union is a merge:
+    the first name costs a page of the local walk (traced allocations, 30,000 local names: the sets alone took
+    megabytes), and the walk is every name of either tier, in order, once."""
+    import tracemalloc
+    local, shared = LMDBStore(tmp_path / "l"), MemoryStore()
+    n = 30_000
+    local.set_many({f"ac/{i:06d}": b"m" for i in range(0, n, 2)} | {"cas/0": b"b"})
+    shared.set_many({f"ac/{i:06d}": b"m" for i in range(0, n, 3)} | {"src/0": b"s"})
+    t = TieredStore(local, shared)
+    tracemalloc.start()
+    try:
+        it = t.keys("ac/")
+        first = next(it)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert first == "ac/000000"
+    assert peak < 1 << 20, f"the first name of a {n}-name union cost {peak} traced bytes"
+    assert [first, *it] == [f"ac/{i:06d}" for i in range(n) if i % 2 == 0 or i % 3 == 0]
+    assert list(t.keys()) == sorted(set(local.keys()) | set(shared.keys()))
+
+
+def test_keys_fail_when_the_shared_tier_cannot_be_listed(tmp_path):
+    """The merge is lazy, but both listings start when ``keys`` is called: a tier that cannot be listed fails the
+    call (where callers such as ``ls`` catch a tier that is down), not a later step of the walk."""
+    class Down(MemoryStore):
+        def keys(self, prefix=""):
+            raise ConnectionError("tier down")
+    t = TieredStore(LMDBStore(tmp_path / "l"), Down())
+    with pytest.raises(ConnectionError, match="tier down"):
+        t.keys("ac/")
