@@ -113,3 +113,71 @@ def test_pieces_that_come_after_the_fetch_gave_up_are_not_read():
         f.finish()
     late[0](b"woke up late")                     # a transfer the timeout abandoned, still running
     assert f.read(100) == b""
+
+
+class Counted(MemoryStore):
+    """Hands its value over in pieces of ``piece`` bytes, counting those the sink took."""
+
+    def __init__(self, data, piece):
+        super().__init__(data)
+        self.piece, self.taken = piece, 0
+
+    def stream(self, key, sink):
+        value = self.get(key)
+        for i in range(0, len(value), self.piece):
+            sink(value[i:i + self.piece])
+            self.taken += 1
+        return True
+
+
+def _settles(store, want, wait_s=10.0):
+    import time
+    end = time.monotonic() + wait_s
+    while store.taken < want and time.monotonic() < end:
+        time.sleep(0.01)
+    time.sleep(0.2)                                  # long enough for a fetch that is not held to go on
+    return store.taken
+
+
+def test_an_unbounded_fetch_runs_at_most_ahead_bytes_ahead_of_its_reader(monkeypatch):
+    """Until its caller bounds it (the manifest, fetched beside it) a fetch holds at most ``AHEAD_BYTES`` unread:
+    it streamed on into memory, so how much of a planted 512 MB object came before its bound depended on the
+    machine's load (a flaky test), and a fetch whose read went another way streamed the whole object for no one.
+    Reading makes room; a bound lets it run on."""
+    from vidcache.store import prefetch
+    monkeypatch.setattr(prefetch, "AHEAD_BYTES", 4096)
+    value = bytes(range(256)) * 256                  # 64 kB: 64 pieces of 1 kB
+    store = Counted({"cas/x": value}, 1024)
+    f = Prefetch(store, "cas/x")
+    assert _settles(store, 4) == 4                   # 4 kB unread: the fifth piece waits
+    assert f.read(1024) == value[:1024]
+    assert _settles(store, 5) == 5                   # one piece read, one more taken
+    f.limit(len(value))                              # bounded: the rest comes without a reader
+    assert _settles(store, 64) == 64
+    assert value[:1024] + read_all(f) == value
+    f.finish()
+
+
+def test_a_reader_drains_an_unbounded_fetch_to_its_end(monkeypatch):
+    from vidcache.store import prefetch
+    monkeypatch.setattr(prefetch, "AHEAD_BYTES", 4096)
+    value = bytes(range(256)) * 256
+    f = Prefetch(Counted({"cas/x": value}, 1024), "cas/x")
+    assert read_all(f, 700) == value
+    f.finish()
+
+
+def test_a_fetch_nobody_bounds_or_reads_ends_and_finish_says_so(monkeypatch):
+    """A fetch abandoned by its caller (nothing bounds or reads it for ``ABANDON_S``) ends, its thread and
+    connection with it; a caller that comes back later reads what came, and ``finish()`` names the abandonment,
+    a tier error (never taken for a corrupt object)."""
+    from vidcache.store import prefetch
+    monkeypatch.setattr(prefetch, "AHEAD_BYTES", 4096)
+    monkeypatch.setattr(prefetch, "ABANDON_S", 0.2)
+    value = bytes(range(256)) * 256
+    store = Counted({"cas/x": value}, 1024)
+    f = Prefetch(store, "cas/x")
+    assert _settles(store, 4) == 4
+    with pytest.raises(SharedUnavailableError, match="cas/x was abandoned"):
+        f.finish()
+    assert store.taken == 4 and read_all(f) == value[:4096]

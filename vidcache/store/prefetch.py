@@ -13,15 +13,27 @@ What stays true:
   * absent and empty are told apart: ``found()`` waits for the first piece or for the end;
   * pieces are dropped once read, so the whole value is never held twice;
   * a ``hasher`` (the caller's: a store knows bytes, not digests) is fed each piece as it arrives, so the
-    bytes can be checked against a record without being held.
+    bytes can be checked against a record without being held;
+  * until the caller bounds the value (``limit``, from the manifest fetched beside it) the fetch runs at most
+    ``AHEAD_BYTES`` ahead of the reader, and one nobody bounds or reads for ``ABANDON_S`` ends.
 """
 from __future__ import annotations
 
 import collections
 import threading
 
-from ..errors import OversizedObjectError
+from ..errors import OversizedObjectError, SharedUnavailableError
 from .base import Store
+
+# Unread bytes a fetch may hold before its caller bounds it.  The store's bound is any entry's (9 GiB): a fetch
+# whose manifest was slow to come streamed on into memory (a planted 512 MB object: the pieces handed over
+# before the bound depended on the machine's load), and one whose read went another way (the entry turned up
+# locally, or its manifest was missing) streamed the whole object for no one.  Far more than one round trip's
+# worth on any tier, so a first read still overlaps the manifest's fetch with the object's.
+AHEAD_BYTES = 16 << 20
+# A fetch held at AHEAD_BYTES this long, neither bounded nor read, was abandoned by its caller: it ends (its
+# thread and connection with it).  A caller that comes later reads what came, then finish() raises.
+ABANDON_S = 300.0
 
 
 class Prefetch:
@@ -37,6 +49,7 @@ class Prefetch:
         self._error: BaseException | None = None
         self.hasher = hasher              # anything with update(bytes); read it once finish() returned
         self.key, self._got, self._limit = key, 0, None
+        self._held = 0                    # bytes in _pieces not read yet
         threading.Thread(target=self._fetch, args=(store, key), name="vidcache-pull", daemon=True).start()
 
     def _fetch(self, store: Store, key: str) -> None:
@@ -51,6 +64,10 @@ class Prefetch:
 
     def _put(self, piece: bytes) -> None:
         with self._cond:
+            if not self._cond.wait_for(lambda: self._done or self._limit is not None or self._held < AHEAD_BYTES,
+                                       timeout=ABANDON_S):
+                raise SharedUnavailableError(f"the fetch of {self.key} was abandoned: {self._held} bytes came and "
+                                             f"none was read or bounded for {ABANDON_S:g} s")
             if self._done:                # a transfer that timed out and then woke up: not ours any more
                 return
             if piece:
@@ -62,6 +79,7 @@ class Prefetch:
                     if self.hasher is not None:
                         self.hasher.update(piece)
                     self._pieces.append(piece)
+                    self._held += len(piece)
                     self._arrived = True
                     self._cond.notify_all()
                 if over:
@@ -73,6 +91,7 @@ class Prefetch:
         the bound after the fetch began: a compact object's, from its manifest, D51)."""
         with self._cond:
             self._limit = n
+            self._cond.notify_all()       # a fetch held back for want of a bound goes on
 
     def found(self) -> bool:
         """True once the value's first bytes arrive (or it ends empty), False when the store has no such key;
@@ -96,13 +115,15 @@ class Prefetch:
                 out = b"".join(self._pieces)[self._offset:]
                 self._pieces.clear()
                 self._offset = 0
-                return out
-            piece = self._pieces[0]
-            out = piece[self._offset:self._offset + n]
-            self._offset += len(out)
-            if self._offset == len(piece):
-                self._pieces.popleft()
-                self._offset = 0
+            else:
+                piece = self._pieces[0]
+                out = piece[self._offset:self._offset + n]
+                self._offset += len(out)
+                if self._offset == len(piece):
+                    self._pieces.popleft()
+                    self._offset = 0
+            self._held -= len(out)
+            self._cond.notify_all()       # room for a fetch held at AHEAD_BYTES
             return out
 
     def finish(self) -> None:
