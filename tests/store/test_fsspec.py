@@ -204,3 +204,31 @@ def test_usage_of_a_directory_tier_holds_one_fan_out_directory_not_the_tier(tmp_
     assert u["bytes"] == sum(range(600)) + 50
     assert (u["partial_files"], u["partial_bytes"]) == (1, 2)
     assert max(sizes) <= 257, f"a listing of {max(sizes)} entries: more than one directory's"
+
+
+def test_keys_of_a_directory_tier_walk_it_a_fan_out_directory_at_a_time(tmp_path, monkeypatch):
+    """Issue 50: a directory tier's ``keys`` (``ls``, and ``stats``' counts) held fsspec's ``find`` listing of
+    every object's details before sorting the names.  It walks the fan-out directories now: no ``find``, no
+    listing larger than a directory, the same names, sorted, under a namespace prefix only that namespace's
+    directories listed, and no partial file or stray file among them."""
+    store = FsspecStore(str(tmp_path / "tier"))
+    store.set_many({f"cas/{i:04d}": b"x" for i in range(600)} | {f"ac/{i:03d}": b"m" for i in range(50)})
+    fan = os.path.dirname(store._path("ac/007"))
+    with open(os.path.join(fan, ".007.partial.x"), "wb") as f:
+        f.write(b"pp")
+    with open(os.path.join(str(tmp_path / "tier"), "ac", "stray"), "wb") as f:
+        f.write(b"s")
+    listed = []
+    real_ls = store.fs.ls
+
+    def ls(path, *a, **k):
+        out = real_ls(path, *a, **k)
+        listed.append((path, len(out)))
+        return out
+    monkeypatch.setattr(store.fs, "find", lambda *a, **k: pytest.fail("keys listed the whole tier with find"))
+    monkeypatch.setattr(store.fs, "ls", ls)
+    assert list(store.keys("ac/")) == [f"ac/{i:03d}" for i in range(50)]
+    assert listed and all("/cas" not in p for p, _ in listed), "a namespace's keys listed another namespace"
+    assert list(store.keys("ac/01")) == [f"ac/{i:03d}" for i in range(10, 20)]
+    assert list(store.keys()) == sorted([f"cas/{i:04d}" for i in range(600)] + [f"ac/{i:03d}" for i in range(50)])
+    assert max(n for _, n in listed) <= 257, "a listing of more than one directory"

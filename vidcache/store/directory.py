@@ -97,18 +97,18 @@ class DirectoryStore(FsspecStore):
         return self._call(f"put {key}", publish_bytes, path, bytes(value), exclusive=exclusive)
 
     # --- maintenance ------------------------------------------------------------------
-    def _objects(self):
-        """(path, info) of every object (``namespace/fan-out/name``), a fan-out directory at a time: a walk of the
-        tier holds one directory's listing, not the tier's (issue 50: ``stats`` behind a directory tier of 10^5
-        entries peaked at 283 MB holding ``find``'s whole listing).  Only a directory gets this: on S3 a LIST per
-        directory would replace a LIST per 1,000 keys."""
+    def _objects(self, ns: str = ""):
+        """(path, info) of every object (``namespace/fan-out/name``), or of namespace ``ns``'s, a fan-out directory
+        at a time: a walk of the tier holds one directory's listing, not the tier's (issue 50: ``stats`` behind a
+        directory tier of 10^5 entries peaked at 283 MB holding ``find``'s whole listing).  Only a directory gets
+        this: on S3 a LIST per directory would replace a LIST per 1,000 keys."""
         def ls(path: str) -> list[dict]:
             try:
                 return self._call("list", self.fs.ls, path, detail=True, limit=LIST_TIMEOUT_S)
             except FileNotFoundError:              # removed meanwhile (or no tier yet)
                 return []
-        for ns in ls(self.root):
-            for fan in ls(ns["name"]) if ns["type"] == "directory" else ():
+        for top in [{"name": f"{self.root}/{ns}", "type": "directory"}] if ns else ls(self.root):
+            for fan in ls(top["name"]) if top["type"] == "directory" else ():
                 for obj in ls(fan["name"]) if fan["type"] == "directory" else ():
                     if obj["type"] == "file":
                         yield obj["name"], obj
@@ -124,7 +124,7 @@ class DirectoryStore(FsspecStore):
         removed = [0, 0]
         cutoff = time.time() - older_than_s     # NFS stamps mtimes with the server's clock: skew << an hour
         for p, info in self._objects():
-            parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
+            parts = self._parts(p)
             if len(parts) != 3 or not is_partial(parts[2]):
                 continue
             if info.get("mtime") is None or float(info["mtime"]) >= cutoff:

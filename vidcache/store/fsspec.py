@@ -367,30 +367,30 @@ class FsspecStore(Store):
         except FileNotFoundError:
             pass
 
-    def _find(self, detail: bool = False, ns: str = ""):
-        """Every object under the root, or under its namespace ``ns`` only."""
+    def _find(self, ns: str = "") -> dict:
+        """Every object under the root, or under its namespace ``ns`` only: path -> info."""
         try:
-            return self._call("list", self.fs.find, f"{self.root}/{ns}" if ns else self.root, detail=detail,
+            return self._call("list", self.fs.find, f"{self.root}/{ns}" if ns else self.root, detail=True,
                               limit=LIST_TIMEOUT_S)
         except FileNotFoundError:
-            return {} if detail else []
+            return {}
 
     def keys(self, prefix: str = "") -> Iterator[str]:
-        root = self.root
-        out = []
         # A prefix that names a namespace (``ac/``) lists that namespace only (issue 50: ``ls`` listed every blob,
-        # source record and frozen file of the tier to find its entries, three listings of the whole tier).
+        # source record and frozen file of the tier to find its entries, three listings of the whole tier).  The
+        # sort needs every name (the fan-out directory is a hash of the name), but only the names are kept.
         ns, sep, _ = prefix.partition("/")
-        found = self._find(ns=ns if sep and ns else "")
-        for p in found:
-            rel = p[len(root):].lstrip("/") if p.startswith(root) else p
-            parts = rel.split("/")
-            if len(parts) != 3 or is_partial(parts[2]):
-                continue
-            k = f"{parts[0]}/{parts[2]}"
-            if k.startswith(prefix):
+        out = []
+        for p, _ in self._objects(ns if sep and ns else ""):
+            parts = self._parts(p)
+            if len(parts) == 3 and not is_partial(parts[2]) and (k := f"{parts[0]}/{parts[2]}").startswith(prefix):
                 out.append(k)
-        return iter(sorted(out))
+        out.sort()
+        return iter(out)
+
+    def _parts(self, path: str) -> list[str]:
+        """A listed path's components under the root: ``[namespace, fan-out, name]`` for an object."""
+        return (path[len(self.root):] if path.startswith(self.root) else path).strip("/").split("/")
 
     # --- value semantics (Store's, from _args): the filesystem is made again where unpickled ----------
     # The storage options (credentials included) pickle with the store, as they always have.
@@ -404,10 +404,10 @@ class FsspecStore(Store):
     def stats(self) -> dict:
         return {"url": self.url}
 
-    def _objects(self) -> Iterable[tuple[str, dict]]:
-        """(path, info) of every object under the root, from one listing (S3: a LIST request per 1,000 keys;
-        fsspec hands the listing back whole)."""
-        return self._find(detail=True).items()
+    def _objects(self, ns: str = "") -> Iterable[tuple[str, dict]]:
+        """(path, info) of every object under the root, or under namespace ``ns``, from one listing (S3: a LIST
+        request per 1,000 keys; fsspec hands the listing back whole)."""
+        return self._find(ns).items()
 
     def usage(self) -> dict:
         """Objects and bytes per namespace, and leftover partial uploads, from one listing."""
@@ -415,7 +415,7 @@ class FsspecStore(Store):
         nbytes: dict[str, int] = {}
         partial = [0, 0]
         for p, info in self._objects():
-            parts = (p[len(self.root):] if p.startswith(self.root) else p).strip("/").split("/")
+            parts = self._parts(p)
             if len(parts) != 3:
                 continue
             size = int(info.get("size") or 0)
