@@ -283,17 +283,11 @@ def test_keys_holds_a_page_of_names_not_the_namespace(tmp_path):
     entries, each walk of ``stats`` and ``gc``).  Now it reads ``KEYS_PAGE`` names per read transaction: what the
     walk holds (traced Python allocations, 30,000 keys: the old list alone took ~2.5 MB) is one page, and the
     walk is still every key, in order, once."""
-    import tracemalloc
+    from support.traced import first_and_peak
     s = LMDBStore(tmp_path / "db")
     n = 30_000
     s.set_many({f"ac/{i:06d}": b"m" for i in range(n)} | {"cas/0": b"b", "a/0": b"z"})
-    tracemalloc.start()
-    try:
-        it = s.keys("ac/")
-        first = next(it)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    first, it, peak = first_and_peak(lambda: s.keys("ac/"))
     assert first == "ac/000000"
     assert peak < 1 << 20, f"the first name of {n} cost {peak} traced bytes"
     assert [first, *it] == [f"ac/{i:06d}" for i in range(n)]

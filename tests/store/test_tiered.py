@@ -56,19 +56,13 @@ def test_keys_merge_the_tiers_listings_instead_of_holding_them(tmp_path):
     behind a directory tier of 10^5 entries held all three).  Each tier lists in key order, so the union is a merge:
     the first name costs a page of the local walk (traced allocations, 30,000 local names: the sets alone took
     megabytes), and the walk is every name of either tier, in order, once."""
-    import tracemalloc
+    from support.traced import first_and_peak
     local, shared = LMDBStore(tmp_path / "l"), MemoryStore()
     n = 30_000
     local.set_many({f"ac/{i:06d}": b"m" for i in range(0, n, 2)} | {"cas/0": b"b"})
     shared.set_many({f"ac/{i:06d}": b"m" for i in range(0, n, 3)} | {"src/0": b"s"})
     t = TieredStore(local, shared)
-    tracemalloc.start()
-    try:
-        it = t.keys("ac/")
-        first = next(it)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    first, it, peak = first_and_peak(lambda: t.keys("ac/"))
     assert first == "ac/000000"
     assert peak < 1 << 20, f"the first name of a {n}-name union cost {peak} traced bytes"
     assert [first, *it] == [f"ac/{i:06d}" for i in range(n) if i % 2 == 0 or i % 3 == 0]
