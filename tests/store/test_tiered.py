@@ -70,8 +70,8 @@ def test_keys_merge_the_tiers_listings_instead_of_holding_them(tmp_path):
 
 
 def test_keys_fail_when_the_shared_tier_cannot_be_listed(tmp_path):
-    """The merge is lazy, but both listings start when ``keys`` is called: a tier that cannot be listed fails the
-    call (where callers such as ``ls`` catch a tier that is down), not a later step of the walk."""
+    """The merge is lazy, but the shared tier's listing is made when ``keys`` is called: a tier that cannot be
+    listed fails the call (where callers such as ``ls`` catch a tier that is down), not a later step of the walk."""
     class Down(MemoryStore):
         def keys(self, prefix=""):
             raise ConnectionError("tier down")

@@ -2,7 +2,6 @@
 entry key it starts (``inspect``, ``evict``), as git abbreviates and completes object names."""
 from __future__ import annotations
 
-import contextlib
 import os
 
 
@@ -24,25 +23,13 @@ def full_key(cache, given: str) -> str:
         k.check_key(given)               # the usual "not a vidcache key" error
     if k.is_key(stem):
         return stem
-    found = [e for e in entry_keys(cache) if e.startswith(stem)]
+    found = [e for e in cache.entries() if e.startswith(stem)]   # every tier's, merged in key order
     if len(found) == 1:
         return found[0]
     if not found:
         raise InvalidKeyError(f"no cached entry's key starts with {stem!r}")
     raise InvalidKeyError(f"{stem!r} is ambiguous: {len(found)} entries start with it ({', '.join(found[:4])}"
                           f"{', ...' if len(found) > 4 else ''}); give more of the key")
-
-
-def entry_keys(cache) -> list[str]:
-    """Every entry key of every tier, sorted: what a prefix is completed over (and made unique against)."""
-    from .. import keys as k
-    from ..errors import InvalidKeyError
-    names = set(cache.local.keys(k.AC)) | (set(cache.shared.keys(k.AC)) if cache.shared is not None else set())
-    out = set()
-    for n in names:
-        with contextlib.suppress(InvalidKeyError):        # a stray name in a tier: not an entry
-            out.add(k.entry_key(n))
-    return sorted(out)
 
 
 MIN_PREFIX = 16      # hex digits `ls` shows at least (git's core.abbrev, for 128-bit digests)

@@ -25,6 +25,7 @@ import lmdb
 from ..errors import NoSpaceError, warn_once
 from .base import Store
 
+
 def _union(*sorted_keys: Iterator[str]) -> Iterator[str]:
     """The keys of sorted iterators, merged, each once."""
     last = None
@@ -178,8 +179,9 @@ class TieredStore(Store):
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         # Each tier lists in key order (Store.keys' contract), so their union is a merge, not two sets and a sorted
-        # copy of them (issue 50: ``stats`` behind a directory tier held all three, 137 MB at 10^5 entries).  Both
-        # listings start here, so a tier that cannot be listed fails the call, not a later step of the walk.
+        # copy of them (issue 50: ``stats`` behind a directory tier held all three, 137 MB at 10^5 entries).  The
+        # shared tier's listing is made here (LMDB's is read a page at a time as the merge goes), so a shared tier
+        # that cannot be listed fails the call, not a later step of the walk.
         return _union(self.local.keys(prefix), self.shared.keys(prefix))
 
     def delete(self, key: str) -> None:
