@@ -114,7 +114,11 @@ class Trainer:
     def hydrate(self, handles) -> list[dict]:
         """Each sample's model tensors on the device (one video per sample; memo off: every read is a first)."""
         from vidcache.handle import train_inputs_batch
-        return train_inputs_batch(self.proc, [[h] for h in handles], memo=False, device=self.device, mode="plugin")
+        return train_inputs_batch(self.proc, [[h] for h in handles], **self.hydrate_kwargs)
+
+    @property
+    def hydrate_kwargs(self) -> dict:
+        return {"memo": False, "device": self.device, "mode": "plugin"}
 
     def batch(self, inputs: list[dict]) -> dict:
         """Model kwargs for one padded batch: per sample, prompt + the video's tokens + answer; loss on the answer."""
@@ -201,12 +205,15 @@ def busy(seconds: float) -> None:
 
 
 def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, step_s: float, ahead: bool,
-             depth: int = 0, trainer: "Trainer | None" = None, step: str = "sleep", head_start: float = 0.0) -> dict:
+             depth: int = 0, trainer: "Trainer | None" = None, step: str = "sleep", head_start: float = 0.0,
+             inputs_ahead: int = 0) -> dict:
     """One epoch on a fresh node.  Without ``trainer``: read the frames, then the step: sleep ``step_s`` (the GPU's
     time), or hold the GIL for it (``step="busy"``).  With it: hydrate the batch on its device and run its step
     (``step_s`` unused; 0 for a calibration loop without steps).  ``head_start``: seconds between building
     read-ahead and the first step (a trainer builds its data source before it loads its model; that setup is
-    not counted in the wall time), spent as the step is (asleep, or holding the GIL)."""
+    not counted in the wall time), spent as the step is (asleep, or holding the GIL).  ``inputs_ahead`` (with a
+    trainer): the batches are hydrated by ``vidcache.train_inputs_ahead``, that many ahead of the step, in a thread
+    built when the loop starts (after the head start: the first batch's hydration is waited for)."""
     c = VideoCache(node, shared=shared, shared_storage_options=s3)
     samples = [[vidcache.from_key(k, c)] for k in ekeys]
     ra = vidcache.read_ahead(samples, depth=depth) if ahead else None
@@ -216,9 +223,17 @@ def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, ste
     waits = []
     first_step = step_s
     t_start = time.perf_counter()
+    made = None
+    if trainer is not None and inputs_ahead:
+        made = vidcache.train_inputs_ahead(
+            trainer.proc, ([next(source) for _ in range(min(batch, len(samples) - i))]
+                           for i in range(0, len(samples), batch)),
+            ahead=inputs_ahead, **trainer.hydrate_kwargs)
     for i in range(0, len(samples), batch):
         t = time.perf_counter()
-        if trainer is None:
+        if made is not None:
+            inputs = next(made)
+        elif trainer is None:
             for _ in range(min(batch, len(samples) - i)):
                 (h,) = next(source)
                 h.frames()
@@ -233,6 +248,8 @@ def run_loop(node: str, shared: str, s3: dict, ekeys: list[str], batch: int, ste
             if i == 0:
                 first_step = dt
     wall = time.perf_counter() - t_start
+    if made is not None:
+        made.close()
     counts = dict(ra.counts) if ra is not None else None
     if ra is not None:
         ra.close()
@@ -289,6 +306,9 @@ def main() -> None:
                     help="read-ahead's pulls in threads of this process (before issue 50) instead of its worker")
     ap.add_argument("--also-in-process", action="store_true",
                     help="a third loop in the same run: read-ahead with its pulls in threads of the trainer")
+    ap.add_argument("--inputs-ahead", type=int, default=1, metavar="BATCHES",
+                    help="with --device: a third loop whose batches vidcache.train_inputs_ahead hydrates this many "
+                         "ahead of the step, in a thread (the headline's figure); 0: none")
     ap.add_argument("--thread-moto", action="store_true", help="moto in a thread of this process instead")
     ap.add_argument("--work", help="working directory (default: a temporary one, removed)")
     args = ap.parse_args()
@@ -335,13 +355,16 @@ def main() -> None:
                                          step_s)
             out = {}
             loops = [("without", False), ("with", True)] + ([("in-process", True)] if args.also_in_process else [])
+            if trainer is not None and args.inputs_ahead > 0:
+                loops.append(("inputs-ahead", True))
             for name, ahead in loops:
                 vidcache.readahead.IN_WORKER = not args.in_process and name != "in-process"
                 if trainer is not None:
                     trainer.step_times.clear()
                 head = args.head_start
                 out[name] = run_loop(os.path.join(work, f"node-{name}"), shared, s3, ekeys, args.batch, step_s, ahead,
-                                     args.depth, trainer=trainer, step=args.step, head_start=head)
+                                     args.depth, trainer=trainer, step=args.step, head_start=head,
+                                     inputs_ahead=args.inputs_ahead if name == "inputs-ahead" else 0)
                 if trainer is not None:
                     out[name]["step_times"] = list(trainer.step_times)
         rows = [("entries / frame bytes", f"{len(ekeys)} / {nbytes / 1e6:.0f} MB (S3 on moto, "
@@ -355,7 +378,7 @@ def main() -> None:
             import torch
             dev = (torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda"
                    else f"cpu, {torch.get_num_threads()} threads")
-            steps = out["without"]["step_times"] + out["with"]["step_times"]
+            steps = [t for r in out.values() for t in r["step_times"]]
             rows += [("training step", f"{args.decoder} Qwen2.5-VL ({sum(p.numel() for p in trainer.model.parameters())} "
                       f"parameters, {next(trainer.model.parameters()).dtype}) on {dev}; torch {torch.__version__}"),
                      ("a batch's first read + hydration (calibration)",
@@ -367,14 +390,20 @@ def main() -> None:
                      ("loss: first step / last step", f"{trainer.losses[0]:.4f} / {trainer.losses[-1]:.4f}")]
         rows.append(("read-ahead's head start before step 1", f"{head * 1e3:.0f} ms (its pulls run in "
                      + ("threads of the trainer" if args.in_process else "a worker process") + ")"))
+        labels = {"without": "without read-ahead", "with": "with read-ahead", "in-process": "in-process read-ahead",
+                  "inputs-ahead": f"read-ahead + inputs {args.inputs_ahead} ahead"}
         for name in out:
-            r = out[name]
-            rows += [(f"{name} read-ahead: wait per step p50 / p99",
+            r, label = out[name], labels[name]
+            rows += [(f"{label}: wait per step p50 / p99",
                       f"{pct(r['waits'], .5) * 1e3:.1f} / {pct(r['waits'], .99) * 1e3:.1f} ms"),
-                     (f"{name} read-ahead: wall time spent waiting", f"{100 * r['stall']:.1f}% of {r['wall']:.1f} s"),
-                     (f"{name} read-ahead: the same after the first step", f"{100 * r['steady']:.1f}%")]
+                     (f"{label}: wall time spent waiting", f"{100 * r['stall']:.1f}% of {r['wall']:.1f} s"),
+                     (f"{label}: the same after the first step", f"{100 * r['steady']:.1f}%")]
+            if "step_times" in r:
+                rows.append((f"{label}: step time p50 (p99)",
+                             f"{pct(r['step_times'], .5) * 1e3:.0f} ({pct(r['step_times'], .99) * 1e3:.0f}) ms"))
         rows.append(("read-ahead's pulls", str(out["with"]["counts"])))
-        rows.append(("the floor: a batch's reads of local entries, mean (p99)",
+        rows.append(("the floor: a batch's reads of local entries" + (" and hydration" if trainer else "")
+                     + ", mean (p99)",
                      f"{statistics.mean(floor['waits']) * 1e3:.1f} ({pct(floor['waits'], .99) * 1e3:.1f}) ms, "
                      f"{100 * sum(floor['waits']) / out['with']['wall']:.1f}% of the run with read-ahead"))
         kind = "a real step" if trainer is not None else f"a simulated step ({args.step})"
@@ -382,7 +411,12 @@ def main() -> None:
         if "in-process" in out:
             print(f"stall with read-ahead's pulls in threads of the trainer (--in-process): "
                   f"{100 * out['in-process']['stall']:.1f}% (after step 1: {100 * out['in-process']['steady']:.1f}%)")
-        print(f"stall: {100 * out['with']['stall']:.1f}% with read-ahead, {100 * out['without']['stall']:.1f}% without")
+        best = out["with"]
+        if "inputs-ahead" in out:      # the headline is what a trainer gets using both; the entries' alone first
+            print(f"stall with read-ahead of the entries only (each batch hydrated on the step's path): "
+                  f"{100 * best['stall']:.1f}% (after step 1: {100 * best['steady']:.1f}%)")
+            best = out["inputs-ahead"]
+        print(f"stall: {100 * best['stall']:.1f}% with read-ahead, {100 * out['without']['stall']:.1f}% without")
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)

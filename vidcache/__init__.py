@@ -14,7 +14,7 @@ Floors, bottom up (each imports only from below; vidcache/floors.py states them,
   cache                           VideoCache: lookup, build, housekeeping
   node                            the caches open in this process, and the lookup by identity
   processing, device, mrope       the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules
-  handle, dataset, prompt_files, parquet_cells, readahead, pullworker, positions, embeddings/   references above the cache; datasets (one parquet cell at a time); read-ahead, its pull worker; positions; the frozen-vision embedding tier
+  handle, dataset, prompt_files, parquet_cells, readahead, inputs_ahead, pullworker, positions, embeddings/   references above the cache; datasets (one parquet cell at a time); read-ahead, the next batches' tensors, its pull worker; positions; the frozen-vision embedding tier
   sglang/, vllm/, rollout/        the rollout side: SGLang's and vLLM's adapters (neither imports the other) on rollout/, the engine-neutral core
   planning, prewarming, pulling, embeddings.jobs, cli/, doctor   the jobs
 """
@@ -33,6 +33,7 @@ _EXPORTS = {
     "mm_token_type_ids": "vidcache.positions",
     "train_inputs_batch": "vidcache.handle", "LazyVideoDataset": "vidcache.dataset",
     "read_ahead": "vidcache.readahead", "ReadAhead": "vidcache.readahead",
+    "train_inputs_ahead": "vidcache.inputs_ahead",
     "prewarm": "vidcache.prewarming", "PrewarmSummary": "vidcache.prewarming",
     "VidcacheError": "vidcache.errors", "NotCachedError": "vidcache.errors", "ParityError": "vidcache.errors",
 }
@@ -46,6 +47,7 @@ if TYPE_CHECKING:      # the same names, for type checkers and IDEs (at run time
     from vidcache.digest import Digest
     from vidcache.errors import NotCachedError, ParityError, VidcacheError
     from vidcache.handle import VideoHandle, from_key, get, lazy, train_inputs, train_inputs_batch
+    from vidcache.inputs_ahead import train_inputs_ahead
     from vidcache.keys import cache_key
     from vidcache.options import VideoOptions
     from vidcache.positions import mm_token_type_ids, rope_positions

@@ -27,7 +27,7 @@ FLOORS: list[tuple[str, list[str], str]] = [
     ("node", ["node"], "the caches open in this process, and the lookup by identity"),
     ("trainer", ["processing", "device", "mrope"],
      "the trainer side: tensors from cached frames and manifests (no handles); M-RoPE rules"),
-    ("references", ["handle", "dataset", "prompt_files", "parquet_cells", "readahead", "pullworker", "positions", "embeddings"],
+    ("references", ["handle", "dataset", "prompt_files", "parquet_cells", "readahead", "inputs_ahead", "pullworker", "positions", "embeddings"],
      "references above the cache; datasets (what a row means; its files, one parquet cell at a time); read-ahead and its pull worker; positions by engine rule; the frozen-vision "
      "embedding tier"),
     ("rollout", ["sglang", "vllm", "rollout"],
