@@ -10,6 +10,7 @@ import math
 import os
 import uuid
 
+import pytest
 import torch
 
 S3_OPTS = {"client_kwargs": {"region_name": "us-east-1"}}
@@ -23,7 +24,9 @@ def _script():
     return mod
 
 
-def test_a_real_step_loop_hydrates_from_s3_and_trains(tmp_path, s3):
+@pytest.mark.parametrize("inputs_ahead", [0, 1])
+def test_a_real_step_loop_hydrates_from_s3_and_trains(tmp_path, s3, inputs_ahead):
+    """(``inputs_ahead=1``: the batch is hydrated by ``vidcache.train_inputs_ahead``'s thread.)"""
     from vidcache import VideoCache
     from vidcache.testing.videos import make_video
     ts = _script()
@@ -39,7 +42,7 @@ def test_a_real_step_loop_hydrates_from_s3_and_trains(tmp_path, s3):
     trainer = ts.Trainer("cpu")
     before = [p.detach().clone() for p in trainer.model.parameters()]
     r = ts.run_loop(str(tmp_path / "fresh"), shared, opts, keys, batch=2, step_s=1.0, ahead=True, depth=2,
-                    trainer=trainer)
+                    trainer=trainer, inputs_ahead=inputs_ahead)
     assert len(r["waits"]) == 1 and r["counts"]["pulled"] == 2 and r["counts"]["failed"] == 0
     assert len(trainer.losses) == 1 and math.isfinite(trainer.losses[0]) and trainer.losses[0] > 0
     assert any(not torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
