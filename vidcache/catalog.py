@@ -4,7 +4,10 @@ digest (what a repair rebuilds from).  Read-only summaries over a ``VideoCache``
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Protocol
+import heapq
+import itertools
+from operator import itemgetter
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol
 
 from . import keys
 from .digest import Digest
@@ -62,32 +65,49 @@ def listing(cache: Cache) -> list[dict]:
     return list(iter_listing(cache))
 
 
-def entry_names(cache: Cache) -> tuple[set, set]:
-    """The ``ac/`` names of the local tier and of the shared tier (empty without one): one listing of each."""
-    local = set(cache.local.keys(keys.AC))
-    shared = set(cache.shared.keys(keys.AC)) if cache.shared is not None else set()
-    return local, shared
+def tiered_entries(cache: Cache) -> Iterator[tuple[str, list[str]]]:
+    """Each entry key once, in key order, with the tiers whose ``ac/`` names hold it; stray names skipped.  The two
+    tiers' sorted listings are merged as they are read (issue 50: ``ls`` held both tiers' names in sets, ~1.3 kB an
+    entry with its prefix table).  The shared tier's listing is made at the call (LMDB's is read a page at a time
+    as the walk goes), so a tier that cannot be listed fails the call, not a later row."""
+    tagged = [((n, "local") for n in cache.local.keys(keys.AC))]
+    if cache.shared is not None:
+        tagged.append(((n, "shared") for n in cache.shared.keys(keys.AC)))
+    return _entries(heapq.merge(*tagged))
 
 
-def iter_listing(cache: Cache, names: "tuple[set, set] | None" = None):
-    """``listing``'s records one at a time, in key order, each manifest read as its record is made and not kept
-    (issue 50: ``ls`` held every manifest and printed nothing until it had read them all).  What stays in memory
-    is the entries' names and the sources map, not their manifests.  ``names``: ``entry_names``, if listed
-    already."""
-    local, shared = names if names is not None else entry_names(cache)
-    srcs = sources_by_digest(cache.store)
-    for sk in sorted(local | shared):
-        key = m = None
-        with contextlib.suppress(VidcacheError):       # a stray name or a damaged manifest: not an entry to list
-            key = keys.entry_key(sk)
-            m = cache.manifest(key)
-        if m is None:
+def _entries(tagged) -> Iterator[tuple[str, list[str]]]:
+    for name, group in itertools.groupby(tagged, key=itemgetter(0)):
+        try:
+            key = keys.entry_key(name)
+        except VidcacheError:                           # a stray name: not an entry
             continue
-        t, _, h, w = m.frames.shape
-        yield {"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
-               "frames": t, "height": h, "width": w, "fps": m.sampling.sample_fps,
-               "tokens": m.tokens.video_pad_tokens, "bytes": m.frames.nbytes,
-               "tiers": [n for n, ks in (("local", local), ("shared", shared)) if sk in ks]}
+        yield key, [tier for _, tier in group]
+
+
+def entry_record(cache: Cache, key: str, tiers: list[str], srcs: dict[str, list[str]]) -> dict | None:
+    """``listing``'s record of one entry (``srcs``: ``sources_by_digest``), its manifest read now and not kept; None
+    for a damaged manifest or one gone since it was listed."""
+    m = None
+    with contextlib.suppress(VidcacheError):
+        m = cache.manifest(key)
+    if m is None:
+        return None
+    t, _, h, w = m.frames.shape
+    return {"key": key, "sources": sorted(srcs.get(m.source_digest, [])), "family": m.family,
+            "frames": t, "height": h, "width": w, "fps": m.sampling.sample_fps,
+            "tokens": m.tokens.video_pad_tokens, "bytes": m.frames.nbytes, "tiers": tiers}
+
+
+def iter_listing(cache: Cache, entries: "Iterable[tuple[str, list[str]]] | None" = None) -> Iterator[dict]:
+    """``listing``'s records one at a time, in key order, each manifest read as its record is made and not kept
+    (issue 50: ``ls`` held every manifest and printed nothing until it had read them all).  What stays in memory is
+    the sources map.  ``entries``: ``tiered_entries``, if listed already."""
+    entries = tiered_entries(cache) if entries is None else entries
+    srcs = sources_by_digest(cache.store)
+    for key, tiers in entries:
+        if (r := entry_record(cache, key, tiers, srcs)) is not None:
+            yield r
 
 
 def options_under(cache: Cache, digest: Digest) -> list[dict]:

@@ -11,7 +11,7 @@ import sys
 from .common import (add_cache_flags, add_option_flags, cache_of, check_local_budget, command, has_local, node_dir,
                      options_of, parse_size)
 from .datasets import _positive
-from .prefixes import full_key, key_stem, unique_prefixes
+from .prefixes import MIN_PREFIX, full_key, key_stem, streamed_prefixes
 
 
 def _add_ls(sub) -> None:
@@ -22,36 +22,37 @@ def _add_ls(sub) -> None:
 
 
 def cmd_ls(args) -> int:
+    from operator import itemgetter
+
     from .. import catalog
-    from .. import keys as k
-    from ..errors import InvalidKeyError
     run = _ThisNodeIfTierDown(cache_of(args, read_only=True), "listing")
-    names = run(catalog.entry_names)                    # each tier listed once; manifests not read yet
-    # Rows are printed as their manifests are read (issue 50: at 10^5 entries nothing came before all were read).
-    rows = run(lambda c: catalog.iter_listing(c, names))
     if args.json:                                       # the same text as json.dumps(list, indent=2)
         first = True
-        for r in rows:
+        # Rows are printed as their manifests are read (issue 50: at 10^5 entries nothing came before all were read).
+        for r in run(lambda c: catalog.iter_listing(c, catalog.tiered_entries(c))):
             body = json.dumps(r, indent=2).replace("\n", "\n  ")
             print(("[\n  " if first else ",\n  ") + body, end="")
             first = False
         print("[]" if first else "\n]")
         return 0
     # KEY: the shortest prefix unique among every key `inspect` / `evict` complete over (one clip under two option
-    # sets shares its first 32 digits: 16 alone could not tell them apart): from the names, before any row.
-    keys_of = set()
-    for n in names[0] | names[1]:
-        with contextlib.suppress(InvalidKeyError):
-            keys_of.add(k.entry_key(n))
-    short = unique_prefixes(sorted(keys_of))
-    width = max([16] + [len(v) for v in short.values()]) + 2
+    # sets shares its first 32 digits: 16 alone could not tell them apart), made as the merged listing passes (a
+    # key's prefix needs only its neighbours).  The column's width is the longest of them: a first walk of the
+    # names, so that neither walk holds them (issue 50: ~1.3 kB an entry before, its names, sets and table).
+    width = run(lambda c: max([MIN_PREFIX] + [len(p) for _, p in streamed_prefixes(
+        catalog.tiered_entries(c), key=itemgetter(0))])) + 2
     print(f"{'KEY':<{width}} {'FAMILY':<10} {'T x H x W':>16} {'FPS':>5} {'TOKENS':>7} {'BYTES':>9} {'TIER':<12} "
           "SOURCE", flush=True)
+
+    def rows(c):        # the listings are made in the call (run's fallback sees a tier that is down), read after
+        entries, srcs = catalog.tiered_entries(c), catalog.sources_by_digest(c.store)
+        return ((short, r) for (key, tiers), short in streamed_prefixes(entries, key=itemgetter(0))
+                if (r := catalog.entry_record(c, key, tiers, srcs)) is not None)
     count = total = 0
-    for r in rows:
+    for short, r in run(rows):
         src = ", ".join(r["sources"]) or "-"
         fps = f"{r['fps']:.3g}" if r.get("fps") is not None else "-"
-        print(f"{short[r['key']] + '..':<{width}} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x "
+        print(f"{short + '..':<{width}} {r['family']:<10} {r['frames']:>4} x {r['height']:>4} x "
               f"{r['width']:>4} {fps:>5} {r['tokens']:>7} {_human(r['bytes']):>9} {'+'.join(r['tiers']):<12} {src}")
         count, total = count + 1, total + r["bytes"]
     print(f"{count} entr{'y' if count == 1 else 'ies'}, {_human(total)}")

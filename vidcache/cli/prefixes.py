@@ -3,6 +3,9 @@ entry key it starts (``inspect``, ``evict``), as git abbreviates and completes o
 from __future__ import annotations
 
 import os
+from typing import Callable, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
 def key_stem(given: str) -> str | None:
@@ -35,15 +38,25 @@ def full_key(cache, given: str) -> str:
 MIN_PREFIX = 16      # hex digits `ls` shows at least (git's core.abbrev, for 128-bit digests)
 
 
-def unique_prefixes(all_keys: list[str], minimum: int = MIN_PREFIX) -> dict[str, str]:
-    """Each key's shortest prefix that no other key shares, at least ``minimum`` characters (git's rule for
-    abbreviated object names), never ending on a ``.``: what ``inspect`` and ``evict`` complete back."""
-    ks = sorted(set(all_keys))
-    out = {}
-    for i, key in enumerate(ks):
-        common = max((len(os.path.commonprefix([key, o])) for o in (ks[i - 1:i] + ks[i + 1:i + 2])), default=0)
-        n = min(len(key), max(minimum, common + 1))
-        while n < len(key) and key[n - 1] == ".":
+def streamed_prefixes(items: Iterable[T], key: Callable[[T], str] = lambda k: k,
+                      minimum: int = MIN_PREFIX) -> Iterator[tuple[T, str]]:
+    """Each item with its key's shortest prefix that no other key shares, at least ``minimum`` characters (git's
+    rule for abbreviated object names), never ending on a ``.``: what ``inspect`` and ``evict`` complete back.
+    The keys come sorted and distinct; each item is passed on with one item of look-ahead: in key order a key's
+    shortest unique prefix depends on its two neighbours only, so a listing of any size is abbreviated without
+    holding it (issue 50)."""
+    it = iter(items)
+    prev, cur = None, next(it, _NONE)
+    while cur is not _NONE:
+        nxt = next(it, _NONE)
+        k = key(cur)
+        common = max((len(os.path.commonprefix([k, o])) for o in (prev, None if nxt is _NONE else key(nxt))
+                      if o is not None), default=0)
+        n = min(len(k), max(minimum, common + 1))
+        while n < len(k) and k[n - 1] == ".":
             n += 1
-        out[key] = key[:n]
-    return out
+        yield cur, k[:n]
+        prev, cur = k, nxt
+
+
+_NONE = object()
