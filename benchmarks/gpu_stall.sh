@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 50, item 3: the trainer-stall figures on a GPU, for the lead to run on an H100/H200 (not run by the session
-# that wrote it: it had no GPU).  Ratios in one run each: with read-ahead vs without, whole run and after step 1.
+# Issue 50, item 3: the trainer-stall figures on a GPU (run on an H100 on 2026-12-07: docs/benchmarks.md, "On a GPU:
+# the tiny launch-bound step ...").  Ratios in one run each: without read-ahead, with it, and with the next batch's
+# tensors made ahead too (vidcache.train_inputs_ahead), whole run and after step 1.
 #
 #   bash benchmarks/gpu_stall.sh [WHEEL_DIR]          # from the repository root, on the GPU machine
 #
@@ -12,8 +13,8 @@
 #       qwen-vl-utils==0.0.14 pebble pyarrow decord            # decord: x86_64 only
 #
 # (.wheels/ is git-ignored.)  The script installs them with --no-index, so nothing is fetched on the device.
-# Budget device time: on an H100 (2026-12-07), `--decoder 1.2b --clips 32` had not printed its figures after 165 s
-# (most of it node A's prewarm of the camera clips and the calibration), so give the three runs 15 minutes or more.
+# Budget device time: on an H100 (2026-12-07) the tiny run took ~100 s (most of it generating the clips and node A's
+# prewarm), each 1.2b run ~110-125 s with the clips made; give the three runs 10 minutes.
 set -euo pipefail
 WHEELS=${1:-.wheels}
 PY=${PYTHON:-python3}
