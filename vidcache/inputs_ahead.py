@@ -35,6 +35,8 @@ _END = object()
 
 
 class InputsAhead:
+    """An iterator of ``train_inputs_batch`` results, made by one thread (``train_inputs_ahead``)."""
+
     def __init__(self, processor, micro_batches: Iterable, *, ahead: int = AHEAD, **kwargs) -> None:
         from .handle import train_inputs_batch
         if ahead < 1:
