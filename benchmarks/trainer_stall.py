@@ -46,7 +46,9 @@ first read-and-hydrate time on a fresh node, reached with ``k`` forward/backward
 accumulation; ``k`` from one pass's measured time), so without read-ahead the same share of the time waits.
 Read-ahead pulls entries, not tensors: what is left with it is at least the processor's time on local entries
 (printed in the row "the floor").  On the CPU the step takes the host's cores from read-ahead's pulls; on a GPU it
-leaves them free but for the launch work.
+leaves them free but for the launch work.  So a third loop (issue 50; ``--inputs-ahead N``, default 1, 0: none)
+also makes the next batch's tensors while the step runs (``vidcache.train_inputs_ahead``, a thread), and with a
+trainer the headline ``stall:`` line is that loop's; the entries-only figure is printed on the line before it.
 """
 from __future__ import annotations
 
