@@ -3,7 +3,7 @@ shared tier as a directory and as S3 (moto's server on loopback, in a process of
 entries.
 
     nice .venv/bin/python benchmarks/scale.py [--sizes 1000,10000,100000] [--tiers local,dir,s3] [--limit 900]
-        [--json out.json]
+        [--json out.json] [--baseline] [--cold] [--nframes N]
 
 Entries are small (8 frames of 28x28, 37.6 kB; ``OPTION_FLAGS``) but written through the cache's write path: one
 real clip is decoded once
@@ -138,6 +138,9 @@ finally:
 # read from the disk, as when the file is larger than the memory: 10^6 entries on this VM), then again (the file's
 # pages as the first run left them).  The ratio is what the disk costs the command.
 COLD = False
+# ``--baseline``: ``verify`` and ``pull`` of everything also one entry at a time (``--workers 1``, ``--depth 1``),
+# and the ratio printed: what checking and pulling entries in threads buys (each is a few round trips).
+BASELINE = False
 
 
 def drop_page_cache() -> None:
@@ -265,6 +268,8 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float, out: d
                            cwd=ROOT, capture_output=True, text=True, check=True)
         out["LazyVideoDataset init"] = json.loads(r.stdout)
         save()
+    if BASELINE:                          # the same check one entry at a time: the ratio the threads buy
+        read_only("verify, one at a time", ["verify", *whole, "--workers", "1"])
     read_only("verify", ["verify", *whole])
     read_only("prewarm re-run", ["prewarm", data, "--no-progress", *OPTION_FLAGS])
     if shared is not None:
@@ -274,6 +279,10 @@ def one_size(work: str, n: int, tier: str, s3: dict | None, limit: float, out: d
                 g.write(line)
         out["pull 1%"] = run(["pull", head, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh1")}, limit)
         save()
+        if BASELINE:
+            out["pull all, one at a time"] = run(["pull", data, "--depth", "1", *OPTION_FLAGS],
+                                                 {**env, "VIDCACHE_DIR": os.path.join(d, "fresh3")}, limit)
+            save()
         out["pull all"] = run(["pull", data, *OPTION_FLAGS], {**env, "VIDCACHE_DIR": os.path.join(d, "fresh2")}, limit)
         save()
     # gc changes the node: run once (cold under --cold, the case the 10^6 figure is)
@@ -309,9 +318,11 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="run each read-only command with the page cache dropped, then again (root: drops the "
                          "whole machine's cache); gc runs cold only")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also run verify and pull of everything one entry at a time, and print the ratios")
     args = ap.parse_args()
-    global COLD
-    COLD = args.cold
+    global COLD, BASELINE
+    COLD, BASELINE = args.cold, args.baseline
     if args.nframes:
         OPTION_FLAGS.extend(["--nframes", str(args.nframes)])
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -352,6 +363,11 @@ def main() -> None:
                 rows.append((f"{cmd}: cold / warm", " | ".join(
                     f"{res[tier][n][cmd + ' (cold)']['s'] / res[tier][n][cmd]['s']:.1f}x"
                     if cmd in res[tier][n] and cmd + " (cold)" in res[tier][n] else "not run" for n in sizes)))
+            for cmd in ("verify", "pull all"):
+                if f"{cmd}, one at a time" in res[tier][sizes[0]]:
+                    rows.append((f"{cmd}: one at a time / threads", " | ".join(
+                        f"{res[tier][n][cmd + ', one at a time']['s'] / res[tier][n][cmd]['s']:.1f}x"
+                        if cmd in res[tier][n] else "not run" for n in sizes)))
             rows.append(("writing the entries / disk", " | ".join(f"{res[tier][n]['fill_s']:.0f} s / "
                                                                   f"{res[tier][n]['disk_mb']} MB" for n in sizes)))
             report(f"scale, {tier}: time / private at exit (its sampled peak) / peak RSS at "
